@@ -1,0 +1,66 @@
+"""otel_agentcap: record multi-agent LLM programs as OpenTelemetry spans with Lamport clocks and
+causal parents, and keep them as a deduplicated event log in PostgreSQL.
+
+The capture API below needs only ``opentelemetry-api``; the span processor, the exporters and
+``configure`` live in their own modules and import the SDK.
+"""
+
+from otel_agentcap.capture import (
+    MISSING,
+    Agent,
+    AgentExecution,
+    AgentScope,
+    Lookup,
+    Memory,
+    Tool,
+    agent,
+    current_execution,
+    spawn,
+    tool,
+)
+from otel_agentcap.context import (
+    ContextThreadPoolExecutor,
+    caused_by,
+    current_agent,
+    current_run,
+    run,
+    start_thread,
+    wrap,
+)
+from otel_agentcap.errors import (
+    AgentCancelled,
+    AgentCapError,
+    AgentTimeoutError,
+    SpawnConflictError,
+)
+from otel_agentcap.model import Event, EventRef, EventType
+from otel_agentcap.version import __version__
+
+__all__ = [
+    "MISSING",
+    "Agent",
+    "AgentCancelled",
+    "AgentCapError",
+    "AgentExecution",
+    "AgentScope",
+    "AgentTimeoutError",
+    "ContextThreadPoolExecutor",
+    "Event",
+    "EventRef",
+    "EventType",
+    "Lookup",
+    "Memory",
+    "SpawnConflictError",
+    "Tool",
+    "__version__",
+    "agent",
+    "caused_by",
+    "current_agent",
+    "current_execution",
+    "current_run",
+    "run",
+    "spawn",
+    "start_thread",
+    "tool",
+    "wrap",
+]

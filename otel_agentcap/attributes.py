@@ -1,0 +1,52 @@
+"""Attribute names: OpenTelemetry GenAI semantic conventions where they exist, ``agentcap.*`` for ours."""
+
+from __future__ import annotations
+
+from typing import Final
+
+# GenAI semantic conventions (https://opentelemetry.io/docs/specs/semconv/gen-ai/).
+GEN_AI_OPERATION_NAME: Final = "gen_ai.operation.name"
+GEN_AI_PROVIDER_NAME: Final = "gen_ai.provider.name"
+GEN_AI_SYSTEM: Final = "gen_ai.system"
+GEN_AI_AGENT_ID: Final = "gen_ai.agent.id"
+GEN_AI_AGENT_NAME: Final = "gen_ai.agent.name"
+GEN_AI_CONVERSATION_ID: Final = "gen_ai.conversation.id"
+GEN_AI_TOOL_NAME: Final = "gen_ai.tool.name"
+GEN_AI_TOOL_CALL_ID: Final = "gen_ai.tool.call.id"
+GEN_AI_TOOL_TYPE: Final = "gen_ai.tool.type"
+GEN_AI_REQUEST_MODEL: Final = "gen_ai.request.model"
+GEN_AI_RESPONSE_MODEL: Final = "gen_ai.response.model"
+GEN_AI_RESPONSE_ID: Final = "gen_ai.response.id"
+GEN_AI_RESPONSE_FINISH_REASONS: Final = "gen_ai.response.finish_reasons"
+GEN_AI_USAGE_INPUT_TOKENS: Final = "gen_ai.usage.input_tokens"
+GEN_AI_USAGE_OUTPUT_TOKENS: Final = "gen_ai.usage.output_tokens"
+ERROR_TYPE: Final = "error.type"
+
+# Values of gen_ai.operation.name.
+OP_INVOKE_AGENT: Final = "invoke_agent"
+OP_CREATE_AGENT: Final = "create_agent"
+OP_EXECUTE_TOOL: Final = "execute_tool"
+OP_CHAT: Final = "chat"
+
+# otel_agentcap's own attributes. Every captured event carries all of the ``EVENT_*`` ones.
+RUN_ID: Final = "agentcap.run.id"
+AGENT_ID: Final = "agentcap.agent.id"
+AGENT_NAME: Final = "agentcap.agent.name"
+EVENT_ID: Final = "agentcap.event.id"
+EVENT_TYPE: Final = "agentcap.event.type"
+EVENT_SEQ: Final = "agentcap.event.seq"
+EVENT_IDEMPOTENCY_KEY: Final = "agentcap.event.idempotency_key"
+EVENT_CAUSAL_PARENT_IDS: Final = "agentcap.event.causal_parent_ids"
+EVENT_PAYLOAD: Final = "agentcap.event.payload"
+EVENT_WALL_TIME_NS: Final = "agentcap.event.wall_time_ns"
+
+# On an agent_spawn event: the child it created.
+CHILD_AGENT_ID: Final = "agentcap.child.agent_id"
+CHILD_AGENT_NAME: Final = "agentcap.child.name"
+# On a child's agent_start event: where it came from.
+PARENT_AGENT_ID: Final = "agentcap.parent.agent_id"
+SPAWNED_AT_EVENT_ID: Final = "agentcap.spawned_at_event_id"
+
+# Span events (OpenTelemetry "events" inside a span) that carry a second agentcap event of the same
+# operation, e.g. the tool_result of an execute_tool span, are named with this prefix.
+SPAN_EVENT_PREFIX: Final = "agentcap."

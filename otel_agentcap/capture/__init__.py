@@ -1,0 +1,26 @@
+"""Capture API: agents, spawns, tools and memory. Needs only ``opentelemetry-api``."""
+
+from otel_agentcap.capture.agents import (
+    Agent,
+    AgentExecution,
+    AgentScope,
+    agent,
+    current_execution,
+    spawn,
+)
+from otel_agentcap.capture.memory import MISSING, Lookup, Memory
+from otel_agentcap.capture.tools import Tool, tool
+
+__all__ = [
+    "MISSING",
+    "Agent",
+    "AgentExecution",
+    "AgentScope",
+    "Lookup",
+    "Memory",
+    "Tool",
+    "agent",
+    "current_execution",
+    "spawn",
+    "tool",
+]

@@ -1,0 +1,86 @@
+"""Span helpers shared by the capture modules. Needs only ``opentelemetry-api``."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.trace import Link, Span, SpanKind
+from opentelemetry.util.types import AttributeValue
+
+from otel_agentcap import attributes as attr
+from otel_agentcap import jsonsafe
+from otel_agentcap.stamping import Stamp
+from otel_agentcap.version import __version__
+
+_logger = logging.getLogger("otel_agentcap")
+
+tracer = trace.get_tracer("otel_agentcap", __version__)
+
+
+def event_attributes(
+    stamp: Stamp, payload: Any, extra: dict[str, AttributeValue] | None = None
+) -> dict[str, AttributeValue]:
+    attributes = stamp.attributes()
+    attributes[attr.GEN_AI_AGENT_ID] = stamp.agent_id
+    attributes[attr.GEN_AI_AGENT_NAME] = stamp.agent_name
+    attributes[attr.EVENT_PAYLOAD] = jsonsafe.dumps(payload)
+    if extra:
+        attributes.update(extra)
+    return attributes
+
+
+def start_event_span(
+    name: str,
+    stamp: Stamp,
+    payload: Any,
+    extra: dict[str, AttributeValue] | None = None,
+    links: Sequence[Link] = (),
+    kind: SpanKind = SpanKind.INTERNAL,
+) -> Span:
+    """Start a span whose primary event is ``stamp``. Never raises."""
+    try:
+        return tracer.start_span(
+            name, kind=kind, attributes=event_attributes(stamp, payload, extra), links=links
+        )
+    except Exception:
+        _logger.exception("agentcap: could not start span %s", name)
+        return trace.INVALID_SPAN
+
+
+def add_event(span: Span, stamp: Stamp, payload: Any) -> None:
+    """Record a further event of the operation ``span`` covers, as a span event. Never raises."""
+    try:
+        span.add_event(attr.SPAN_EVENT_PREFIX + stamp.event_type, event_attributes(stamp, payload))
+    except Exception:
+        _logger.exception("agentcap: could not record %s", stamp.event_type)
+
+
+def error_payload(error: BaseException, **fields: Any) -> dict[str, Any]:
+    cls = type(error)
+    module = "" if cls.__module__ == "builtins" else f"{cls.__module__}."
+    return {
+        "error_type": f"{module}{cls.__qualname__}",
+        "message": _safe_str(error),
+        **fields,
+    }
+
+
+def _safe_str(error: BaseException) -> str:
+    try:
+        return str(error)[:4000]
+    except Exception:
+        return f"<{type(error).__name__}>"
+
+
+def end_span(span: Span, error: BaseException | None = None) -> None:
+    try:
+        if error is not None:
+            span.set_attribute(attr.ERROR_TYPE, type(error).__qualname__)
+            span.record_exception(error)
+            span.set_status(trace.Status(trace.StatusCode.ERROR, _safe_str(error)[:200]))
+        span.end()
+    except Exception:
+        _logger.exception("agentcap: could not end span")

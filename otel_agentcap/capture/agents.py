@@ -1,0 +1,408 @@
+"""Agents, their executions, spawns, timeouts and state rollback."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import hashlib
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from types import TracebackType
+from typing import Any, ParamSpec, TypeVar
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.trace import Link, Span, SpanContext
+
+from otel_agentcap import attributes as attr
+from otel_agentcap.capture import _telemetry as tel
+from otel_agentcap.context import (
+    AgentContext,
+    RunContext,
+    bind_agent,
+    bind_run,
+    current_agent,
+    current_run,
+    new_agent_context,
+    new_id,
+    reset_agent,
+    reset_run,
+    start_thread,
+)
+from otel_agentcap.errors import AgentTimeoutError, SpawnConflictError
+from otel_agentcap.model import MAX_ID_LENGTH, EventRef, EventType, validate_id
+from otel_agentcap.stamping import stamp
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class Agent:
+    """An agent's identity within a run. Executions of it are scopes (:meth:`scope`) or calls
+    (:meth:`run`, :meth:`arun`); its committed state carries from one successful execution to the
+    next and is never shared: each execution works on a deep copy."""
+
+    def __init__(
+        self,
+        run_id: str,
+        agent_id: str,
+        name: str,
+        *,
+        parent_agent_id: str | None = None,
+        spawned_at: EventRef | None = None,
+        spawn_span_context: SpanContext | None = None,
+    ) -> None:
+        self.run_id = run_id
+        self.agent_id = agent_id
+        self.name = name
+        self.parent_agent_id = parent_agent_id
+        self.spawned_at = spawned_at
+        self.spawn_span_context = spawn_span_context
+        self._state: dict[str, Any] = {}
+        self._state_lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"Agent(run_id={self.run_id!r}, agent_id={self.agent_id!r}, name={self.name!r})"
+
+    @property
+    def state(self) -> dict[str, Any]:
+        """A copy of the state committed by the last successful execution."""
+        with self._state_lock:
+            return copy.deepcopy(self._state)
+
+    def scope(self, *, timeout: float | None = None) -> AgentScope:
+        """A sync or async context manager that runs its block as one execution of this agent."""
+        return AgentScope(self, timeout)
+
+    def run(
+        self, fn: Callable[P, R], /, *args: P.args, timeout: float | None = None, **kwargs: P.kwargs
+    ) -> R:
+        """Run ``fn(*args, **kwargs)`` as one execution of this agent.
+
+        With a ``timeout``, ``fn`` runs in a worker thread (with this context) and the caller gets
+        :class:`AgentTimeoutError` when it runs over; the execution is then recorded as failed,
+        its state rolled back, and any further capture call from that thread raises
+        :class:`~otel_agentcap.errors.AgentCancelled` (a thread cannot be killed).
+        """
+        if timeout is None:
+            with self.scope():
+                return fn(*args, **kwargs)
+        scope = AgentScope(self, timeout)
+        done = threading.Event()
+        outcome: dict[str, Any] = {}
+
+        def target() -> None:
+            try:
+                with scope:
+                    outcome["result"] = fn(*args, **kwargs)
+            except BaseException as exc:
+                outcome["error"] = exc
+            finally:
+                done.set()
+
+        start_thread(target, name=f"agent-{self.agent_id}")
+        if not done.wait(timeout):
+            error = AgentTimeoutError(f"agent {self.agent_id!r} timed out after {timeout} s")
+            scope.abandon(error)
+            raise error
+        if "error" in outcome:
+            raise outcome["error"]
+        result: R = outcome["result"]
+        return result
+
+    async def arun(
+        self,
+        fn: Callable[P, Awaitable[R]],
+        /,
+        *args: P.args,
+        timeout: float | None = None,
+        **kwargs: P.kwargs,
+    ) -> R:
+        """Await ``fn(*args, **kwargs)`` as one execution of this agent, cancelled after
+        ``timeout`` seconds (the caller gets ``TimeoutError``)."""
+        async with AgentScope(self, timeout):
+            return await fn(*args, **kwargs)
+
+    def _commit(self, state: dict[str, Any]) -> None:
+        with self._state_lock:
+            self._state = state
+
+
+class AgentExecution:
+    """One execution of an agent, as seen inside its scope."""
+
+    def __init__(self, agent: Agent, context: AgentContext, span: Span, start: EventRef) -> None:
+        self.agent = agent
+        self.context = context
+        self.span = span
+        self.start_event = start
+        self.state: dict[str, Any] = agent.state
+        self._finished = False
+        self._lock = threading.Lock()
+
+    @property
+    def run_id(self) -> str:
+        return self.agent.run_id
+
+    @property
+    def agent_id(self) -> str:
+        return self.agent.agent_id
+
+    def spawn(self, name: str, *, key: str | None = None, agent_id: str | None = None) -> Agent:
+        """Spawn a child of this agent (see :func:`spawn`)."""
+        return _spawn(self.context, name, key=key, agent_id=agent_id)
+
+    @property
+    def finished(self) -> bool:
+        return self._finished
+
+    def finish(self, error: BaseException | None) -> bool:
+        """Record the end of the execution, once; commit its state on success, roll it back on
+        failure. Returns False if it had already finished."""
+        with self._lock:
+            if self._finished:
+                return False
+            self._finished = True
+        ctx = self.context
+        if error is None:
+            tel.add_event(self.span, stamp(ctx, EventType.AGENT_END, key=None), {"state_committed": True})
+            self.agent._commit(self.state)
+            tel.end_span(self.span)
+            return True
+        ctx.cancelled_reason = "timed out" if isinstance(error, TimeoutError) else "failed"
+        rolled_back = sorted(str(k) for k in self.state)
+        self.state = {}
+        payload = tel.error_payload(
+            error,
+            timed_out=isinstance(error, TimeoutError),
+            state_rolled_back=True,
+            discarded_state_keys=rolled_back,
+        )
+        tel.add_event(self.span, stamp(ctx, EventType.AGENT_ERROR), payload)
+        tel.end_span(self.span, error)
+        return True
+
+
+class AgentScope:
+    """Context manager (sync and async) for one execution of an agent."""
+
+    def __init__(self, agent: Agent, timeout: float | None) -> None:
+        if timeout is not None and timeout <= 0:
+            raise ValueError("timeout must be positive")
+        self.agent = agent
+        self.timeout = timeout
+        self.execution: AgentExecution | None = None
+        self._tokens: tuple[Any, ...] = ()
+        self._async_timeout: asyncio.Timeout | None = None
+        self._started_at = 0.0
+
+    def _enter(self) -> AgentExecution:
+        if self.execution is not None:
+            raise RuntimeError("an AgentScope can be entered once; call agent.scope() again")
+        agent = self.agent
+        ctx = new_agent_context(
+            agent.run_id,
+            agent.agent_id,
+            agent.name,
+            parent_agent_id=agent.parent_agent_id,
+            spawned_at=agent.spawned_at,
+            timeout=self.timeout,
+        )
+        parents = (agent.spawned_at,) if agent.spawned_at is not None else ()
+        start = stamp(ctx, EventType.AGENT_START, parents=parents)
+        extra: dict[str, Any] = {
+            attr.GEN_AI_OPERATION_NAME: attr.OP_INVOKE_AGENT,
+        }
+        if agent.parent_agent_id is not None:
+            extra[attr.PARENT_AGENT_ID] = agent.parent_agent_id
+        if agent.spawned_at is not None:
+            extra[attr.SPAWNED_AT_EVENT_ID] = agent.spawned_at.event_id
+        links = (
+            [Link(agent.spawn_span_context)]
+            if agent.spawn_span_context is not None and agent.spawn_span_context.is_valid
+            else []
+        )
+        payload = {"name": agent.name, "timeout": self.timeout}
+        span = tel.start_event_span(f"invoke_agent {agent.name}", start, payload, extra, links)
+        execution = AgentExecution(agent, ctx, span, start.ref)
+        ctx.execution = execution
+        run = current_run()
+        run_token = bind_run(RunContext(agent.run_id)) if run is None or run.run_id != agent.run_id else None
+        otel_token = otel_context.attach(trace.set_span_in_context(span))
+        agent_token = bind_agent(ctx)
+        self._tokens = (run_token, otel_token, agent_token)
+        self.execution = execution
+        self._started_at = time.monotonic()
+        return execution
+
+    def _exit(self, error: BaseException | None) -> BaseException | None:
+        """Finish the execution; returns a timeout error to raise if the block ran over."""
+        execution = self.execution
+        assert execution is not None
+        run_token, otel_token, agent_token = self._tokens
+        raise_instead: BaseException | None = None
+        if (
+            error is None
+            and self.timeout is not None
+            and time.monotonic() - self._started_at > self.timeout
+        ):
+            raise_instead = AgentTimeoutError(
+                f"agent {self.agent.agent_id!r} ran past its timeout of {self.timeout} s"
+            )
+            error = raise_instead
+        execution.finish(error)
+        reset_agent(agent_token)
+        try:
+            otel_context.detach(otel_token)
+        except Exception:
+            tel._logger.debug("agentcap: context detach failed", exc_info=True)
+        if run_token is not None:
+            reset_run(run_token)
+        return raise_instead
+
+    def abandon(self, error: BaseException) -> None:
+        """Finish the execution as failed from outside (a sync timeout); the worker's own exit
+        later finds it finished."""
+        if self.execution is not None:
+            self.execution.finish(error)
+
+    def __enter__(self) -> AgentExecution:
+        return self._enter()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        raise_instead = self._exit(exc)
+        if raise_instead is not None:
+            raise raise_instead
+
+    async def __aenter__(self) -> AgentExecution:
+        execution = self._enter()
+        if self.timeout is not None:
+            self._async_timeout = asyncio.timeout(self.timeout)
+            await self._async_timeout.__aenter__()
+        return execution
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._async_timeout is not None:
+            try:
+                await self._async_timeout.__aexit__(exc_type, exc, tb)
+            except BaseException as timeout_error:
+                self._exit(timeout_error)
+                raise
+        raise_instead = self._exit(exc)
+        if raise_instead is not None:
+            raise raise_instead
+
+
+_registry_lock = threading.Lock()
+_agents: dict[tuple[str, str], Agent] = {}
+
+
+def _get_or_create_root(run_id: str, agent_id: str, name: str) -> Agent:
+    with _registry_lock:
+        agent = _agents.get((run_id, agent_id))
+        if agent is None:
+            agent = Agent(run_id, agent_id, name)
+            _agents[(run_id, agent_id)] = agent
+        return agent
+
+
+def agent(
+    name: str, *, agent_id: str | None = None, timeout: float | None = None
+) -> AgentScope:
+    """A scope that runs its block as an execution of agent ``agent_id`` (default: ``name``) in
+    the current run (a new generated run when none is bound)::
+
+        with otel_agentcap.run("run-1"):
+            with otel_agentcap.agent("planner") as planner:
+                planner.state["plan"] = [...]
+    """
+    validate_id(name, "name")
+    if agent_id is not None:
+        validate_id(agent_id, "agent_id")
+    run = current_run()
+    run_id = run.run_id if run is not None else new_id("run")
+    return AgentScope(_get_or_create_root(run_id, agent_id or name, name), timeout)
+
+
+def _child_id(parent_agent_id: str, key: str) -> str:
+    candidate = f"{parent_agent_id}/{key}"
+    if len(candidate) <= MAX_ID_LENGTH:
+        return candidate
+    digest = hashlib.sha256(candidate.encode("utf-8", "surrogatepass")).hexdigest()[:24]
+    return f"{key[:100]}~{digest}"
+
+
+def spawn(name: str, *, key: str | None = None, agent_id: str | None = None) -> Agent:
+    """Spawn a child of the current agent and record an ``agent_spawn`` event in the parent.
+
+    A child's identity is ``agent_id`` if given, else ``"{parent}/{key}"`` with ``key``
+    defaulting to ``name``. Spawning the same identity again (a retry) returns the same child and
+    records nothing; so does spawning twice with the same key, which is why workers spawned in a
+    loop need distinct keys. There is no "fresh random child": a spawn never creates a second child
+    silently.
+    """
+    parent = current_agent()
+    if parent is None:
+        raise RuntimeError("spawn() must be called inside an agent scope")
+    return _spawn(parent, name, key=key, agent_id=agent_id)
+
+
+def _spawn(parent: AgentContext, name: str, *, key: str | None, agent_id: str | None) -> Agent:
+    validate_id(name, "name")
+    if key is not None:
+        validate_id(key, "key")
+    child_id = validate_id(agent_id, "agent_id") if agent_id is not None else _child_id(
+        parent.agent_id, key if key is not None else name
+    )
+    if child_id == parent.agent_id:
+        raise SpawnConflictError(f"agent {child_id!r} cannot spawn itself")
+    with _registry_lock:
+        existing = _agents.get((parent.run_id, child_id))
+        if existing is not None:
+            if existing.parent_agent_id != parent.agent_id:
+                raise SpawnConflictError(
+                    f"agent {child_id!r} already exists in run {parent.run_id!r} with parent "
+                    f"{existing.parent_agent_id!r}, not {parent.agent_id!r}"
+                )
+            return existing
+        parent.check_active()
+        spawn_stamp = stamp(parent, EventType.AGENT_SPAWN, key=f"spawn:{child_id}")
+        extra: dict[str, Any] = {
+            attr.GEN_AI_OPERATION_NAME: attr.OP_CREATE_AGENT,
+            attr.CHILD_AGENT_ID: child_id,
+            attr.CHILD_AGENT_NAME: name,
+        }
+        payload = {"child_agent_id": child_id, "child_name": name, "key": key}
+        span = tel.start_event_span(f"create_agent {name}", spawn_stamp, payload, extra)
+        tel.end_span(span)
+        child = Agent(
+            parent.run_id,
+            child_id,
+            name,
+            parent_agent_id=parent.agent_id,
+            spawned_at=spawn_stamp.ref,
+            spawn_span_context=span.get_span_context(),
+        )
+        # The child's first event must come after the spawn, whatever thread runs it.
+        child_clock_owner = new_agent_context(parent.run_id, child_id, name)
+        child_clock_owner.clock.observe(spawn_stamp.seq)
+        _agents[(parent.run_id, child_id)] = child
+        return child
+
+
+def current_execution() -> AgentExecution | None:
+    """The execution whose scope encloses the caller, or None outside any agent."""
+    ctx = current_agent()
+    execution = ctx.execution if ctx is not None else None
+    return execution if isinstance(execution, AgentExecution) else None

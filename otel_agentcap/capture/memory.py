@@ -1,0 +1,175 @@
+"""A captured key-value memory shared by the agents of a process.
+
+Every mutation and its ``memory_write`` event are one atomic step: the value before, the value
+after, the event's sequence and its causal link to the previous write of the key are all fixed
+under one lock, so the chain of write events of a key replays to its final value. A read names the
+write it observed as a causal parent, so the reader's clock moves past that write.
+
+A missing key and a key holding ``None`` differ: payloads carry ``before_found`` / ``after_found``
+/ ``found`` flags, and :meth:`Memory.lookup` returns a :class:`Lookup` that says which.
+Memory is shared, so it is not rolled back when an agent execution fails (agent state is).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Final
+
+from otel_agentcap import attributes as attr
+from otel_agentcap.capture import _telemetry as tel
+from otel_agentcap.context import current_agent
+from otel_agentcap.model import EventRef, EventType, validate_id
+from otel_agentcap.stamping import Stamp, stamp
+
+MEMORY_KEY: Final = "agentcap.memory.key"
+MEMORY_NAME: Final = "agentcap.memory.name"
+
+
+class _Missing:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "MISSING"
+
+
+MISSING: Final = _Missing()
+
+
+@dataclass(frozen=True, slots=True)
+class Lookup:
+    """The outcome of a read: ``found`` is False for a missing key, True for a stored ``None``."""
+
+    found: bool
+    value: Any = None
+    written_by: EventRef | None = None
+
+
+@dataclass(slots=True)
+class _Slot:
+    value: Any
+    written_by: EventRef | None
+
+
+class Memory:
+    """A thread-safe, captured key-value store. Keys are strings."""
+
+    def __init__(self, name: str = "memory") -> None:
+        self.name = validate_id(name, "memory name")
+        self._lock = threading.Lock()
+        self._slots: dict[str, _Slot] = {}
+        # The last write of a key, kept after a delete so the next write still chains to it.
+        self._last_write: dict[str, EventRef] = {}
+
+    def __repr__(self) -> str:
+        return f"Memory({self.name!r}, {len(self._slots)} keys)"
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._slots)
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and self.lookup(key).found
+
+    def __iter__(self) -> Iterator[str]:
+        with self._lock:
+            return iter(list(self._slots))
+
+    def __getitem__(self, key: str) -> Any:
+        found = self.lookup(key)
+        if not found.found:
+            raise KeyError(key)
+        return found.value
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self.set(key, value)
+
+    def __delitem__(self, key: str) -> None:
+        if not self.delete(key):
+            raise KeyError(key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        found = self.lookup(key)
+        return found.value if found.found else default
+
+    def snapshot(self) -> dict[str, Any]:
+        """The current contents, without recording a read."""
+        with self._lock:
+            return {key: slot.value for key, slot in self._slots.items()}
+
+    def lookup(self, key: str) -> Lookup:
+        """Read ``key``, recording a ``memory_read`` event inside an agent."""
+        validate_id(key, "memory key")
+        ctx = current_agent()
+        if ctx is not None:
+            ctx.check_active()
+        with self._lock:
+            slot = self._slots.get(key)
+            found = (
+                Lookup(True, slot.value, slot.written_by) if slot is not None else Lookup(False)
+            )
+            if ctx is None:
+                return found
+            parents = (found.written_by,) if found.written_by is not None else ()
+            event = stamp(ctx, EventType.MEMORY_READ, parents=parents)
+            payload: dict[str, Any] = {"memory": self.name, "key": key, "found": found.found}
+            if found.found:
+                payload["value"] = found.value
+            if found.written_by is not None:
+                payload["written_by"] = found.written_by.event_id
+            self._emit("memory_read", event, payload, key)
+        return found
+
+    def set(self, key: str, value: Any) -> EventRef | None:
+        """Store ``value``; returns the ``memory_write`` event (None outside an agent)."""
+        return self._write(key, value, "set")[0]
+
+    def delete(self, key: str) -> bool:
+        """Remove ``key``; returns whether it was there. Recorded as a write with
+        ``after_found: false``."""
+        return self._write(key, MISSING, "delete")[1]
+
+    def _write(self, key: str, value: Any, op: str) -> tuple[EventRef | None, bool]:
+        validate_id(key, "memory key")
+        ctx = current_agent()
+        if ctx is not None:
+            ctx.check_active()
+        with self._lock:
+            before = self._slots.get(key)
+            if before is None and value is MISSING:
+                return None, False  # deleting a missing key changes nothing: no event
+            if ctx is None:
+                event_ref = None
+            else:
+                previous = self._last_write.get(key)
+                event = stamp(
+                    ctx, EventType.MEMORY_WRITE, parents=(previous,) if previous else ()
+                )
+                payload: dict[str, Any] = {
+                    "memory": self.name,
+                    "key": key,
+                    "op": op,
+                    "before_found": before is not None,
+                    "after_found": value is not MISSING,
+                }
+                if before is not None:
+                    payload["before"] = before.value
+                if value is not MISSING:
+                    payload["after"] = value
+                # The span carries the serialised values, fixed here under the lock, so later
+                # mutation of a stored object cannot change what the event says.
+                self._emit("memory_write", event, payload, key)
+                event_ref = event.ref
+                self._last_write[key] = event_ref
+            if value is MISSING:
+                self._slots.pop(key, None)
+            else:
+                self._slots[key] = _Slot(value, event_ref)
+        return event_ref, before is not None
+
+    def _emit(self, name: str, event: Stamp, payload: dict[str, Any], key: str) -> None:
+        span = tel.start_event_span(
+            name, event, payload, {MEMORY_KEY: key, MEMORY_NAME: self.name}
+        )
+        tel.end_span(span)

@@ -1,0 +1,292 @@
+"""Captured tools: ``execute_tool`` spans, invocation and result events, and in-process
+exactly-once execution per (run, agent, invocation id)."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import functools
+import inspect
+import threading
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Generic, ParamSpec, TypeVar, cast, overload
+
+from otel_agentcap import attributes as attr
+from otel_agentcap.capture import _telemetry as tel
+from otel_agentcap.context import AgentContext, current_agent
+from otel_agentcap.model import EventRef, EventType, validate_id
+from otel_agentcap.stamping import stamp
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+@dataclass(eq=False)
+class _Invocation:
+    """The one execution of a tool invocation; retries wait on it and share its outcome."""
+
+    done: threading.Event = field(default_factory=threading.Event)
+    result: Any = None
+    error: BaseException | None = None
+    invocation_event: EventRef | None = None
+    result_event: EventRef | None = None
+    #: The owner was interrupted (cancelled, KeyboardInterrupt) before an outcome: not an
+    #: outcome to replay, so waiters claim the invocation again.
+    interrupted: bool = False
+    attempt: int = 1
+
+
+class InvocationRegistry:
+    """Outcomes of tool invocations in this process, keyed by (run, agent, invocation id).
+
+    Scoping by run and agent means one agent's retry never gets another agent's result.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._entries: dict[tuple[str, str, str], _Invocation] = {}
+        self._interruptions: dict[tuple[str, str, str], int] = {}
+
+    def claim(self, key: tuple[str, str, str]) -> tuple[_Invocation, bool]:
+        """Return the invocation for ``key`` and whether the caller owns its execution."""
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is not None:
+                return entry, False
+            entry = _Invocation(attempt=self._interruptions.get(key, 0) + 1)
+            self._entries[key] = entry
+            return entry, True
+
+    def release(self, key: tuple[str, str, str], entry: _Invocation) -> None:
+        with self._lock:
+            if self._entries.get(key) is entry:
+                del self._entries[key]
+                self._interruptions[key] = entry.attempt
+
+    def lookup(self, key: tuple[str, str, str]) -> _Invocation | None:
+        with self._lock:
+            return self._entries.get(key)
+
+    def forget_run(self, run_id: str) -> None:
+        with self._lock:
+            for key in [k for k in self._entries if k[0] == run_id]:
+                del self._entries[key]
+            for key in [k for k in self._interruptions if k[0] == run_id]:
+                del self._interruptions[key]
+
+
+invocations = InvocationRegistry()
+
+
+def _replay(entry: _Invocation) -> Any:
+    if entry.error is not None:
+        try:
+            error = copy.copy(entry.error)
+        except Exception:
+            error = entry.error
+        raise error.with_traceback(None)
+    return entry.result
+
+
+class Tool(Generic[P, R]):
+    """A captured tool. Calling it runs the function with its own arguments, untouched; use
+    :meth:`invoke` to give the invocation an id that makes retries return the recorded outcome."""
+
+    def __init__(self, fn: Callable[P, R], name: str | None = None) -> None:
+        self.fn = fn
+        self.name = validate_id(name if name is not None else fn.__name__, "tool name")
+        self.signature = inspect.signature(fn)
+        self.is_async = inspect.iscoroutinefunction(fn)
+        functools.update_wrapper(self, fn)
+
+    def __repr__(self) -> str:
+        return f"Tool({self.name!r})"
+
+    def __get__(self, instance: Any, owner: type | None = None) -> Any:
+        if instance is None:
+            return self
+        return Tool(cast(Callable[P, R], functools.partial(self.fn, instance)), self.name)
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        return self._call(None, args, kwargs)
+
+    def invoke(self, invocation_id: str, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        """Call the tool as invocation ``invocation_id`` (for example a tool_use block id).
+
+        The first call with an id runs the body; any later or concurrent call with the same id in
+        the same run and agent returns the recorded result or raises the recorded error, without
+        running the body again. For an async tool this returns an awaitable.
+        """
+        validate_id(invocation_id, "invocation_id")
+        return self._call(invocation_id, args, kwargs)
+
+    def _arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        try:
+            bound = self.signature.bind_partial(*args, **kwargs)
+            return dict(bound.arguments)
+        except TypeError:
+            return {"args": list(args), "kwargs": kwargs}
+
+    def _call(self, invocation_id: str | None, args: tuple[Any, ...], kwargs: dict[str, Any]) -> R:
+        ctx = current_agent()
+        if ctx is None:
+            # Outside any agent nothing is captured and nothing is deduplicated.
+            return self.fn(*args, **kwargs)
+        ctx.check_active()
+        if invocation_id is None:
+            return self._run_new(ctx, None, args, kwargs)
+        key = (ctx.run_id, ctx.agent_id, invocation_id)
+        if self.is_async:
+            return cast(R, self._call_async(ctx, invocation_id, key, args, kwargs))
+        while True:
+            entry, owner = invocations.claim(key)
+            if owner:
+                return self._run_new(ctx, (key, entry), args, kwargs)
+            entry.done.wait()
+            if not entry.interrupted:
+                return cast(R, _replay(entry))
+
+    async def _call_async(
+        self,
+        ctx: AgentContext,
+        invocation_id: str,
+        key: tuple[str, str, str],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
+        while True:
+            entry, owner = invocations.claim(key)
+            if owner:
+                return await cast(Awaitable[Any], self._run_new(ctx, (key, entry), args, kwargs))
+            while not entry.done.is_set():
+                await asyncio.to_thread(entry.done.wait, 0.5)
+            if not entry.interrupted:
+                return _replay(entry)
+
+    def _run_new(
+        self,
+        ctx: AgentContext,
+        claim: tuple[tuple[str, str, str], _Invocation] | None,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> R:
+        invocation_id = claim[0][2] if claim is not None else None
+        entry = claim[1] if claim is not None else None
+        key = None
+        if invocation_id is not None and entry is not None:
+            # A re-run after an interrupted attempt is a new operation with its own events.
+            suffix = "" if entry.attempt == 1 else f"#attempt{entry.attempt}"
+            key = f"tool:{invocation_id}{suffix}"
+        start = stamp(ctx, EventType.TOOL_INVOCATION, key=None if key is None else f"{key}:invocation")
+        call_id = invocation_id if invocation_id is not None else f"seq-{start.seq}"
+        extra: dict[str, Any] = {
+            attr.GEN_AI_OPERATION_NAME: attr.OP_EXECUTE_TOOL,
+            attr.GEN_AI_TOOL_NAME: self.name,
+            attr.GEN_AI_TOOL_CALL_ID: call_id,
+            attr.GEN_AI_TOOL_TYPE: "function",
+        }
+        payload = {
+            "tool": self.name,
+            "invocation_id": call_id,
+            "arguments": self._arguments(args, kwargs),
+        }
+        span = tel.start_event_span(f"execute_tool {self.name}", start, payload, extra)
+        if entry is not None:
+            entry.invocation_event = start.ref
+        finisher = _Finisher(ctx, self.name, call_id, key, span, start.ref, claim)
+        from opentelemetry import trace
+
+        if self.is_async:
+            return cast(R, self._run_async(finisher, span, args, kwargs))
+        try:
+            with trace.use_span(span, end_on_exit=False, record_exception=False, set_status_on_exception=False):
+                result = self.fn(*args, **kwargs)
+        except BaseException as error:
+            finisher.failed(error)
+            raise
+        finisher.succeeded(result)
+        return result
+
+    async def _run_async(
+        self, finisher: _Finisher, span: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        from opentelemetry import trace
+
+        try:
+            with trace.use_span(span, end_on_exit=False, record_exception=False, set_status_on_exception=False):
+                result = await cast(Callable[..., Awaitable[Any]], self.fn)(*args, **kwargs)
+        except BaseException as error:
+            finisher.failed(error)
+            raise
+        finisher.succeeded(result)
+        return result
+
+
+@dataclass(slots=True)
+class _Finisher:
+    ctx: AgentContext
+    tool: str
+    call_id: str
+    key: str | None
+    span: Any
+    invocation: EventRef
+    claim: tuple[tuple[str, str, str], _Invocation] | None
+
+    def succeeded(self, result: Any) -> None:
+        done = stamp(
+            self.ctx,
+            EventType.TOOL_RESULT,
+            key=None if self.key is None else f"{self.key}:result",
+            parents=(self.invocation,),
+        )
+        tel.add_event(self.span, done, {"tool": self.tool, "invocation_id": self.call_id, "result": result})
+        tel.end_span(self.span)
+        if self.claim is not None:
+            entry = self.claim[1]
+            entry.result = result
+            entry.result_event = done.ref
+            entry.done.set()
+
+    def failed(self, error: BaseException) -> None:
+        failed = stamp(
+            self.ctx,
+            EventType.AGENT_ERROR,
+            key=None if self.key is None else f"{self.key}:error",
+            parents=(self.invocation,),
+        )
+        payload = tel.error_payload(error, tool=self.tool, invocation_id=self.call_id)
+        tel.add_event(self.span, failed, payload)
+        tel.end_span(self.span, error)
+        if self.claim is None:
+            return
+        key, entry = self.claim
+        if isinstance(error, Exception):
+            entry.error = error
+            entry.result_event = failed.ref
+        else:
+            # Cancelled or interrupted, not failed: let the next call run the tool.
+            entry.interrupted = True
+            invocations.release(key, entry)
+        entry.done.set()
+
+
+@overload
+def tool(fn: Callable[P, R], /) -> Tool[P, R]: ...
+
+
+@overload
+def tool(*, name: str | None = None) -> Callable[[Callable[P, R]], Tool[P, R]]: ...
+
+
+def tool(
+    fn: Callable[P, R] | None = None, /, *, name: str | None = None
+) -> Tool[P, R] | Callable[[Callable[P, R]], Tool[P, R]]:
+    """Decorate a sync or async function as a captured tool: ``@tool`` or ``@tool(name=...)``."""
+    if fn is not None:
+        return Tool(fn, name)
+
+    def decorate(inner: Callable[P, R]) -> Tool[P, R]:
+        return Tool(inner, name)
+
+    return decorate

@@ -1,0 +1,183 @@
+"""Run and agent context held in ContextVars.
+
+ContextVars follow ``await``, ``asyncio.gather``, ``create_task`` and ``asyncio.to_thread`` on their
+own. Plain threads and ``ThreadPoolExecutor.submit`` start from an empty context, so use
+:func:`wrap`, :func:`start_thread` or :class:`ContextThreadPoolExecutor` to carry the current run and
+agent (and the current OpenTelemetry span, which is a ContextVar too) into them.
+
+The binding API follows structlog's ``contextvars`` module: ``bind_*`` returns a token, and the
+matching ``reset_*`` restores what was there before.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, ParamSpec, TypeVar
+
+from otel_agentcap.clock import LamportClock, clocks
+from otel_agentcap.errors import AgentCancelled
+from otel_agentcap.model import EventRef, validate_id
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+@dataclass(frozen=True, slots=True)
+class RunContext:
+    run_id: str
+    attributes: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True, eq=False)
+class AgentContext:
+    """One execution of one agent: its identity, its clock and whether it may still act."""
+
+    run_id: str
+    agent_id: str
+    name: str
+    clock: LamportClock
+    parent_agent_id: str | None = None
+    spawned_at: EventRef | None = None
+    deadline: float | None = None  # time.monotonic() value
+    cancelled_reason: str | None = None
+    execution: Any = None  # the capture layer's object for this execution
+
+    def check_active(self) -> None:
+        """Raise :class:`AgentCancelled` if this execution may no longer act."""
+        if self.cancelled_reason is not None:
+            raise AgentCancelled(f"agent {self.agent_id!r} was {self.cancelled_reason}")
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            self.cancelled_reason = "timed out"
+            raise AgentCancelled(f"agent {self.agent_id!r} timed out")
+
+
+_current_run: contextvars.ContextVar[RunContext | None] = contextvars.ContextVar(
+    "agentcap_run", default=None
+)
+_current_agent: contextvars.ContextVar[AgentContext | None] = contextvars.ContextVar(
+    "agentcap_agent", default=None
+)
+_causal_parents: contextvars.ContextVar[tuple[EventRef, ...]] = contextvars.ContextVar(
+    "agentcap_causal_parents", default=()
+)
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:16]}"
+
+
+def current_run() -> RunContext | None:
+    return _current_run.get()
+
+
+def current_agent() -> AgentContext | None:
+    return _current_agent.get()
+
+
+def bind_run(run: RunContext) -> contextvars.Token[RunContext | None]:
+    return _current_run.set(run)
+
+
+def reset_run(token: contextvars.Token[RunContext | None]) -> None:
+    _current_run.reset(token)
+
+
+def bind_agent(agent: AgentContext | None) -> contextvars.Token[AgentContext | None]:
+    return _current_agent.set(agent)
+
+
+def reset_agent(token: contextvars.Token[AgentContext | None]) -> None:
+    _current_agent.reset(token)
+
+
+def new_agent_context(
+    run_id: str,
+    agent_id: str,
+    name: str,
+    *,
+    parent_agent_id: str | None = None,
+    spawned_at: EventRef | None = None,
+    timeout: float | None = None,
+) -> AgentContext:
+    validate_id(run_id, "run_id")
+    validate_id(agent_id, "agent_id")
+    if timeout is not None and timeout <= 0:
+        raise ValueError("timeout must be positive")
+    return AgentContext(
+        run_id=run_id,
+        agent_id=agent_id,
+        name=name,
+        clock=clocks.get(run_id, agent_id),
+        parent_agent_id=parent_agent_id,
+        spawned_at=spawned_at,
+        deadline=None if timeout is None else time.monotonic() + timeout,
+    )
+
+
+@contextmanager
+def run(run_id: str | None = None, **attributes: Any) -> Iterator[RunContext]:
+    """Group what happens inside into one run; ``run_id`` defaults to a generated one."""
+    ctx = RunContext(validate_id(run_id, "run_id") if run_id is not None else new_id("run"), attributes)
+    token = bind_run(ctx)
+    try:
+        yield ctx
+    finally:
+        reset_run(token)
+
+
+def ambient_causal_parents() -> tuple[EventRef, ...]:
+    return _causal_parents.get()
+
+
+@contextmanager
+def caused_by(*parents: EventRef) -> Iterator[None]:
+    """Name ``parents`` as causal parents of every event captured inside the block (they add to
+    the parents an operation finds itself, such as the write a memory read returns)."""
+    for parent in parents:
+        if not isinstance(parent, EventRef):
+            raise TypeError(f"caused_by takes EventRef values, not {type(parent).__name__}")
+    token = _causal_parents.set(_causal_parents.get() + parents)
+    try:
+        yield
+    finally:
+        _causal_parents.reset(token)
+
+
+def clear_ambient_parents() -> contextvars.Token[tuple[EventRef, ...]]:
+    return _causal_parents.set(())
+
+
+def reset_ambient_parents(token: contextvars.Token[tuple[EventRef, ...]]) -> None:
+    _causal_parents.reset(token)
+
+
+def wrap(fn: Callable[P, R]) -> Callable[P, R]:
+    """Bind ``fn`` to a copy of the current context (run, agent, span) for use in another thread."""
+    ctx = contextvars.copy_context()
+
+    def run_in_context(*args: P.args, **kwargs: P.kwargs) -> R:
+        return ctx.run(fn, *args, **kwargs)
+
+    return run_in_context
+
+
+def start_thread(fn: Callable[..., Any], *args: Any, name: str | None = None, daemon: bool = True) -> threading.Thread:
+    """Start a thread that runs ``fn(*args)`` in a copy of the current context."""
+    thread = threading.Thread(target=wrap(fn), args=args, name=name, daemon=daemon)
+    thread.start()
+    return thread
+
+
+class ContextThreadPoolExecutor(ThreadPoolExecutor):
+    """A ThreadPoolExecutor whose ``submit`` runs each call in a copy of the submitter's context."""
+
+    def submit(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> Future[R]:
+        ctx = contextvars.copy_context()
+        return super().submit(ctx.run, fn, *args, **kwargs)

@@ -1,0 +1,1 @@
+"""Exporters: PostgreSQL event log."""

@@ -1,0 +1,142 @@
+"""A documented, lossless-where-possible encoding of arbitrary Python values into JSON that
+PostgreSQL's ``jsonb`` accepts.
+
+JSON (and jsonb) cannot hold everything a tool may return. Values that JSON cannot hold as given are
+wrapped in a one-key object whose key starts with ``$agentcap.``:
+
+================================  ===============================================================
+value                              stored as
+================================  ===============================================================
+``bytes`` / ``bytearray``          ``{"$agentcap.bytes": "<base64>"}``
+``float`` NaN / +-Infinity         ``{"$agentcap.float": "NaN" | "Infinity" | "-Infinity"}``
+``str`` with NUL or a lone         ``{"$agentcap.str": "<base64 of UTF-8, surrogatepass>"}``
+surrogate (jsonb rejects both)
+anything else not JSON             ``{"$agentcap.repr": "<repr, at most 2000 chars>", "type": "mod.Class"}``
+a payload over the size limit      ``{"$agentcap.truncated": "<first N chars of the JSON>", "size": n}``
+================================  ===============================================================
+
+Dict keys that are not strings are converted with ``str()``; tuples and sets become lists;
+dataclasses and objects with ``model_dump()`` (pydantic, the anthropic SDK's types) are dumped first.
+A dict that itself has a single ``$agentcap.*`` key is wrapped as ``{"$agentcap.literal": {...}}``
+so user data never reads as one of our markers.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import datetime
+import enum
+import json
+import math
+import uuid
+from collections.abc import Mapping
+from typing import Any, Final
+
+MARKER_PREFIX: Final = "$agentcap."
+DEFAULT_MAX_PAYLOAD_CHARS: Final = 256 * 1024
+_MAX_DEPTH: Final = 64
+_MAX_REPR: Final = 2000
+
+
+def _bad_str(value: str) -> bool:
+    if "\x00" in value:
+        return True
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _encode_str(value: str) -> Any:
+    if _bad_str(value):
+        raw = value.encode("utf-8", "surrogatepass")
+        return {"$agentcap.str": base64.b64encode(raw).decode("ascii")}
+    return value
+
+
+def _repr(value: Any) -> dict[str, str]:
+    try:
+        text = repr(value)
+    except Exception as exc:  # a broken __repr__ must not lose the rest of the payload
+        text = f"<unrepresentable: {type(exc).__name__}>"
+    cls = type(value)
+    return {"$agentcap.repr": _encode_plain(text[:_MAX_REPR]), "type": f"{cls.__module__}.{cls.__qualname__}"}
+
+
+def _encode_plain(value: str) -> str:
+    return value.encode("utf-8", "replace").decode("utf-8").replace("\x00", "\\u0000")
+
+
+def to_jsonable(value: Any, _depth: int = 0) -> Any:
+    """Convert ``value`` to plain JSON types, applying the markers described in the module doc."""
+    if value is None or isinstance(value, bool | int):
+        return value
+    if isinstance(value, str):
+        return _encode_str(value)
+    if isinstance(value, float):
+        if math.isfinite(value):
+            return value
+        return {"$agentcap.float": "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")}
+    if _depth >= _MAX_DEPTH:
+        return _repr(value)
+    if isinstance(value, bytes | bytearray | memoryview):
+        return {"$agentcap.bytes": base64.b64encode(bytes(value)).decode("ascii")}
+    if isinstance(value, Mapping):
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            skey = key if isinstance(key, str) else str(key)
+            out[_encode_plain(skey) if _bad_str(skey) else skey] = to_jsonable(item, _depth + 1)
+        if len(out) == 1 and next(iter(out)).startswith(MARKER_PREFIX):
+            return {"$agentcap.literal": out}
+        return out
+    if isinstance(value, list | tuple | set | frozenset):
+        items = sorted(value, key=repr) if isinstance(value, set | frozenset) else value
+        return [to_jsonable(item, _depth + 1) for item in items]
+    if isinstance(value, enum.Enum):
+        return to_jsonable(value.value, _depth + 1)
+    if isinstance(value, datetime.datetime | datetime.date | datetime.time):
+        return value.isoformat()
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        try:
+            return to_jsonable(dataclasses.asdict(value), _depth + 1)
+        except Exception:
+            return _repr(value)
+    dump = getattr(value, "model_dump", None)
+    if callable(dump):
+        try:
+            return to_jsonable(dump(mode="json"), _depth + 1)
+        except Exception:
+            return _repr(value)
+    return _repr(value)
+
+
+def dumps(value: Any, max_chars: int = DEFAULT_MAX_PAYLOAD_CHARS) -> str:
+    """Serialise ``value`` to a JSON text that jsonb accepts, never raising.
+
+    A result longer than ``max_chars`` is replaced by a ``$agentcap.truncated`` marker that keeps
+    the first ``max_chars // 2`` characters, so huge payloads are recorded, bounded, and visible.
+    """
+    try:
+        text = json.dumps(to_jsonable(value), ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    except Exception as exc:  # recursion limits and the like: keep a record rather than nothing
+        text = json.dumps({"$agentcap.error": f"{type(exc).__name__}: could not encode payload"})
+    if len(text) > max_chars:
+        text = json.dumps(
+            {"$agentcap.truncated": text[: max_chars // 2], "size": len(text)}, ensure_ascii=False
+        )
+    return text
+
+
+def loads(text: str | None) -> Any:
+    """Parse a payload attribute; text that is not JSON (e.g. cut by an attribute length limit)
+    comes back as ``{"$agentcap.unparsed": <text>}`` instead of being lost."""
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except (ValueError, TypeError):
+        return {"$agentcap.unparsed": _encode_plain(str(text))}

@@ -1,0 +1,115 @@
+"""The event model shared by capture, the span mapping, the exporters and the testing helpers.
+
+Pure data: no I/O, no OpenTelemetry SDK.
+"""
+
+from __future__ import annotations
+
+import enum
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Final
+
+#: Namespace of deterministic event ids: ``uuid5(EVENT_NAMESPACE, run \x1f agent \x1f key)``.
+EVENT_NAMESPACE: Final = uuid.UUID("5b0f6f7e-3c55-4d2b-9a51-6a3d7f0c2e11")
+
+MAX_ID_LENGTH: Final = 512
+
+
+class EventType(enum.StrEnum):
+    MODEL_CALL = "model_call"
+    TOOL_INVOCATION = "tool_invocation"
+    TOOL_RESULT = "tool_result"
+    MEMORY_READ = "memory_read"
+    MEMORY_WRITE = "memory_write"
+    AGENT_SPAWN = "agent_spawn"
+    AGENT_START = "agent_start"
+    AGENT_END = "agent_end"
+    AGENT_ERROR = "agent_error"
+
+
+EVENT_TYPES: Final = frozenset(t.value for t in EventType)
+
+
+def validate_id(value: object, what: str) -> str:
+    """Return ``value`` if it is a usable id (a non-empty str without NUL, at most 512 chars).
+
+    Raises ``ValueError`` (or ``TypeError`` for non-strings) at the call that passed it, so a bad id
+    never becomes a database error later.
+    """
+    if not isinstance(value, str):
+        raise TypeError(f"{what} must be a str, not {type(value).__name__}")
+    if not value or not value.strip():
+        raise ValueError(f"{what} must be a non-empty string")
+    if "\x00" in value:
+        raise ValueError(f"{what} must not contain NUL characters")
+    if len(value) > MAX_ID_LENGTH:
+        raise ValueError(f"{what} is longer than {MAX_ID_LENGTH} characters")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"{what} is not valid UTF-8 (lone surrogate)") from exc
+    return value
+
+
+def event_id_for(run_id: str, agent_id: str, idempotency_key: str) -> str:
+    """The deterministic id of an event: a retried event gets the id of its first copy."""
+    return str(uuid.uuid5(EVENT_NAMESPACE, f"{run_id}\x1f{agent_id}\x1f{idempotency_key}"))
+
+
+@dataclass(frozen=True, slots=True)
+class EventRef:
+    """Enough of an event to name it as a causal parent: its id and its sequence."""
+
+    event_id: str
+    seq: int
+    agent_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One row of the event log."""
+
+    event_id: str
+    run_id: str
+    agent_id: str
+    seq: int
+    event_type: str
+    idempotency_key: str
+    wall_time: datetime
+    causal_parent_ids: tuple[str, ...] = ()
+    payload: Any = None
+    trace_id: str | None = None
+    span_id: str | None = None
+
+    @property
+    def ref(self) -> EventRef:
+        return EventRef(self.event_id, self.seq, self.agent_id)
+
+
+@dataclass(frozen=True, slots=True)
+class AgentRecord:
+    """One row of the agents table. Fields that are ``None`` are unknown, not "no value"."""
+
+    run_id: str
+    agent_id: str
+    name: str | None = None
+    parent_agent_id: str | None = None
+    spawned_at_event_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RunRecord:
+    run_id: str
+    started_at: datetime
+    attributes: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """What one export writes: events plus the agent and run rows they imply."""
+
+    events: tuple[Event, ...] = ()
+    agents: tuple[AgentRecord, ...] = ()
+    runs: tuple[RunRecord, ...] = ()

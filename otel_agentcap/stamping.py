@@ -1,0 +1,77 @@
+"""Allocation of event identity: sequence, deterministic id and causal parents."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from opentelemetry.util.types import AttributeValue
+
+from otel_agentcap import attributes as attr
+from otel_agentcap.context import AgentContext, ambient_causal_parents
+from otel_agentcap.model import EventRef, event_id_for
+
+
+@dataclass(frozen=True, slots=True)
+class Stamp:
+    """The identity of one captured event, fixed when the operation starts."""
+
+    run_id: str
+    agent_id: str
+    agent_name: str
+    seq: int
+    event_id: str
+    event_type: str
+    idempotency_key: str
+    causal_parent_ids: tuple[str, ...]
+
+    @property
+    def ref(self) -> EventRef:
+        return EventRef(self.event_id, self.seq, self.agent_id)
+
+    def attributes(self) -> dict[str, AttributeValue]:
+        return {
+            attr.RUN_ID: self.run_id,
+            attr.AGENT_ID: self.agent_id,
+            attr.AGENT_NAME: self.agent_name,
+            attr.EVENT_ID: self.event_id,
+            attr.EVENT_TYPE: self.event_type,
+            attr.EVENT_SEQ: self.seq,
+            attr.EVENT_IDEMPOTENCY_KEY: self.idempotency_key,
+            attr.EVENT_CAUSAL_PARENT_IDS: self.causal_parent_ids,
+        }
+
+
+def stamp(
+    agent: AgentContext,
+    event_type: str,
+    *,
+    key: str | None = None,
+    parents: Iterable[EventRef] = (),
+) -> Stamp:
+    """Allocate the next event of ``agent``: its sequence is above the agent's last one and above
+    every causal parent's (explicit ``parents`` plus those bound with ``caused_by``).
+
+    ``key`` is the idempotency key; without one the event is keyed by its sequence, which is unique
+    per agent, so the id is still deterministic for exporter retries and collector redelivery.
+    """
+    all_parents = (*parents, *ambient_causal_parents())
+    after = 0
+    parent_ids: list[str] = []
+    for parent in all_parents:
+        if parent.seq > after:
+            after = parent.seq
+        if parent.event_id not in parent_ids:
+            parent_ids.append(parent.event_id)
+    seq = agent.clock.tick(after)
+    idempotency_key = key if key is not None else f"seq:{seq}"
+    return Stamp(
+        run_id=agent.run_id,
+        agent_id=agent.agent_id,
+        agent_name=agent.name,
+        seq=seq,
+        event_id=event_id_for(agent.run_id, agent.agent_id, idempotency_key),
+        event_type=event_type,
+        idempotency_key=idempotency_key,
+        causal_parent_ids=tuple(parent_ids),
+    )
