@@ -80,6 +80,10 @@ class LamportClock:
             start = self._source.reserve(
                 self.run_id, self.agent_id, at_least=at_least, size=self._block_size
             )
+            if start < at_least:
+                raise RuntimeError(
+                    f"sequence source returned {start} below the requested {at_least}"
+                )
         except Exception:
             # The store is unreachable. Capture must not fail, so continue locally, jumping to a
             # wall-clock floor (microseconds) so that another process doing the same is very
@@ -94,8 +98,6 @@ class LamportClock:
             start = max(at_least, time.time_ns() // 1000)
             self._limit = 0  # try the source again on the next tick
             return start
-        if start < at_least:
-            raise RuntimeError(f"sequence source returned {start} below the requested {at_least}")
         self._limit = start + self._block_size
         return start
 
@@ -109,7 +111,9 @@ class ClockRegistry:
         self._source: SequenceSource | None = None
         self._block_size = DEFAULT_BLOCK_SIZE
 
-    def configure(self, source: SequenceSource | None, block_size: int = DEFAULT_BLOCK_SIZE) -> None:
+    def configure(
+        self, source: SequenceSource | None, block_size: int = DEFAULT_BLOCK_SIZE
+    ) -> None:
         """Use ``source`` for clocks created from now on (existing clocks keep theirs)."""
         with self._lock:
             self._source = source

@@ -124,7 +124,9 @@ def new_agent_context(
 @contextmanager
 def run(run_id: str | None = None, **attributes: Any) -> Iterator[RunContext]:
     """Group what happens inside into one run; ``run_id`` defaults to a generated one."""
-    ctx = RunContext(validate_id(run_id, "run_id") if run_id is not None else new_id("run"), attributes)
+    ctx = RunContext(
+        validate_id(run_id, "run_id") if run_id is not None else new_id("run"), attributes
+    )
     token = bind_run(ctx)
     try:
         yield ctx
@@ -168,7 +170,9 @@ def wrap(fn: Callable[P, R]) -> Callable[P, R]:
     return run_in_context
 
 
-def start_thread(fn: Callable[..., Any], *args: Any, name: str | None = None, daemon: bool = True) -> threading.Thread:
+def start_thread(
+    fn: Callable[..., Any], *args: Any, name: str | None = None, daemon: bool = True
+) -> threading.Thread:
     """Start a thread that runs ``fn(*args)`` in a copy of the current context."""
     thread = threading.Thread(target=wrap(fn), args=args, name=name, daemon=daemon)
     thread.start()
@@ -180,4 +184,8 @@ class ContextThreadPoolExecutor(ThreadPoolExecutor):
 
     def submit(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> Future[R]:
         ctx = contextvars.copy_context()
-        return super().submit(ctx.run, fn, *args, **kwargs)
+
+        def run_in_context() -> R:
+            return ctx.run(fn, *args, **kwargs)
+
+        return super().submit(run_in_context)

@@ -62,7 +62,10 @@ def _repr(value: Any) -> dict[str, str]:
     except Exception as exc:  # a broken __repr__ must not lose the rest of the payload
         text = f"<unrepresentable: {type(exc).__name__}>"
     cls = type(value)
-    return {"$agentcap.repr": _encode_plain(text[:_MAX_REPR]), "type": f"{cls.__module__}.{cls.__qualname__}"}
+    return {
+        "$agentcap.repr": _encode_plain(text[:_MAX_REPR]),
+        "type": f"{cls.__module__}.{cls.__qualname__}",
+    }
 
 
 def _encode_plain(value: str) -> str:
@@ -78,7 +81,11 @@ def to_jsonable(value: Any, _depth: int = 0) -> Any:
     if isinstance(value, float):
         if math.isfinite(value):
             return value
-        return {"$agentcap.float": "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")}
+        return {
+            "$agentcap.float": "NaN"
+            if math.isnan(value)
+            else ("Infinity" if value > 0 else "-Infinity")
+        }
     if _depth >= _MAX_DEPTH:
         return _repr(value)
     if isinstance(value, bytes | bytearray | memoryview):
@@ -121,7 +128,9 @@ def dumps(value: Any, max_chars: int = DEFAULT_MAX_PAYLOAD_CHARS) -> str:
     the first ``max_chars // 2`` characters, so huge payloads are recorded, bounded, and visible.
     """
     try:
-        text = json.dumps(to_jsonable(value), ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+        text = json.dumps(
+            to_jsonable(value), ensure_ascii=False, allow_nan=False, separators=(",", ":")
+        )
     except Exception as exc:  # recursion limits and the like: keep a record rather than nothing
         text = json.dumps({"$agentcap.error": f"{type(exc).__name__}: could not encode payload"})
     if len(text) > max_chars:

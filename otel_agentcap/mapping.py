@@ -68,7 +68,10 @@ def _model_call_payload(span: SpanLike, attributes: Mapping[str, AttributeValue]
     which is only when the user opted in to content capture)."""
     payload: dict[str, Any] = {"span_name": span.name}
     for key, value in attributes.items():
-        if key.startswith(("gen_ai.", "anthropic.")) or key in (attr.ERROR_TYPE, "http.response.status_code"):
+        if key.startswith(("gen_ai.", "anthropic.")) or key in (
+            attr.ERROR_TYPE,
+            "http.response.status_code",
+        ):
             payload[key] = list(value) if isinstance(value, tuple) else value
     if span.start_time is not None and span.end_time is not None:
         payload["latency_ms"] = round((span.end_time - span.start_time) / 1e6, 3)

@@ -9,7 +9,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 from types import TracebackType
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, TypeVar
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -34,7 +34,6 @@ from otel_agentcap.errors import AgentTimeoutError, SpawnConflictError
 from otel_agentcap.model import MAX_ID_LENGTH, EventRef, EventType, validate_id
 from otel_agentcap.stamping import stamp
 
-P = ParamSpec("P")
 R = TypeVar("R")
 
 
@@ -76,7 +75,7 @@ class Agent:
         return AgentScope(self, timeout)
 
     def run(
-        self, fn: Callable[P, R], /, *args: P.args, timeout: float | None = None, **kwargs: P.kwargs
+        self, fn: Callable[..., R], /, *args: Any, timeout: float | None = None, **kwargs: Any
     ) -> R:
         """Run ``fn(*args, **kwargs)`` as one execution of this agent.
 
@@ -113,11 +112,11 @@ class Agent:
 
     async def arun(
         self,
-        fn: Callable[P, Awaitable[R]],
+        fn: Callable[..., Awaitable[R]],
         /,
-        *args: P.args,
+        *args: Any,
         timeout: float | None = None,
-        **kwargs: P.kwargs,
+        **kwargs: Any,
     ) -> R:
         """Await ``fn(*args, **kwargs)`` as one execution of this agent, cancelled after
         ``timeout`` seconds (the caller gets ``TimeoutError``)."""
@@ -166,7 +165,9 @@ class AgentExecution:
             self._finished = True
         ctx = self.context
         if error is None:
-            tel.add_event(self.span, stamp(ctx, EventType.AGENT_END, key=None), {"state_committed": True})
+            tel.add_event(
+                self.span, stamp(ctx, EventType.AGENT_END, key=None), {"state_committed": True}
+            )
             self.agent._commit(self.state)
             tel.end_span(self.span)
             return True
@@ -228,7 +229,11 @@ class AgentScope:
         execution = AgentExecution(agent, ctx, span, start.ref)
         ctx.execution = execution
         run = current_run()
-        run_token = bind_run(RunContext(agent.run_id)) if run is None or run.run_id != agent.run_id else None
+        run_token = (
+            bind_run(RunContext(agent.run_id))
+            if run is None or run.run_id != agent.run_id
+            else None
+        )
         otel_token = otel_context.attach(trace.set_span_in_context(span))
         agent_token = bind_agent(ctx)
         self._tokens = (run_token, otel_token, agent_token)
@@ -317,9 +322,7 @@ def _get_or_create_root(run_id: str, agent_id: str, name: str) -> Agent:
         return agent
 
 
-def agent(
-    name: str, *, agent_id: str | None = None, timeout: float | None = None
-) -> AgentScope:
+def agent(name: str, *, agent_id: str | None = None, timeout: float | None = None) -> AgentScope:
     """A scope that runs its block as an execution of agent ``agent_id`` (default: ``name``) in
     the current run (a new generated run when none is bound)::
 
@@ -362,8 +365,10 @@ def _spawn(parent: AgentContext, name: str, *, key: str | None, agent_id: str | 
     validate_id(name, "name")
     if key is not None:
         validate_id(key, "key")
-    child_id = validate_id(agent_id, "agent_id") if agent_id is not None else _child_id(
-        parent.agent_id, key if key is not None else name
+    child_id = (
+        validate_id(agent_id, "agent_id")
+        if agent_id is not None
+        else _child_id(parent.agent_id, key if key is not None else name)
     )
     if child_id == parent.agent_id:
         raise SpawnConflictError(f"agent {child_id!r} cannot spawn itself")

@@ -17,7 +17,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Final
 
-from otel_agentcap import attributes as attr
 from otel_agentcap.capture import _telemetry as tel
 from otel_agentcap.context import current_agent
 from otel_agentcap.model import EventRef, EventType, validate_id
@@ -106,9 +105,7 @@ class Memory:
             ctx.check_active()
         with self._lock:
             slot = self._slots.get(key)
-            found = (
-                Lookup(True, slot.value, slot.written_by) if slot is not None else Lookup(False)
-            )
+            found = Lookup(True, slot.value, slot.written_by) if slot is not None else Lookup(False)
             if ctx is None:
                 return found
             parents = (found.written_by,) if found.written_by is not None else ()
@@ -143,9 +140,7 @@ class Memory:
                 event_ref = None
             else:
                 previous = self._last_write.get(key)
-                event = stamp(
-                    ctx, EventType.MEMORY_WRITE, parents=(previous,) if previous else ()
-                )
+                event = stamp(ctx, EventType.MEMORY_WRITE, parents=(previous,) if previous else ())
                 payload: dict[str, Any] = {
                     "memory": self.name,
                     "key": key,
@@ -169,7 +164,5 @@ class Memory:
         return event_ref, before is not None
 
     def _emit(self, name: str, event: Stamp, payload: dict[str, Any], key: str) -> None:
-        span = tel.start_event_span(
-            name, event, payload, {MEMORY_KEY: key, MEMORY_NAME: self.name}
-        )
+        span = tel.start_event_span(name, event, payload, {MEMORY_KEY: key, MEMORY_NAME: self.name})
         tel.end_span(span)

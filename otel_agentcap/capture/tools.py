@@ -178,7 +178,9 @@ class Tool(Generic[P, R]):
             # A re-run after an interrupted attempt is a new operation with its own events.
             suffix = "" if entry.attempt == 1 else f"#attempt{entry.attempt}"
             key = f"tool:{invocation_id}{suffix}"
-        start = stamp(ctx, EventType.TOOL_INVOCATION, key=None if key is None else f"{key}:invocation")
+        start = stamp(
+            ctx, EventType.TOOL_INVOCATION, key=None if key is None else f"{key}:invocation"
+        )
         call_id = invocation_id if invocation_id is not None else f"seq-{start.seq}"
         extra: dict[str, Any] = {
             attr.GEN_AI_OPERATION_NAME: attr.OP_EXECUTE_TOOL,
@@ -200,7 +202,9 @@ class Tool(Generic[P, R]):
         if self.is_async:
             return cast(R, self._run_async(finisher, span, args, kwargs))
         try:
-            with trace.use_span(span, end_on_exit=False, record_exception=False, set_status_on_exception=False):
+            with trace.use_span(
+                span, end_on_exit=False, record_exception=False, set_status_on_exception=False
+            ):
                 result = self.fn(*args, **kwargs)
         except BaseException as error:
             finisher.failed(error)
@@ -214,7 +218,9 @@ class Tool(Generic[P, R]):
         from opentelemetry import trace
 
         try:
-            with trace.use_span(span, end_on_exit=False, record_exception=False, set_status_on_exception=False):
+            with trace.use_span(
+                span, end_on_exit=False, record_exception=False, set_status_on_exception=False
+            ):
                 result = await cast(Callable[..., Awaitable[Any]], self.fn)(*args, **kwargs)
         except BaseException as error:
             finisher.failed(error)
@@ -240,7 +246,9 @@ class _Finisher:
             key=None if self.key is None else f"{self.key}:result",
             parents=(self.invocation,),
         )
-        tel.add_event(self.span, done, {"tool": self.tool, "invocation_id": self.call_id, "result": result})
+        tel.add_event(
+            self.span, done, {"tool": self.tool, "invocation_id": self.call_id, "result": result}
+        )
         tel.end_span(self.span)
         if self.claim is not None:
             entry = self.claim[1]

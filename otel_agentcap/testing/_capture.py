@@ -115,8 +115,12 @@ def _ensure_installed() -> _FanOut:
             trace.set_tracer_provider(provider)
             provider = trace.get_tracer_provider()
             if not isinstance(provider, TracerProvider):
-                raise RuntimeError("a non-SDK global TracerProvider is set; capture_events needs the SDK")
-        processors = getattr(getattr(provider, "_active_span_processor", None), "_span_processors", ())
+                raise RuntimeError(
+                    "a non-SDK global TracerProvider is set; capture_events needs the SDK"
+                )
+        processors = getattr(
+            getattr(provider, "_active_span_processor", None), "_span_processors", ()
+        )
         if not any(isinstance(p, AgentCapSpanProcessor) for p in processors):
             provider.add_span_processor(AgentCapSpanProcessor())
         _fan_out = _FanOut()

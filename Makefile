@@ -1,0 +1,41 @@
+# Two entry points that set everything up on a new machine with Python 3.11:
+#   make demo   - create .venv, install, run the demo on an embedded PostgreSQL
+#   make test   - create .venv, install, lint, type-check and run the whole test suite
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: install demo test check pytest test-storage bench clean
+
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $@
+
+install: $(BIN)/.installed
+
+demo: install
+	$(BIN)/otel-agentcap demo
+
+check: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check otel_agentcap
+	$(BIN)/mypy
+
+pytest: install
+	$(BIN)/pytest
+
+test: check pytest
+
+# The storage tests alone, e.g. against another server:
+#   AGENTCAP_TEST_DSN=postgresql://postgres:postgres@127.0.0.1:5432/postgres make test-storage
+test-storage: install
+	$(BIN)/pytest -m storage
+
+bench: install
+	$(BIN)/python bench/bench_capture.py
+	$(BIN)/python bench/bench_pg_ingest.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
