@@ -1,0 +1,284 @@
+"""The ``otel-agentcap`` command: run the demo, list runs, show a run, manage the embedded server."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from datetime import datetime
+from typing import Any
+
+import psycopg
+
+from otel_agentcap.exporters.postgres import embedded, store
+from otel_agentcap.exporters.postgres.database import ENV_DSN
+from otel_agentcap.exporters.postgres.errors import AgentCapStorageError, RunNotFound
+from otel_agentcap.exporters.postgres.migrate import migrate
+from otel_agentcap.model import AgentRecord, Event
+from otel_agentcap.timeline import layout, summary
+
+
+class CliError(Exception):
+    """An error the user can cause and fix: printed as one line, exit status 1."""
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    return str(value)
+
+
+def _print_json(data: Any) -> None:
+    json.dump(data, sys.stdout, default=_json_default, ensure_ascii=False, indent=2)
+    sys.stdout.write("\n")
+
+
+def _console() -> Any:
+    from rich.console import Console
+
+    # Plain text (no colour, no boxes drawn with control codes) when not writing to a terminal.
+    return Console(highlight=False, soft_wrap=True)
+
+
+def _dsn(args: argparse.Namespace, *, start_embedded: bool = True) -> str:
+    if args.dsn:
+        return str(args.dsn)
+    env = os.environ.get(ENV_DSN)
+    if env:
+        return env
+    if not start_embedded:
+        raise CliError(f"no database given: pass --dsn or set {ENV_DSN}")
+    return embedded.start()
+
+
+def _connect(dsn: str) -> psycopg.Connection[Any]:
+    try:
+        return psycopg.connect(dsn, connect_timeout=5)
+    except psycopg.ProgrammingError as exc:
+        raise CliError(f"invalid DSN: {str(exc).strip()}") from None
+    except psycopg.OperationalError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else "connection failed"
+        raise CliError(f"cannot connect to PostgreSQL: {first}") from None
+
+
+def _event(row: store.StoredEvent) -> Event:
+    return Event(
+        event_id=row.event_id,
+        run_id=row.run_id,
+        agent_id=row.agent_id,
+        seq=row.logical_seq,
+        event_type=row.event_type,
+        idempotency_key=row.idempotency_key,
+        wall_time=row.wall_time,
+        causal_parent_ids=tuple(row.causal_parent_ids),
+        payload=row.payload,
+        trace_id=row.trace_id,
+        span_id=row.span_id,
+    )
+
+
+def _agent(row: store.StoredAgent) -> AgentRecord:
+    return AgentRecord(
+        row.run_id,
+        row.agent_id,
+        name=row.name,
+        parent_agent_id=row.parent_agent_id,
+        spawned_at_event_id=row.spawned_at_event_id,
+    )
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from otel_agentcap.configure import configure, exporter_of
+    from otel_agentcap.demo import run_demo
+
+    dsn = _dsn(args)
+    with _connect(dsn) as conn:
+        migrate(conn)
+    provider = configure(dsn, announce=False)
+    started = time.monotonic()
+    result = run_demo(args.run_id, **({"live": True} if args.live else {}))
+    provider.force_flush()
+    elapsed = time.monotonic() - started
+    exporter = exporter_of(provider)
+    stats = exporter.stats() if exporter is not None else None
+    with _connect(dsn) as conn:
+        runs = {r.run_id: r for r in store.list_runs(conn, limit=1000)}
+        conflicts = store.conflicts_count(conn, result.run_id)
+    provider.shutdown()
+    stored = runs.get(result.run_id)
+    data = {
+        "run_id": result.run_id,
+        "dsn": dsn,
+        "seconds": round(elapsed, 3),
+        "agents": stored.agents if stored else 0,
+        "events": stored.events if stored else 0,
+        "conflicts": conflicts,
+        "timed_out_agents": result.timed_out_agents,
+        "failed_tools": result.failed_tools,
+        "export": asdict(stats) if stats else None,
+    }
+    if args.json:
+        _print_json(data)
+        return 0
+    console = _console()
+    console.print(
+        f"run {result.run_id}: {data['agents']} agents, {data['events']} events stored in {elapsed:.2f} s"
+    )
+    console.print(
+        f"  {result.failed_tools} failed tool calls recorded, timed out: "
+        f"{', '.join(result.timed_out_agents) or 'none'}, conflicts: {conflicts}"
+    )
+    console.print(f"  database: {dsn}")
+    dsn_flag = f" --dsn '{args.dsn}'" if args.dsn else ""
+    console.print(f"next: otel-agentcap show {result.run_id}{dsn_flag}")
+    return 0
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    with _connect(_dsn(args)) as conn:
+        runs = store.list_runs(conn, limit=args.limit)
+    if args.json:
+        _print_json([asdict(r) for r in runs])
+        return 0
+    from rich.table import Table
+
+    table = Table("run", "started", "agents", "events", "duration", box=None)
+    for run in runs:
+        duration = ""
+        if run.first_wall_time and run.last_wall_time:
+            duration = f"{(run.last_wall_time - run.first_wall_time).total_seconds():.2f} s"
+        started = run.started_at.isoformat(timespec="seconds") if run.started_at else ""
+        table.add_row(run.run_id, started, str(run.agents), str(run.events), duration)
+    console = _console()
+    if not runs:
+        console.print("no runs stored yet; try: otel-agentcap demo")
+        return 0
+    console.print(table)
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    with _connect(_dsn(args)) as conn:
+        try:
+            events = [_event(r) for r in store.run_events(conn, args.run_id)]
+            agents = [_agent(r) for r in store.run_agents(conn, args.run_id)]
+        except RunNotFound:
+            raise CliError(f"unknown run id: {args.run_id!r} (see: otel-agentcap runs)") from None
+    lines = list(layout(events, agents))
+    if args.json:
+        _print_json(
+            {
+                "run_id": args.run_id,
+                "agents": [asdict(a) for a in agents],
+                "events": [asdict(e) for e in sorted(events, key=lambda e: (e.agent_id, e.seq))],
+            }
+        )
+        return 0
+    from rich.markup import escape
+
+    console = _console()
+    for line in lines:
+        indent = "  " * line.depth
+        if line.event is None:
+            record = line.agent
+            name = f" ({record.name})" if record.name and record.name != record.agent_id else ""
+            console.print(f"{indent}[bold]agent {escape(record.agent_id)}[/bold]{escape(name)}")
+            continue
+        event = line.event
+        parents = (
+            f"  <- {len(event.causal_parent_ids)} parent(s)" if event.causal_parent_ids else ""
+        )
+        console.print(
+            f"{indent}{event.seq:>6}  {event.event_type:<16} {escape(summary(event))}{parents}"
+        )
+    return 0
+
+
+def cmd_db(args: argparse.Namespace) -> int:
+    action = args.action
+    if action == "start":
+        dsn = embedded.start()
+        with _connect(dsn) as conn:
+            migrate(conn)
+        print(dsn)
+        return 0
+    if action == "stop":
+        stopped = embedded.stop()
+        print("stopped" if stopped else "not running")
+        return 0
+    if action == "status":
+        status = embedded.status()
+        if args.json:
+            _print_json(asdict(status))
+        else:
+            print(f"running: {status.running}  data: {status.data_dir}  dsn: {status.dsn or '-'}")
+        return 0
+    if action == "dsn":
+        print(_dsn(args))
+        return 0
+    if action == "migrate":
+        with _connect(_dsn(args)) as conn:
+            applied = migrate(conn)
+        print(f"applied migrations: {applied}" if applied else "schema is up to date")
+        return 0
+    raise CliError(f"unknown db action {action!r}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="otel-agentcap",
+        description="Causal event log of multi-agent LLM programs, in PostgreSQL.",
+    )
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--dsn", help=f"PostgreSQL DSN (default: ${ENV_DSN}, else the embedded server)"
+    )
+    common.add_argument("--json", action="store_true", help="machine-readable output")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    demo = sub.add_parser("demo", parents=[common], help="run the demo multi-agent program")
+    demo.add_argument("--run-id", help="run id to record under (default: generated)")
+    demo.add_argument(
+        "--live", action="store_true", help="call the real Anthropic API (needs ANTHROPIC_API_KEY)"
+    )
+    demo.set_defaults(func=cmd_demo)
+
+    runs = sub.add_parser("runs", parents=[common], help="list recorded runs")
+    runs.add_argument("--limit", type=int, default=50)
+    runs.set_defaults(func=cmd_runs)
+
+    show = sub.add_parser("show", parents=[common], help="show a run in causal order")
+    show.add_argument("run_id")
+    show.set_defaults(func=cmd_show)
+
+    db = sub.add_parser("db", parents=[common], help="the embedded PostgreSQL server")
+    db.add_argument("action", choices=["start", "stop", "status", "dsn", "migrate"])
+    db.set_defaults(func=cmd_db)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    func: Callable[[argparse.Namespace], int] = args.func
+    try:
+        return func(args)
+    except CliError as exc:
+        print(f"otel-agentcap: {exc}", file=sys.stderr)
+        return 1
+    except AgentCapStorageError as exc:
+        print(f"otel-agentcap: {exc}", file=sys.stderr)
+        return 1
+    except psycopg.Error as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        print(f"otel-agentcap: database error: {first}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

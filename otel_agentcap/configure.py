@@ -1,0 +1,71 @@
+"""One call that sets up capture into the PostgreSQL event log."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+
+from otel_agentcap.clock import clocks
+from otel_agentcap.exporters.postgres import (
+    Database,
+    PostgresSequenceSource,
+    PostgresSpanExporter,
+    resolve_dsn,
+)
+from otel_agentcap.processor import AgentCapSpanProcessor
+
+
+def configure(
+    dsn: str | None = None,
+    *,
+    span_processors: Iterable[SpanProcessor] = (),
+    service_name: str = "otel-agentcap",
+    resource: Resource | None = None,
+    set_global: bool = True,
+    batch: bool = True,
+    sequence_blocks: bool = True,
+    announce: bool = True,
+) -> TracerProvider:
+    """Build a TracerProvider that records agents into the PostgreSQL event log.
+
+    * ``dsn``: the database; default ``AGENTCAP_DSN``, else an embedded PostgreSQL (started or
+      reused, data under the user's data directory; its location is printed to stderr).
+    * ``span_processors``: further processors, e.g.
+      ``BatchSpanProcessor(OTLPSpanExporter())`` for a collector; they see agentcap's stamps.
+    * ``batch``: export with a ``BatchSpanProcessor`` (default) or synchronously.
+    * ``sequence_blocks``: reserve sequence blocks in the database so that several processes
+      serving one agent, or an agent resumed after a restart, never repeat a sequence.
+    * ``set_global``: install the provider as the global one (capture uses the global provider).
+
+    Raises only for configuration errors (e.g. the embedded server cannot start); a database that
+    is down is waited for in the background.
+    """
+    database = Database(resolve_dsn(dsn, announce=announce))
+    exporter = PostgresSpanExporter(database=database, owns_database=True)
+    provider = TracerProvider(
+        resource=resource
+        if resource is not None
+        else Resource.create({"service.name": service_name})
+    )
+    provider.add_span_processor(AgentCapSpanProcessor())
+    provider.add_span_processor(
+        BatchSpanProcessor(exporter) if batch else SimpleSpanProcessor(exporter)
+    )
+    for processor in span_processors:
+        provider.add_span_processor(processor)
+    if sequence_blocks:
+        clocks.configure(PostgresSequenceSource(database))
+    if set_global:
+        trace.set_tracer_provider(provider)
+    provider.agentcap_exporter = exporter  # type: ignore[attr-defined]
+    return provider
+
+
+def exporter_of(provider: TracerProvider) -> PostgresSpanExporter | None:
+    """The PostgreSQL exporter that :func:`configure` attached to ``provider``."""
+    exporter = getattr(provider, "agentcap_exporter", None)
+    return exporter if isinstance(exporter, PostgresSpanExporter) else None

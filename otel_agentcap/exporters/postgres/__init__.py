@@ -1,0 +1,29 @@
+"""The PostgreSQL event log: span exporter, schema migrations, writer, sequence blocks, embedded
+server and read queries."""
+
+from otel_agentcap.exporters.postgres.database import Database, resolve_dsn
+from otel_agentcap.exporters.postgres.errors import (
+    AgentCapStorageError,
+    ConnectionFailed,
+    MigrationError,
+    RunNotFound,
+)
+from otel_agentcap.exporters.postgres.exporter import ExportStats, PostgresSpanExporter
+from otel_agentcap.exporters.postgres.migrate import migrate
+from otel_agentcap.exporters.postgres.sequence_source import PostgresSequenceSource
+from otel_agentcap.exporters.postgres.writer import EventWriter, WriteResult
+
+__all__ = [
+    "AgentCapStorageError",
+    "ConnectionFailed",
+    "Database",
+    "EventWriter",
+    "ExportStats",
+    "MigrationError",
+    "PostgresSequenceSource",
+    "PostgresSpanExporter",
+    "RunNotFound",
+    "WriteResult",
+    "migrate",
+    "resolve_dsn",
+]

@@ -1,0 +1,138 @@
+"""``PostgresSpanExporter``: the OpenTelemetry SpanExporter that writes the event log."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+from opentelemetry import context as otel_context
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+from otel_agentcap.exporters.postgres.database import Database, resolve_dsn
+from otel_agentcap.exporters.postgres.errors import AgentCapStorageError
+from otel_agentcap.exporters.postgres.writer import EventWriter
+from otel_agentcap.mapping import batch_from_spans
+
+_logger = logging.getLogger(__name__)
+
+_SUPPRESS_KEY = otel_context._SUPPRESS_INSTRUMENTATION_KEY
+
+
+@dataclass
+class ExportStats:
+    """Counters of what the exporter did; read them with :meth:`PostgresSpanExporter.stats`."""
+
+    batches: int = 0
+    events_inserted: int = 0
+    duplicates: int = 0
+    conflicts: int = 0
+    failed_attempts: int = 0
+    failed_batches: int = 0
+    events_failed: int = 0
+
+
+class PostgresSpanExporter(SpanExporter):
+    """Writes agentcap events to PostgreSQL, deduplicated, one transaction per batch.
+
+    With no arguments (as ``OTEL_TRACES_EXPORTER=agentcap`` creates it) the DSN comes from
+    ``AGENTCAP_DSN``, else an embedded server is started. A failed write is retried with backoff
+    for up to ``retry_timeout`` seconds inside ``export``; after that the batch is reported as
+    FAILURE, logged and counted (``stats().events_failed``). ``export`` never raises.
+    """
+
+    def __init__(
+        self,
+        dsn: str | None = None,
+        *,
+        database: Database | None = None,
+        owns_database: bool | None = None,
+        retry_timeout: float = 10.0,
+    ) -> None:
+        self._database = database if database is not None else Database(resolve_dsn(dsn))
+        # By default the exporter closes the pool at shutdown only if it opened it.
+        self._owns_database = database is None if owns_database is None else owns_database
+        self._writer = EventWriter(self._database.pool)
+        self._retry_timeout = retry_timeout
+        self._stats = ExportStats()
+        self._stats_lock = threading.Lock()
+        self._shutdown = threading.Event()
+
+    @property
+    def database(self) -> Database:
+        return self._database
+
+    def stats(self) -> ExportStats:
+        with self._stats_lock:
+            return ExportStats(**asdict(self._stats))
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        if self._shutdown.is_set():
+            return SpanExportResult.FAILURE
+        token = otel_context.attach(otel_context.set_value(_SUPPRESS_KEY, True))
+        try:
+            return self._export(spans)
+        except Exception:  # a bug of ours must not reach the BatchSpanProcessor's thread
+            _logger.exception("agentcap: export failed unexpectedly")
+            return SpanExportResult.FAILURE
+        finally:
+            otel_context.detach(token)
+
+    def _export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        batch = batch_from_spans(spans)
+        if not batch.events and not batch.agents:
+            return SpanExportResult.SUCCESS
+        deadline = time.monotonic() + self._retry_timeout
+        delay = 0.05
+        while True:
+            try:
+                self._database.ensure_schema()
+                result = self._writer.write(batch)
+            except AgentCapStorageError as exc:
+                with self._stats_lock:
+                    self._stats.failed_attempts += 1
+                if (
+                    not exc.retryable
+                    or time.monotonic() + delay > deadline
+                    or self._shutdown.is_set()
+                ):
+                    with self._stats_lock:
+                        self._stats.failed_batches += 1
+                        self._stats.events_failed += len(batch.events)
+                    _logger.error(
+                        "agentcap: could not store %d events (%s); giving up on this batch",
+                        len(batch.events),
+                        exc,
+                    )
+                    return SpanExportResult.FAILURE
+                _logger.warning("agentcap: write failed (%s); retrying in %.2f s", exc, delay)
+                self._shutdown.wait(delay)
+                delay = min(delay * 2, 2.0)
+                continue
+            with self._stats_lock:
+                self._stats.batches += 1
+                self._stats.events_inserted += result.inserted
+                self._stats.duplicates += result.duplicates
+                self._stats.conflicts += result.conflicts
+            if result.conflicts:
+                _logger.error(
+                    "agentcap: %d events collided with different stored events; kept in "
+                    "agentcap.conflicts",
+                    result.conflicts,
+                )
+            return SpanExportResult.SUCCESS
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True
+
+    def shutdown(self) -> None:
+        self._shutdown.set()
+        try:
+            self._writer.close()
+        except Exception:
+            _logger.debug("agentcap: closing the writer failed", exc_info=True)
+        if self._owns_database:
+            self._database.close()
