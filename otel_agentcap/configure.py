@@ -9,6 +9,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 
+from otel_agentcap.capture.agents import set_spawn_lookup
 from otel_agentcap.clock import clocks
 from otel_agentcap.exporters.postgres import (
     Database,
@@ -16,6 +17,7 @@ from otel_agentcap.exporters.postgres import (
     PostgresSpanExporter,
     resolve_dsn,
 )
+from otel_agentcap.exporters.postgres.recovery import PostgresSpawnLookup
 from otel_agentcap.processor import AgentCapSpanProcessor
 
 
@@ -39,6 +41,7 @@ def configure(
     * ``batch``: export with a ``BatchSpanProcessor`` (default) or synchronously.
     * ``sequence_blocks``: reserve sequence blocks in the database so that several processes
       serving one agent, or an agent resumed after a restart, never repeat a sequence.
+      A spawn retried in a new process finds the child stored by the earlier one.
     * ``set_global``: install the provider as the global one (capture uses the global provider).
 
     Raises only for configuration errors (e.g. the embedded server cannot start); a database that
@@ -59,6 +62,7 @@ def configure(
         provider.add_span_processor(processor)
     if sequence_blocks:
         clocks.configure(PostgresSequenceSource(database))
+    set_spawn_lookup(PostgresSpawnLookup(database))
     if set_global:
         trace.set_tracer_provider(provider)
     provider.agentcap_exporter = exporter  # type: ignore[attr-defined]

@@ -8,8 +8,9 @@ import hashlib
 import threading
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -313,6 +314,44 @@ _registry_lock = threading.Lock()
 _agents: dict[tuple[str, str], Agent] = {}
 
 
+class SpawnLookup(Protocol):
+    """Finds a child spawned by an earlier process (e.g. before a restart), so that a spawn
+    retried in a new process returns that child instead of recording a second spawn."""
+
+    def find(self, run_id: str, child_agent_id: str) -> SpawnRecord | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class SpawnRecord:
+    parent_agent_id: str
+    name: str | None
+    spawned_at: EventRef
+
+
+_spawn_lookup: SpawnLookup | None = None
+
+
+def set_spawn_lookup(lookup: SpawnLookup | None) -> None:
+    """Install the store-backed lookup (``configure()`` installs the PostgreSQL one)."""
+    global _spawn_lookup
+    _spawn_lookup = lookup
+
+
+def _recover_spawn(run_id: str, child_id: str) -> SpawnRecord | None:
+    lookup = _spawn_lookup
+    if lookup is None:
+        return None
+    try:
+        return lookup.find(run_id, child_id)
+    except Exception:
+        tel._logger.warning(
+            "agentcap: could not look up an earlier spawn of %s; recording a new one",
+            child_id,
+            exc_info=True,
+        )
+        return None
+
+
 def _get_or_create_root(run_id: str, agent_id: str, name: str) -> Agent:
     with _registry_lock:
         agent = _agents.get((run_id, agent_id))
@@ -382,6 +421,25 @@ def _spawn(parent: AgentContext, name: str, *, key: str | None, agent_id: str | 
                 )
             return existing
         parent.check_active()
+        recovered = _recover_spawn(parent.run_id, child_id)
+        if recovered is not None:
+            if recovered.parent_agent_id != parent.agent_id:
+                raise SpawnConflictError(
+                    f"agent {child_id!r} was spawned in run {parent.run_id!r} by "
+                    f"{recovered.parent_agent_id!r}, not {parent.agent_id!r}"
+                )
+            # Spawned by an earlier process: same child, no second spawn event.
+            parent.clock.observe(recovered.spawned_at.seq)
+            child = Agent(
+                parent.run_id,
+                child_id,
+                recovered.name or name,
+                parent_agent_id=parent.agent_id,
+                spawned_at=recovered.spawned_at,
+            )
+            new_agent_context(parent.run_id, child_id, name).clock.observe(recovered.spawned_at.seq)
+            _agents[(parent.run_id, child_id)] = child
+            return child
         spawn_stamp = stamp(parent, EventType.AGENT_SPAWN, key=f"spawn:{child_id}")
         extra: dict[str, Any] = {
             attr.GEN_AI_OPERATION_NAME: attr.OP_CREATE_AGENT,

@@ -8,9 +8,13 @@ import logging
 import os
 import sys
 import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, Final
 
 import psycopg
+from opentelemetry import context as otel_context
 from psycopg_pool import ConnectionPool
 
 from otel_agentcap.exporters.postgres import embedded
@@ -57,6 +61,30 @@ class Database:
         self.pool.open(wait=False)
         self._schema_ready = False
         self._lock = threading.Lock()
+        self._down_until = 0.0
+
+    @contextmanager
+    def quick_connection(self, timeout: float = 2.0, cooldown: float = 5.0) -> Iterator[Any]:
+        """A pooled connection for a short query on the capture path (inside agent code).
+
+        Fails fast with ConnectionFailed for ``cooldown`` seconds after a failure, so a server
+        that is down costs one timeout, not one per captured operation; runs with
+        instrumentation suppressed so the query itself is not traced.
+        """
+        if time.monotonic() < self._down_until:
+            raise ConnectionFailed("PostgreSQL was unreachable moments ago")
+        token = otel_context.attach(
+            otel_context.set_value(otel_context._SUPPRESS_INSTRUMENTATION_KEY, True)
+        )
+        try:
+            self.ensure_schema()
+            with self.pool.connection(timeout=timeout) as conn:
+                yield conn
+        except Exception:
+            self._down_until = time.monotonic() + cooldown
+            raise
+        finally:
+            otel_context.detach(token)
 
     def ensure_schema(self) -> None:
         """Migrate once per process; raises ConnectionFailed while the server is unreachable."""

@@ -55,7 +55,10 @@ class PostgresSpanExporter(SpanExporter):
         self._database = database if database is not None else Database(resolve_dsn(dsn))
         # By default the exporter closes the pool at shutdown only if it opened it.
         self._owns_database = database is None if owns_database is None else owns_database
-        self._writer = EventWriter(self._database.pool)
+        # A pool wait longer than the retry deadline would hold export past it.
+        self._writer = EventWriter(
+            self._database.pool, connect_timeout=max(0.5, min(10.0, retry_timeout))
+        )
         self._retry_timeout = retry_timeout
         self._stats = ExportStats()
         self._stats_lock = threading.Lock()

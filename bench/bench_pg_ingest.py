@@ -1,0 +1,192 @@
+"""Ingest throughput of EventWriter versus the ceiling: raw binary COPY into agentcap.events.
+
+Runs an embedded PostgreSQL in a temporary directory (deleted afterwards). Both methods write the
+same rows (16 agents, ~600-byte payloads, batches of 2,000, one transaction per batch) into the
+same, freshly truncated events table; rounds alternate and the medians are reported.
+
+    .venv/bin/python bench/bench_pg_ingest.py [--events 60000] [--batch 2000] [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import psycopg
+from psycopg.types.json import Jsonb
+from psycopg_pool import ConnectionPool
+
+from otel_agentcap.exporters.postgres import embedded
+from otel_agentcap.exporters.postgres.migrate import migrate
+from otel_agentcap.exporters.postgres.rows import STAGING_COLUMNS
+from otel_agentcap.exporters.postgres.writer import EventWriter
+from otel_agentcap.model import AgentRecord, Batch, Event, RunRecord, event_id_for
+
+AGENTS = 16
+RUN_ID = "bench-run"
+COLUMNS = STAGING_COLUMNS[:11]
+
+
+def make_payload(i: int) -> dict[str, object]:
+    payload: dict[str, object] = {
+        "gen_ai.request.model": "claude-sonnet-4-5",
+        "messages": [
+            {
+                "role": "user",
+                "content": f"Step {i}: summarise the findings of the previous tool call " * 3,
+            },
+            {
+                "role": "assistant",
+                "content": "The tool returned three documents; the second is relevant.",
+            },
+        ],
+        "usage": {"input_tokens": 1200 + i % 97, "output_tokens": 180 + i % 13},
+        "stop_reason": "end_turn",
+    }
+    size = len(json.dumps(payload))
+    payload["pad"] = "x" * max(0, 600 - size - 10)
+    return payload
+
+
+def make_batches(total: int, batch_size: int) -> list[Batch]:
+    start = datetime(2025, 1, 1, tzinfo=UTC)
+    events: list[Event] = []
+    for i in range(total):
+        agent = f"agent-{i % AGENTS:02d}"
+        seq = i // AGENTS
+        key = f"call-{seq}"
+        parents = (event_id_for(RUN_ID, agent, f"call-{seq - 1}"),) if seq else ()
+        events.append(
+            Event(
+                event_id=event_id_for(RUN_ID, agent, key),
+                run_id=RUN_ID,
+                agent_id=agent,
+                seq=seq,
+                event_type="model_call",
+                idempotency_key=key,
+                wall_time=start + timedelta(milliseconds=i),
+                causal_parent_ids=parents,
+                payload=make_payload(i),
+                trace_id="0af7651916cd43dd8448eb211c80319c",
+                span_id=f"{i:016x}",
+            )
+        )
+    agents = tuple(AgentRecord(RUN_ID, f"agent-{a:02d}", name=f"worker {a}") for a in range(AGENTS))
+    runs = (RunRecord(RUN_ID, start, {"service": "bench"}),)
+    return [
+        Batch(tuple(events[i : i + batch_size]), agents, runs) for i in range(0, total, batch_size)
+    ]
+
+
+def reset(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("TRUNCATE agentcap.events, agentcap.agents, agentcap.runs, agentcap.conflicts")
+        conn.execute("CHECKPOINT")
+
+
+def run_copy(pool: ConnectionPool[psycopg.Connection[object]], batches: list[Batch]) -> float:
+    names = ", ".join(n for n, _ in COLUMNS)
+    types = [t for _, t in COLUMNS]
+    query = f"COPY agentcap.events ({names}) FROM STDIN (FORMAT BINARY)".encode()
+    count = 0
+    t0 = time.perf_counter()
+    for batch in batches:
+        with (
+            pool.connection() as conn,
+            conn.transaction(),
+            conn.cursor() as cur,
+            cur.copy(query) as copy,
+        ):
+            copy.set_types(types)
+            for e in batch.events:
+                copy.write_row(
+                    (
+                        e.event_id,
+                        e.run_id,
+                        e.agent_id,
+                        e.seq,
+                        e.wall_time,
+                        e.event_type,
+                        list(e.causal_parent_ids),
+                        e.idempotency_key,
+                        e.trace_id,
+                        e.span_id,
+                        Jsonb(e.payload),
+                    )
+                )
+                count += 1
+    return count / (time.perf_counter() - t0)
+
+
+def run_writer(pool: ConnectionPool[psycopg.Connection[object]], batches: list[Batch]) -> float:
+    writer = EventWriter(pool)
+    writer.write(Batch())  # create the staging table outside the timing
+    count = 0
+    t0 = time.perf_counter()
+    for batch in batches:
+        result = writer.write(batch)
+        count += result.inserted
+    elapsed = time.perf_counter() - t0
+    writer.close()
+    return count / elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=60_000)
+    parser.add_argument("--batch", type=int, default=2_000)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+
+    batches = make_batches(args.events, args.batch)
+    # event ids are str in the model; COPY of uuid needs UUID objects for the ceiling path
+    import uuid
+
+    copy_batches = [
+        Batch(
+            tuple(
+                Event(
+                    **{
+                        **{f: getattr(e, f) for f in Event.__slots__},  # type: ignore[attr-defined]
+                        "event_id": uuid.UUID(e.event_id),
+                        "causal_parent_ids": tuple(uuid.UUID(p) for p in e.causal_parent_ids),
+                    }
+                )
+                for e in b.events
+            )
+        )
+        for b in batches
+    ]
+    root = Path(tempfile.mkdtemp(prefix="agentcap-bench-"))
+    try:
+        dsn = embedded.start(root / "pg")
+        migrate(dsn)
+        with ConnectionPool(dsn, min_size=1, max_size=1, open=True) as pool:
+            copy_rates: list[float] = []
+            writer_rates: list[float] = []
+            for _ in range(args.rounds):
+                reset(dsn)
+                copy_rates.append(run_copy(pool, copy_batches))
+                reset(dsn)
+                writer_rates.append(run_writer(pool, batches))
+        copy_rate = statistics.median(copy_rates)
+        writer_rate = statistics.median(writer_rates)
+        print(f"events={args.events} batch={args.batch} agents={AGENTS} rounds={args.rounds}")
+        print(
+            f"raw binary COPY (ceiling): {copy_rate:>10,.0f} events/s  samples={[round(r) for r in copy_rates]}"
+        )
+        print(
+            f"EventWriter:               {writer_rate:>10,.0f} events/s  samples={[round(r) for r in writer_rates]}"
+        )
+        print(f"ratio writer/ceiling:      {writer_rate / copy_rate:.2f}  (target >= 0.5)")
+    finally:
+        embedded.destroy(root / "pg")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,56 @@
+"""The exceptions of the PostgreSQL storage layer: one hierarchy, rooted at ``AgentCapStorageError``.
+
+``retryable`` tells a caller (the span exporter) whether sending the same batch again later can
+succeed (the server was unreachable, writers contended) or cannot (the batch itself is invalid,
+the server rejected it for a reason that will not go away by itself).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+
+class AgentCapStorageError(Exception):
+    """Base class of every error raised by ``otel_agentcap.exporters.postgres``."""
+
+    retryable: ClassVar[bool] = False
+
+
+class ConnectionFailed(AgentCapStorageError):
+    """The server could not be reached, or the connection broke during an operation."""
+
+    retryable = True
+
+
+class MigrationError(AgentCapStorageError):
+    """Applying the schema migrations failed; the database is left at its previous version."""
+
+
+class SchemaNotReady(AgentCapStorageError):
+    """The ``agentcap`` schema or one of its tables is missing: run ``migrate()`` first."""
+
+
+class WriteFailed(AgentCapStorageError):
+    """The server rejected a batch; the whole batch was rolled back."""
+
+
+class WriteContention(WriteFailed):
+    """Concurrent writers kept colliding with this batch until the attempts ran out."""
+
+    retryable = True
+
+
+class InvalidBatch(WriteFailed):
+    """The batch holds values that can never be stored (e.g. an event id that is not a UUID)."""
+
+
+class RunNotFound(AgentCapStorageError, LookupError):
+    """No run with the requested id is stored."""
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__(f"run not found: {run_id!r}")
+        self.run_id = run_id
+
+
+class EmbeddedServerError(AgentCapStorageError):
+    """The embedded PostgreSQL server could not be started, found or stopped."""

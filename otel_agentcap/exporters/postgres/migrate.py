@@ -1,0 +1,103 @@
+"""Apply the versioned SQL migrations shipped in ``migrations/`` (``NNNN_name.sql``), in order.
+
+All pending files are applied in one transaction that first takes a transaction-level advisory
+lock with a fixed key, so several processes starting at once serialise here: the first applies
+the files, the others then find the versions recorded in ``agentcap.schema_version`` and do nothing.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any, Final
+
+import psycopg
+from psycopg import sql
+
+from .errors import ConnectionFailed, MigrationError
+
+#: Key of the advisory lock held while migrating (the bytes "agcap_mg").
+MIGRATION_LOCK_KEY: Final = 0x61676361705F6D67
+
+_FILE_RE: Final = re.compile(r"^(\d{4})_([A-Za-z0-9_]+)\.sql$")
+
+_BOOTSTRAP: Final = sql.SQL(
+    """
+    CREATE SCHEMA IF NOT EXISTS agentcap;
+    CREATE TABLE IF NOT EXISTS agentcap.schema_version (
+        version    integer     PRIMARY KEY,
+        name       text        NOT NULL,
+        applied_at timestamptz NOT NULL DEFAULT now()
+    );
+    """
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    version: int
+    name: str
+    sql_text: str
+
+
+def available_migrations() -> list[Migration]:
+    """The migration files shipped with the package, sorted by version."""
+    folder = resources.files("otel_agentcap.exporters.postgres").joinpath("migrations")
+    found: list[Migration] = []
+    for entry in folder.iterdir():
+        match = _FILE_RE.match(entry.name)
+        if match is None:
+            continue
+        found.append(Migration(int(match.group(1)), match.group(2), entry.read_text("utf-8")))
+    found.sort(key=lambda m: m.version)
+    versions = [m.version for m in found]
+    if len(set(versions)) != len(versions):
+        raise MigrationError(f"duplicate migration versions: {versions}")
+    return found
+
+
+def applied_versions(conn: psycopg.Connection[Any]) -> set[int]:
+    """Versions recorded in ``agentcap.schema_version`` (empty when the schema does not exist)."""
+    row = conn.execute("SELECT to_regclass('agentcap.schema_version') IS NOT NULL").fetchone()
+    if row is None or not row[0]:
+        return set()
+    return {int(r[0]) for r in conn.execute("SELECT version FROM agentcap.schema_version")}
+
+
+def _apply(conn: psycopg.Connection[Any]) -> list[int]:
+    pending: list[int] = []
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK_KEY,))
+        conn.execute(_BOOTSTRAP)
+        done = applied_versions(conn)
+        for migration in available_migrations():
+            if migration.version in done:
+                continue
+            conn.execute(migration.sql_text.encode("utf-8"))
+            conn.execute(
+                "INSERT INTO agentcap.schema_version (version, name) VALUES (%s, %s)",
+                (migration.version, migration.name),
+            )
+            pending.append(migration.version)
+    return pending
+
+
+def migrate(conn_or_dsn: psycopg.Connection[Any] | str) -> list[int]:
+    """Bring the database to the latest schema; return the versions applied by this call.
+
+    Safe to call from several processes at once and any number of times.
+    """
+    try:
+        if isinstance(conn_or_dsn, str):
+            try:
+                conn = psycopg.connect(conn_or_dsn, autocommit=True)
+            except psycopg.OperationalError as exc:
+                raise ConnectionFailed(f"cannot connect to run migrations: {exc}") from exc
+            with conn:
+                return _apply(conn)
+        return _apply(conn_or_dsn)
+    except psycopg.OperationalError as exc:
+        raise ConnectionFailed(f"connection lost while migrating: {exc}") from exc
+    except psycopg.Error as exc:
+        raise MigrationError(f"migration failed and was rolled back: {exc}") from exc

@@ -1,0 +1,304 @@
+"""Turn a ``model.Batch`` into the rows the writer sends: sanitised, sorted, resolved within the batch.
+
+Everything here is pure Python (no I/O). Values PostgreSQL would reject are made storable:
+NUL and lone surrogates in text columns are escaped, naive timestamps are taken as UTC, payloads go
+through ``jsonsafe`` whenever they are not already plain JSON that jsonb accepts.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Final, NamedTuple
+
+from psycopg.abc import Buffer
+from psycopg.adapt import AdaptersMap, Dumper
+from psycopg.pq import Format
+from psycopg.types.json import Jsonb
+
+from otel_agentcap import jsonsafe
+from otel_agentcap.model import AgentRecord, Batch, Event
+
+from .errors import InvalidBatch
+
+#: Larger payloads are stored as a ``$agentcap.truncated`` marker (jsonb's own limit is ~255 MB).
+DEFAULT_MAX_PAYLOAD_CHARS: Final = 64 * 1024 * 1024
+
+UUID_OID: Final = 2950
+UUID_ARRAY_OID: Final = 2951
+_ARRAY_HEAD: Final = struct.Struct("!iiI")
+_DIM: Final = struct.Struct("!ii")
+_UUID_LEN: Final = struct.pack("!i", 16)
+
+#: Column order of the staging table and of the binary COPY, with the COPY types.
+STAGING_COLUMNS: Final = (
+    ("event_id", "uuid"),
+    ("run_id", "text"),
+    ("agent_id", "text"),
+    ("logical_seq", "int8"),
+    ("wall_time", "timestamptz"),
+    ("event_type", "text"),
+    ("causal_parent_ids", "uuid[]"),
+    ("idempotency_key", "text"),
+    ("trace_id", "text"),
+    ("span_id", "text"),
+    ("payload", "jsonb"),
+    ("batch_reason", "text"),
+    ("batch_conflict_with", "uuid"),
+)
+
+
+class EventRow(NamedTuple):
+    """One staged row. Ids are raw 16-byte UUIDs and the parents a ready binary ``uuid[]``, so
+    the COPY sends them as they are (``binary_dumpers``), without building ``uuid.UUID`` objects."""
+
+    event_id: bytes
+    run_id: str
+    agent_id: str
+    logical_seq: int
+    wall_time: datetime
+    event_type: str
+    causal_parent_ids: bytes
+    idempotency_key: str
+    trace_id: str | None
+    span_id: str | None
+    payload: Jsonb | None
+    batch_reason: str | None
+    batch_conflict_with: bytes | None
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedBatch:
+    events: list[EventRow]
+    in_batch_duplicates: int
+    runs: list[tuple[str, datetime | None, Jsonb]]
+    agents: list[tuple[str, str, str | None, str | None, uuid.UUID | None]]
+
+
+def clean_text(value: str) -> str:
+    """``value`` with NUL and lone surrogates escaped, so PostgreSQL text accepts it."""
+    if value.isascii() and "\x00" not in value:
+        return value
+    return value.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _opt_text(value: str | None) -> str | None:
+    return None if value is None else clean_text(str(value))
+
+
+def _uuid(value: object, what: str) -> uuid.UUID:
+    return uuid.UUID(bytes=uuid_bytes(value, what))
+
+
+def uuid_bytes(value: object, what: str) -> bytes:
+    """The 16 bytes of a UUID given as ``uuid.UUID`` or as a hex string (hyphens optional)."""
+    if isinstance(value, uuid.UUID):
+        return value.bytes
+    try:
+        raw = bytes.fromhex(str(value).replace("-", ""))
+    except ValueError:
+        raw = b""
+    if len(raw) != 16:
+        raise InvalidBatch(f"{what} is not a UUID: {value!r}")
+    return raw
+
+
+def uuid_array(values: Sequence[object]) -> bytes:
+    """Binary ``uuid[]`` (one dimension, no NULLs) of ``values``."""
+    if not values:
+        return _ARRAY_HEAD.pack(0, 0, UUID_OID)
+    parts = [_ARRAY_HEAD.pack(1, 0, UUID_OID), _DIM.pack(len(values), 1)]
+    for value in values:
+        parts.append(_UUID_LEN)
+        parts.append(uuid_bytes(value, "causal parent id"))
+    return b"".join(parts)
+
+
+class RawUuidBinaryDumper(Dumper):
+    """Binary ``uuid`` from the 16 raw bytes prepared by ``uuid_bytes``."""
+
+    format = Format.BINARY
+    oid = UUID_OID
+
+    def dump(self, obj: Any) -> Buffer | None:
+        return obj if isinstance(obj, bytes) else uuid_bytes(obj, "uuid")
+
+
+class RawUuidArrayBinaryDumper(Dumper):
+    """Binary ``uuid[]`` from the bytes prepared by ``uuid_array``."""
+
+    format = Format.BINARY
+    oid = UUID_ARRAY_OID
+
+    def dump(self, obj: Any) -> Buffer | None:
+        return obj if isinstance(obj, bytes) else uuid_array(list(obj))
+
+
+def register_raw_uuid_dumpers(adapters: AdaptersMap) -> None:
+    """Make a COPY with ``set_types`` take the prepared uuid bytes (registered by oid only)."""
+    adapters.register_dumper(None, RawUuidBinaryDumper)
+    adapters.register_dumper(None, RawUuidArrayBinaryDumper)
+
+
+def _utc(value: datetime) -> datetime:
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value
+
+
+def payload_dumps(max_chars: int) -> Callable[[Any], bytes]:
+    """A ``dumps`` for psycopg's ``Jsonb`` that never produces JSON jsonb would reject."""
+
+    def dumps(obj: Any) -> bytes:
+        try:
+            text = json.dumps(obj, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+            if "\\u0000" not in text and len(text) <= max_chars:
+                return text.encode("utf-8")
+        except (TypeError, ValueError, RecursionError, UnicodeEncodeError):
+            pass
+        return jsonsafe.dumps(obj, max_chars).encode("utf-8", "surrogatepass")
+
+    return dumps
+
+
+def _same_payload(a: Any, b: Any, dumps: Callable[[Any], bytes]) -> bool:
+    try:
+        if bool(a == b):
+            return True
+    except Exception:  # a payload with a broken __eq__: compare the stored form instead
+        pass
+    return dumps(a) == dumps(b)
+
+
+def _row(event: Event, dumps: Callable[[Any], bytes]) -> EventRow:
+    try:
+        seq = int(event.seq)
+    except (TypeError, ValueError) as exc:
+        raise InvalidBatch(f"event {event.event_id} has a non-integer seq {event.seq!r}") from exc
+    return EventRow(
+        uuid_bytes(event.event_id, "event_id"),
+        clean_text(event.run_id),
+        clean_text(event.agent_id),
+        seq,
+        _utc(event.wall_time),
+        clean_text(str(event.event_type)),
+        uuid_array(event.causal_parent_ids),
+        clean_text(event.idempotency_key),
+        _opt_text(event.trace_id),
+        _opt_text(event.span_id),
+        None if event.payload is None else Jsonb(event.payload, dumps),
+        None,
+        None,
+    )
+
+
+def _same_content(a: EventRow, b: EventRow, dumps: Callable[[Any], bytes]) -> bool:
+    if a[:10] != b[:10]:
+        return False
+    pa = None if a.payload is None else a.payload.obj
+    pb = None if b.payload is None else b.payload.obj
+    return _same_payload(pa, pb, dumps)
+
+
+def resolve_events(
+    events: Iterable[Event], dumps: Callable[[Any], bytes]
+) -> tuple[list[EventRow], int]:
+    """Rows sorted by (run, agent, seq); exact repeats dropped (and counted); rows colliding with an
+    earlier row of the same batch marked with ``batch_reason`` and the id they collided with."""
+    rows = sorted(
+        (_row(e, dumps) for e in events), key=lambda r: (r.run_id, r.agent_id, r.logical_seq)
+    )
+    by_id: dict[bytes, EventRow] = {}
+    by_seq: dict[tuple[str, str, int], bytes] = {}
+    by_key: dict[tuple[str, str, str], bytes] = {}
+    out: list[EventRow] = []
+    duplicates = 0
+    for row in rows:
+        first = by_id.get(row.event_id)
+        seq_key = (row.run_id, row.agent_id, row.logical_seq)
+        idem_key = (row.run_id, row.agent_id, row.idempotency_key)
+        if first is not None:
+            if _same_content(first, row, dumps):
+                duplicates += 1
+            else:
+                out.append(
+                    row._replace(
+                        batch_reason="in_batch_event_id", batch_conflict_with=first.event_id
+                    )
+                )
+            continue
+        if seq_key in by_seq:
+            out.append(
+                row._replace(batch_reason="in_batch_seq", batch_conflict_with=by_seq[seq_key])
+            )
+            continue
+        if idem_key in by_key:
+            out.append(
+                row._replace(batch_reason="in_batch_key", batch_conflict_with=by_key[idem_key])
+            )
+            continue
+        by_id[row.event_id] = row
+        by_seq[seq_key] = row.event_id
+        by_key[idem_key] = row.event_id
+        out.append(row)
+    return out, duplicates
+
+
+def merge_agents(
+    records: Sequence[AgentRecord], rows: Sequence[EventRow]
+) -> list[tuple[str, str, str | None, str | None, uuid.UUID | None]]:
+    """One row per (run, agent) named by the batch; the first known value of each field wins."""
+    merged: dict[tuple[str, str], list[Any]] = {}
+    for rec in records:
+        key = (clean_text(rec.run_id), clean_text(rec.agent_id))
+        spawned = (
+            None
+            if rec.spawned_at_event_id is None
+            else _uuid(rec.spawned_at_event_id, "spawned_at_event_id")
+        )
+        fields = [_opt_text(rec.name), _opt_text(rec.parent_agent_id), spawned]
+        current = merged.setdefault(key, [None, None, None])
+        for i, value in enumerate(fields):
+            if current[i] is None:
+                current[i] = value
+    for row in rows:
+        merged.setdefault((row.run_id, row.agent_id), [None, None, None])
+    return [(k[0], k[1], v[0], v[1], v[2]) for k, v in sorted(merged.items())]
+
+
+def merge_runs(
+    batch: Batch, rows: Sequence[EventRow], dumps: Callable[[Any], bytes]
+) -> list[tuple[str, datetime | None, Jsonb]]:
+    """One row per run named by the batch: earliest known start, attributes merged (first wins)."""
+    started: dict[str, datetime | None] = {}
+    attributes: dict[str, dict[str, Any]] = {}
+    for run in batch.runs:
+        run_id = clean_text(run.run_id)
+        start = _utc(run.started_at) if run.started_at is not None else None
+        previous = started.get(run_id)
+        started[run_id] = (
+            start if previous is None or (start is not None and start < previous) else previous
+        )
+        attrs = jsonsafe.to_jsonable(dict(run.attributes or {}))
+        target = attributes.setdefault(run_id, {})
+        for key, value in attrs.items() if isinstance(attrs, dict) else ():
+            target.setdefault(key, value)
+    for row in rows:
+        previous = started.get(row.run_id)
+        if previous is None or row.wall_time < previous:
+            started[row.run_id] = row.wall_time
+    return [
+        (run_id, started[run_id], Jsonb(attributes.get(run_id, {}), dumps))
+        for run_id in sorted(started)
+    ]
+
+
+def prepare(batch: Batch, max_payload_chars: int = DEFAULT_MAX_PAYLOAD_CHARS) -> PreparedBatch:
+    """Everything the writer sends for ``batch``; raises ``InvalidBatch`` for unstorable ids."""
+    dumps = payload_dumps(max_payload_chars)
+    events, duplicates = resolve_events(batch.events, dumps)
+    return PreparedBatch(
+        events, duplicates, merge_runs(batch, events, dumps), merge_agents(batch.agents, events)
+    )

@@ -1,0 +1,354 @@
+"""``EventWriter``: store a ``model.Batch`` in one transaction, deduplicated, conflicts kept.
+
+One batch is one transaction on a pooled connection:
+
+1. upsert the batch's runs, then its agents (sorted; rows that would change nothing are skipped,
+   so steady-state batches take no row locks there and concurrent writers do not serialise);
+2. binary COPY of the events into this writer's UNLOGGED staging table (truncated first);
+3. one statement classifies every staged row against ``agentcap.events`` and inserts the new ones
+   (``ON CONFLICT (event_id) DO NOTHING``, sorted by run, agent, seq) and the colliding ones into
+   ``agentcap.conflicts``. Exact repeats are counted as duplicates.
+
+A concurrent writer may insert a colliding row between classification and insert: a unique
+violation (or fewer inserted rows than classified new) rolls the transaction back and the batch is
+retried, a bounded number of times, so the next classification sees that row.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Final
+
+import psycopg
+from psycopg import sql
+from psycopg_pool import ConnectionPool, PoolTimeout
+
+from otel_agentcap.model import EVENT_TYPES, Batch
+
+from .errors import (
+    AgentCapStorageError,
+    ConnectionFailed,
+    SchemaNotReady,
+    WriteContention,
+    WriteFailed,
+)
+from .rows import (
+    DEFAULT_MAX_PAYLOAD_CHARS,
+    STAGING_COLUMNS,
+    EventRow,
+    PreparedBatch,
+    prepare,
+    register_raw_uuid_dumpers,
+)
+
+_log = logging.getLogger(__name__)
+
+_EVENT_COLUMNS: Final = tuple(name for name, _ in STAGING_COLUMNS[:11])
+_COPY_TYPES: Final = [pgtype for _, pgtype in STAGING_COLUMNS]
+_STAGING_NAME_RE: Final = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+
+_RUNS_UPSERT: Final = b"""
+INSERT INTO agentcap.runs AS r (run_id, started_at, attributes)
+SELECT v.run_id, v.started_at, v.attributes
+FROM unnest(%s::text[], %s::timestamptz[], %s::jsonb[]) AS v(run_id, started_at, attributes)
+WHERE NOT EXISTS (
+    SELECT 1 FROM agentcap.runs x
+    WHERE x.run_id = v.run_id
+      AND (v.started_at IS NULL OR x.started_at <= v.started_at)
+      AND COALESCE((SELECT bool_and(x.attributes ? k) FROM jsonb_object_keys(v.attributes) k), true))
+ORDER BY v.run_id
+ON CONFLICT (run_id) DO UPDATE SET
+    started_at = LEAST(r.started_at, EXCLUDED.started_at),
+    attributes = EXCLUDED.attributes || r.attributes
+"""
+
+_AGENTS_UPSERT: Final = b"""
+INSERT INTO agentcap.agents AS a (run_id, agent_id, name, parent_agent_id, spawned_at_event_id)
+SELECT v.run_id, v.agent_id, v.name, v.parent_agent_id, v.spawned_at_event_id
+FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::uuid[])
+    AS v(run_id, agent_id, name, parent_agent_id, spawned_at_event_id)
+WHERE NOT EXISTS (
+    SELECT 1 FROM agentcap.agents x
+    WHERE x.run_id = v.run_id AND x.agent_id = v.agent_id
+      AND (v.name IS NULL OR x.name IS NOT NULL)
+      AND (v.parent_agent_id IS NULL OR x.parent_agent_id IS NOT NULL)
+      AND (v.spawned_at_event_id IS NULL OR x.spawned_at_event_id IS NOT NULL))
+ORDER BY v.run_id, v.agent_id
+ON CONFLICT (run_id, agent_id) DO UPDATE SET
+    name = COALESCE(a.name, EXCLUDED.name),
+    parent_agent_id = COALESCE(a.parent_agent_id, EXCLUDED.parent_agent_id),
+    spawned_at_event_id = COALESCE(a.spawned_at_event_id, EXCLUDED.spawned_at_event_id)
+"""
+
+_CONTENT: Final = (
+    "run_id, agent_id, logical_seq, wall_time, event_type, causal_parent_ids, "
+    "idempotency_key, trace_id, span_id, payload"
+)
+
+# Each staged row is probed with index lookups (LATERAL ... LIMIT 1 and scalar subqueries keep
+# the planner from hashing the whole events table, since the staging table has no statistics).
+# The fast variant probes only the primary key: a new row that collides on (run, agent, seq) or
+# (run, agent, key) then raises a unique violation, and the batch is retried with the full
+# variant, which probes those keys too and routes such rows to agentcap.conflicts.
+_FULL_PROBES: Final = """
+        CASE WHEN e.event_id IS NULL AND s.batch_reason IS NULL THEN (
+            SELECT x.event_id FROM agentcap.events x
+            WHERE x.run_id = s.run_id AND x.agent_id = s.agent_id AND x.logical_seq = s.logical_seq
+            LIMIT 1
+        ) END AS q_id,
+        CASE WHEN e.event_id IS NULL AND s.batch_reason IS NULL THEN (
+            SELECT x.event_id FROM agentcap.events x
+            WHERE x.run_id = s.run_id AND x.agent_id = s.agent_id
+              AND x.idempotency_key = s.idempotency_key
+            LIMIT 1
+        ) END AS k_id
+"""
+_FAST_PROBES: Final = """
+        NULL::uuid AS q_id,
+        NULL::uuid AS k_id
+"""
+_CLASSIFY_AND_INSERT: Final = """
+WITH p AS MATERIALIZED (
+    SELECT s.*,
+        e.event_id AS e_id,
+        ({e_content}) IS NOT DISTINCT FROM ({s_content}) AS e_same,
+{probes}
+    FROM {staging} s
+    LEFT JOIN LATERAL (
+        SELECT x.* FROM agentcap.events x WHERE x.event_id = s.event_id LIMIT 1
+    ) e ON true
+),
+c AS MATERIALIZED (
+    SELECT p.*,
+        CASE
+            WHEN batch_reason IS NOT NULL THEN batch_reason
+            WHEN event_type <> ALL ({event_types}) THEN 'invalid_event_type'
+            WHEN e_id IS NOT NULL THEN CASE WHEN e_same THEN 'duplicate' ELSE 'event_id_content' END
+            WHEN q_id IS NOT NULL THEN 'run_agent_seq'
+            WHEN k_id IS NOT NULL THEN 'run_agent_key'
+            ELSE 'new'
+        END AS verdict,
+        CASE WHEN batch_reason IS NOT NULL THEN batch_conflict_with
+             ELSE COALESCE(e_id, q_id, k_id) END AS existing_event_id
+    FROM p
+),
+ins AS (
+    INSERT INTO agentcap.events ({columns})
+    SELECT {columns} FROM c WHERE verdict = 'new'
+    ORDER BY run_id, agent_id, logical_seq
+    ON CONFLICT (event_id) DO NOTHING
+    RETURNING 1
+),
+conf AS (
+    INSERT INTO agentcap.conflicts (reason, existing_event_id, row_digest, {columns})
+    SELECT verdict, existing_event_id,
+           md5(row(event_id, run_id, agent_id, logical_seq, extract(epoch FROM wall_time),
+                   event_type, causal_parent_ids, idempotency_key, trace_id, span_id, payload)::text),
+           {columns}
+    FROM c WHERE verdict NOT IN ('new', 'duplicate')
+    ORDER BY run_id, agent_id, logical_seq
+    ON CONFLICT (reason, existing_event_id, row_digest) DO NOTHING
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM ins),
+       count(*) FILTER (WHERE verdict = 'new'),
+       count(*) FILTER (WHERE verdict = 'duplicate'),
+       count(*) FILTER (WHERE verdict NOT IN ('new', 'duplicate'))
+FROM c
+"""
+
+_RETRYABLE_DB_ERRORS: Final = (
+    psycopg.errors.UniqueViolation,
+    psycopg.errors.DeadlockDetected,
+    psycopg.errors.SerializationFailure,
+    psycopg.errors.LockNotAvailable,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class WriteResult:
+    """What one ``EventWriter.write`` did: rows stored, repeats dropped, collisions recorded."""
+
+    inserted: int
+    duplicates: int
+    conflicts: int
+    attempts: int = 1
+
+
+class _ConcurrentInsert(Exception):
+    """A concurrent writer stored one of our new event ids first: classify again."""
+
+
+def default_staging_name() -> str:
+    return f"staging_{os.getpid()}_{uuid.uuid4().hex[:12]}"
+
+
+class EventWriter:
+    """Writes batches through ``pool``; safe to share between threads (batches of one writer
+    serialise on its staging table); several writers (threads or processes) may write at once."""
+
+    def __init__(
+        self,
+        pool: ConnectionPool[Any],
+        *,
+        staging_name: str | None = None,
+        max_attempts: int = 5,
+        connect_timeout: float = 10.0,
+        max_payload_chars: int = DEFAULT_MAX_PAYLOAD_CHARS,
+    ) -> None:
+        name = staging_name or default_staging_name()
+        if not _STAGING_NAME_RE.match(name):
+            raise ValueError(f"staging table name must match {_STAGING_NAME_RE.pattern}: {name!r}")
+        if max_attempts < 1:
+            raise ValueError("max_attempts must be at least 1")
+        self._pool = pool
+        self._name = name
+        self._staging = sql.Identifier("agentcap", name)
+        self._max_attempts = max_attempts
+        self._connect_timeout = connect_timeout
+        self._max_payload_chars = max_payload_chars
+        self._staging_ready = False
+        self._lock = threading.Lock()
+        self._classify_fast = self._build_classify(_FAST_PROBES)
+        self._classify_full = self._build_classify(_FULL_PROBES)
+        self._copy = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT BINARY)").format(
+            self._staging, sql.SQL(", ").join(sql.Identifier(n) for n, _ in STAGING_COLUMNS)
+        )
+
+    @property
+    def staging_table(self) -> str:
+        """Qualified name of this writer's staging table."""
+        return f"agentcap.{self._name}"
+
+    def _build_classify(self, probes: str) -> sql.Composed:
+        columns = sql.SQL(", ").join(sql.Identifier(c) for c in _EVENT_COLUMNS)
+        types = sql.SQL("ARRAY[{}]::text[]").format(
+            sql.SQL(", ").join(sql.Literal(t) for t in sorted(EVENT_TYPES))
+        )
+        e_content = ", ".join(f"e.{c.strip()}" for c in _CONTENT.split(","))
+        s_content = ", ".join(f"s.{c.strip()}" for c in _CONTENT.split(","))
+        return sql.SQL(_CLASSIFY_AND_INSERT).format(
+            event_types=types,
+            e_content=sql.SQL(e_content),
+            s_content=sql.SQL(s_content),
+            staging=self._staging,
+            columns=columns,
+            probes=sql.SQL(probes),
+        )
+
+    def _ensure_staging(self, conn: psycopg.Connection[Any]) -> None:
+        with self._lock:
+            if self._staging_ready:
+                return
+            cols = sql.SQL(", ").join(
+                sql.SQL("{} {}").format(sql.Identifier(n), sql.SQL(t)) for n, t in STAGING_COLUMNS
+            )
+            stmt = sql.SQL(
+                "CREATE UNLOGGED TABLE IF NOT EXISTS {} ({}) WITH (autovacuum_enabled = false)"
+            ).format(self._staging, cols)
+            with conn.transaction():
+                conn.execute(stmt)
+            self._staging_ready = True
+
+    def _write_once(
+        self, conn: psycopg.Connection[Any], batch: PreparedBatch, *, full: bool
+    ) -> tuple[int, int, int]:
+        with conn.transaction():
+            if batch.runs:
+                conn.execute(
+                    _RUNS_UPSERT,
+                    (
+                        [r[0] for r in batch.runs],
+                        [r[1] for r in batch.runs],
+                        [r[2] for r in batch.runs],
+                    ),
+                )
+            if batch.agents:
+                conn.execute(_AGENTS_UPSERT, [[a[i] for a in batch.agents] for i in range(5)])
+            if not batch.events:
+                return 0, 0, 0
+            conn.execute(sql.SQL("TRUNCATE {}").format(self._staging))
+            self._copy_rows(conn, batch.events)
+            row = conn.execute(self._classify_full if full else self._classify_fast).fetchone()
+            assert row is not None
+            inserted, new, duplicates, conflicts = (int(v) for v in row)
+            if inserted != new:
+                raise _ConcurrentInsert
+            return inserted, duplicates, conflicts
+
+    def _copy_rows(self, conn: psycopg.Connection[Any], rows: list[EventRow]) -> None:
+        with conn.cursor() as cur:
+            register_raw_uuid_dumpers(cur.adapters)
+            with cur.copy(self._copy) as copy:
+                copy.set_types(_COPY_TYPES)
+                for row in rows:
+                    copy.write_row(row)
+
+    def write(self, batch: Batch) -> WriteResult:
+        """Store ``batch`` atomically. Raises an ``AgentCapStorageError`` subclass on failure,
+        after which nothing of the batch is stored and the writer remains usable."""
+        prepared = prepare(batch, self._max_payload_chars)
+        last: Exception | None = None
+        full = False
+        for attempt in range(1, self._max_attempts + 1):
+            try:
+                with self._pool.connection(timeout=self._connect_timeout) as conn:
+                    if not self._staging_ready:
+                        self._ensure_staging(conn)
+                    inserted, duplicates, conflicts = self._write_once(conn, prepared, full=full)
+            except (_ConcurrentInsert, *_RETRYABLE_DB_ERRORS) as exc:
+                last = exc
+                if isinstance(exc, psycopg.errors.UniqueViolation) and not full:
+                    full = True  # a collision on (run, agent, seq|key): classify with all probes
+                    continue
+                time.sleep(min(0.005 * 2**attempt, 0.2))
+                continue
+            except psycopg.errors.UndefinedTable as exc:
+                if self._name not in str(exc):
+                    raise SchemaNotReady(f"agentcap schema missing, run migrate(): {exc}") from exc
+                self._staging_ready = False  # dropped behind our back: create it again
+                last = exc
+                continue
+            except PoolTimeout as exc:
+                raise ConnectionFailed(
+                    f"no database connection within {self._connect_timeout}s: {exc}"
+                ) from exc
+            except psycopg.OperationalError as exc:
+                last = exc  # broken connection: the pool discards it, the next attempt gets another
+                time.sleep(min(0.05 * 2**attempt, 1.0))
+                continue
+            except psycopg.Error as exc:
+                raise WriteFailed(f"batch rejected and rolled back: {exc}") from exc
+            if conflicts:
+                _log.warning(
+                    "agentcap: %d event(s) collided with stored events; kept in agentcap.conflicts",
+                    conflicts,
+                )
+            return WriteResult(
+                inserted, duplicates + prepared.in_batch_duplicates, conflicts, attempt
+            )
+        if isinstance(last, psycopg.OperationalError):
+            raise ConnectionFailed(
+                f"batch not written after {self._max_attempts} attempts: {last}"
+            ) from last
+        raise WriteContention(
+            f"batch not written after {self._max_attempts} attempts: {last!r}"
+        ) from last
+
+    def close(self) -> None:
+        """Drop this writer's staging table (best effort)."""
+        try:
+            with self._pool.connection(timeout=self._connect_timeout) as conn:
+                conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(self._staging))
+        except (psycopg.Error, PoolTimeout) as exc:
+            _log.info("agentcap: could not drop staging table %s: %s", self.staging_table, exc)
+        self._staging_ready = False
+
+
+__all__ = ["AgentCapStorageError", "EventWriter", "WriteResult", "default_staging_name"]

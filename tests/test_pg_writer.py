@@ -1,0 +1,356 @@
+"""EventWriter: deduplicated, conflict-preserving, atomic batch writes."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from psycopg_pool import ConnectionPool
+
+from otel_agentcap.exporters.postgres.errors import ConnectionFailed, InvalidBatch, WriteFailed
+from otel_agentcap.exporters.postgres.store import conflicts_count, run_agents, run_events
+from otel_agentcap.exporters.postgres.writer import EventWriter
+from otel_agentcap.model import AgentRecord, Batch, Event, RunRecord, event_id_for
+
+pytestmark = pytest.mark.storage
+
+T0 = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
+
+
+def ev(
+    run: str, agent: str, seq: int, key: str | None = None, payload: Any = None, **kw: Any
+) -> Event:
+    key = key or f"k{seq}"
+    return Event(
+        event_id=kw.pop("event_id", event_id_for(run, agent, key)),
+        run_id=run,
+        agent_id=agent,
+        seq=seq,
+        event_type=kw.pop("event_type", "model_call"),
+        idempotency_key=key,
+        wall_time=T0 + timedelta(seconds=seq),
+        payload={"seq": seq} if payload is None else payload,
+        **kw,
+    )
+
+
+@pytest.fixture()
+def pool(pg_dsn: str) -> Iterator[ConnectionPool[Any]]:
+    with ConnectionPool(pg_dsn, min_size=1, max_size=4, open=True) as p:
+        yield p
+
+
+def count(pool: ConnectionPool[Any], table: str) -> int:
+    with pool.connection() as conn:
+        row = conn.execute(f"SELECT count(*) FROM agentcap.{table}").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_same_batch_twice_is_stored_once(pool: ConnectionPool[Any]) -> None:
+    """Writing a batch again stores nothing new and counts every row as a duplicate."""
+    batch = Batch(tuple(ev("r", "a", i) for i in range(50)), (AgentRecord("r", "a", name="A"),))
+    writer = EventWriter(pool)
+    first = writer.write(batch)
+    second = writer.write(batch)
+    assert (first.inserted, first.duplicates, first.conflicts) == (50, 0, 0)
+    assert (second.inserted, second.duplicates, second.conflicts) == (0, 50, 0)
+    assert count(pool, "events") == 50
+    assert count(pool, "conflicts") == 0
+
+
+def test_repeats_inside_one_batch_are_duplicates(pool: ConnectionPool[Any]) -> None:
+    """An event repeated within a batch is stored once and counted as a duplicate."""
+    e = ev("r", "a", 1)
+    result = EventWriter(pool).write(Batch((e, e, e)))
+    assert (result.inserted, result.duplicates, result.conflicts) == (1, 2, 0)
+
+
+def test_same_batch_from_two_writers_concurrently_is_stored_once(pg_dsn: str) -> None:
+    """Two writers (own pools) racing with overlapping batches store each event exactly once."""
+    batches = [
+        Batch(tuple(ev("r", f"agent-{i % 4}", i) for i in range(j, j + 400))) for j in (0, 200)
+    ]
+    results: list[Any] = []
+    barrier = threading.Barrier(4)
+
+    def run(batch: Batch) -> None:
+        with ConnectionPool(pg_dsn, min_size=1, max_size=1, open=True) as p:
+            writer = EventWriter(p)
+            barrier.wait()
+            results.append(writer.write(batch))
+            results.append(writer.write(batch))
+
+    threads = [threading.Thread(target=run, args=(b,)) for b in batches + batches]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(r.inserted for r in results) == 600
+    assert sum(r.conflicts for r in results) == 0
+    with psycopg.connect(pg_dsn) as conn:
+        assert conn.execute("SELECT count(*) FROM agentcap.events").fetchone() == (600,)
+
+
+def test_collision_on_sequence_goes_to_conflicts(pool: ConnectionPool[Any]) -> None:
+    """A different event on a stored (run, agent, seq) is kept in conflicts, not dropped."""
+    writer = EventWriter(pool)
+    stored = ev("r", "a", 5, key="first")
+    writer.write(Batch((stored, ev("r", "a", 6))))
+    other = ev("r", "a", 5, key="second", payload={"different": True})
+    result = writer.write(Batch((other, ev("r", "a", 7))))
+    assert (result.inserted, result.conflicts) == (1, 1)
+    with pool.connection() as conn:
+        row = conn.execute(
+            "SELECT reason, existing_event_id::text, event_id::text, idempotency_key, payload"
+            " FROM agentcap.conflicts"
+        ).fetchone()
+    assert row == ("run_agent_seq", stored.event_id, other.event_id, "second", {"different": True})
+
+
+def test_collision_on_idempotency_key_goes_to_conflicts(pool: ConnectionPool[Any]) -> None:
+    """A different event id on a stored (run, agent, key) is kept in conflicts."""
+    writer = EventWriter(pool)
+    stored = ev("r", "a", 1, key="tool-call-1")
+    writer.write(Batch((stored,)))
+    other = ev("r", "a", 2, key="tool-call-1", event_id=str(uuid.uuid4()))
+    result = writer.write(Batch((other,)))
+    assert (result.inserted, result.conflicts) == (0, 1)
+    with pool.connection() as conn:
+        row = conn.execute(
+            "SELECT reason, existing_event_id::text FROM agentcap.conflicts"
+        ).fetchone()
+    assert row == ("run_agent_key", stored.event_id)
+
+
+def test_same_event_id_with_other_content_goes_to_conflicts(pool: ConnectionPool[Any]) -> None:
+    """A re-sent event id whose content changed is recorded as a conflict, once per distinct row."""
+    writer = EventWriter(pool)
+    writer.write(Batch((ev("r", "a", 1, payload={"v": 1}),)))
+    changed = Batch((ev("r", "a", 1, payload={"v": 2}),))
+    assert writer.write(changed).conflicts == 1
+    assert writer.write(changed).conflicts == 1
+    assert count(pool, "conflicts") == 1
+    assert count(pool, "events") == 1
+
+
+def test_collisions_inside_one_batch_go_to_conflicts(pool: ConnectionPool[Any]) -> None:
+    """Two different events on the same (run, agent, seq) in one batch: one stored, one kept."""
+    a = ev("r", "a", 3, key="x")
+    b = ev("r", "a", 3, key="y")
+    result = EventWriter(pool).write(Batch((a, b)))
+    assert (result.inserted, result.conflicts) == (1, 1)
+    with pool.connection() as conn:
+        row = conn.execute(
+            "SELECT reason, existing_event_id::text FROM agentcap.conflicts"
+        ).fetchone()
+    assert row == ("in_batch_seq", a.event_id)
+
+
+def test_unknown_event_type_is_kept_as_conflict(pool: ConnectionPool[Any]) -> None:
+    """An event type outside the schema's list does not fail the batch; it is kept in conflicts."""
+    result = EventWriter(pool).write(
+        Batch((ev("r", "a", 1, event_type="telepathy"), ev("r", "a", 2)))
+    )
+    assert (result.inserted, result.conflicts) == (1, 1)
+
+
+def test_invalid_event_id_raises_invalid_batch(pool: ConnectionPool[Any]) -> None:
+    """An event id that is not a UUID raises InvalidBatch and stores nothing."""
+    with pytest.raises(InvalidBatch):
+        EventWriter(pool).write(Batch((ev("r", "a", 1, event_id="not-a-uuid"),)))
+    assert count(pool, "events") == 0
+
+
+@pytest.mark.fault
+def test_failed_batch_rolls_back_and_writer_stays_usable(pool: ConnectionPool[Any]) -> None:
+    """A batch rejected by the server stores nothing (not even its agents) and the next one lands."""
+    with pool.connection() as conn:
+        conn.execute(
+            """
+            CREATE FUNCTION agentcap.fail_on_poison() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                IF NEW.payload ? 'poison' THEN RAISE EXCEPTION 'poisoned' USING ERRCODE = '23514'; END IF;
+                RETURN NEW;
+            END $$;
+            CREATE TRIGGER poison BEFORE INSERT ON agentcap.events
+                FOR EACH ROW EXECUTE FUNCTION agentcap.fail_on_poison();
+            """
+        )
+    writer = EventWriter(pool)
+    bad = Batch(
+        (ev("r", "a", 1), ev("r", "a", 2, payload={"poison": 1})),
+        (AgentRecord("r", "a", name="A"),),
+        (RunRecord("r", T0),),
+    )
+    with pytest.raises(WriteFailed):
+        writer.write(bad)
+    assert count(pool, "events") == 0
+    assert count(pool, "agents") == 0
+    assert count(pool, "runs") == 0
+    assert writer.write(Batch((ev("r", "a", 3),))).inserted == 1
+
+
+@pytest.mark.fault
+def test_killed_connection_rolls_back_and_writer_recovers(pool: ConnectionPool[Any]) -> None:
+    """A backend killed mid-batch loses the whole batch, raises ConnectionFailed, and the writer
+    writes the next batch on a fresh connection."""
+    with pool.connection() as conn:
+        conn.execute(
+            """
+            CREATE FUNCTION agentcap.kill_self() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                IF NEW.payload ? 'kill' THEN PERFORM pg_terminate_backend(pg_backend_pid()); END IF;
+                RETURN NEW;
+            END $$;
+            CREATE TRIGGER kill BEFORE INSERT ON agentcap.events
+                FOR EACH ROW EXECUTE FUNCTION agentcap.kill_self();
+            """
+        )
+    writer = EventWriter(pool, max_attempts=2)
+    with pytest.raises(ConnectionFailed):
+        writer.write(Batch((ev("r", "a", 1), ev("r", "a", 2, payload={"kill": 1}))))
+    assert count(pool, "events") == 0
+    with pool.connection() as conn:
+        conn.execute("DROP TRIGGER kill ON agentcap.events")
+    result = writer.write(Batch((ev("r", "a", 1), ev("r", "a", 2, payload={"kill": 1}))))
+    assert result.inserted == 2
+
+
+def test_awkward_payloads_and_text_land(pool: ConnectionPool[Any]) -> None:
+    """NUL, NaN, infinities, bytes, lone surrogates and a 5 MB payload are all stored."""
+    payloads = [
+        {"nul": "a\x00b"},
+        {"nan": float("nan"), "inf": float("-inf")},
+        {"bytes": b"\x00\xff\xfe"},
+        {"surrogate": "bad \udcff utf-8"},
+        {"huge": "x" * 5_000_000},
+        ["list", 1, None, {"nested": {1: "int key"}}],
+        "a\x00plain string",
+        object(),
+    ]
+    events = tuple(ev("r", "a", i, payload=p) for i, p in enumerate(payloads))
+    events += (
+        ev("r", "a", 99, key="key\x00with nul", trace_id="t\x00", span_id="00f067aa0ba902b7"),
+    )
+    writer = EventWriter(pool)
+    result = writer.write(Batch(events))
+    assert result.inserted == len(events)
+    assert writer.write(Batch(events)).duplicates == len(events)
+    with pool.connection() as conn:
+        stored = run_events(conn, "r")
+    by_seq = {e.logical_seq: e.payload for e in stored}
+    assert by_seq[0] == {"nul": {"$agentcap.str": "YQBi"}}
+    assert by_seq[1] == {"nan": {"$agentcap.float": "NaN"}, "inf": {"$agentcap.float": "-Infinity"}}
+    assert by_seq[2] == {"bytes": {"$agentcap.bytes": "AP/+"}}
+    assert len(by_seq[4]["huge"]) == 5_000_000
+
+
+@pytest.mark.parametrize(
+    "run_id,agent_id", [("planner-run", "planner"), ("ünï code/ids with spaces", "ägent 🜁 / x")]
+)
+def test_non_uuid_run_and_agent_ids_land(
+    pool: ConnectionPool[Any], run_id: str, agent_id: str
+) -> None:
+    """Any string works as run or agent id; reads give it back unchanged."""
+    batch = Batch(
+        (ev(run_id, agent_id, 1),),
+        (AgentRecord(run_id, agent_id, name=agent_id, parent_agent_id="root agent"),),
+        (RunRecord(run_id, T0, {"who": "test"}),),
+    )
+    assert EventWriter(pool).write(batch).inserted == 1
+    with pool.connection() as conn:
+        events = run_events(conn, run_id)
+        agents = run_agents(conn, run_id)
+    assert [(e.run_id, e.agent_id) for e in events] == [(run_id, agent_id)]
+    assert [(a.agent_id, a.parent_agent_id) for a in agents] == [(agent_id, "root agent")]
+
+
+def test_agent_upsert_fills_unknown_fields_only(pool: ConnectionPool[Any]) -> None:
+    """Later agent rows fill null fields but never overwrite known ones; runs keep the earliest start."""
+    writer = EventWriter(pool)
+    spawn = ev("r", "parent", 1, event_type="agent_spawn")
+    writer.write(Batch((ev("r", "child", 0),), (AgentRecord("r", "child", name="worker"),)))
+    writer.write(
+        Batch(
+            (spawn,),
+            (
+                AgentRecord(
+                    "r",
+                    "child",
+                    name="renamed",
+                    parent_agent_id="parent",
+                    spawned_at_event_id=spawn.event_id,
+                ),
+            ),
+            (RunRecord("r", T0 + timedelta(hours=1), {"a": 1}),),
+        )
+    )
+    writer.write(
+        Batch(
+            (),
+            (AgentRecord("r", "child", parent_agent_id="someone else"),),
+            (RunRecord("r", T0 - timedelta(hours=1), {"a": 2, "b": 3}),),
+        )
+    )
+    with pool.connection() as conn:
+        agents = {a.agent_id: a for a in run_agents(conn, "r")}
+        run = conn.execute("SELECT started_at, attributes FROM agentcap.runs").fetchone()
+    child = agents["child"]
+    assert (child.name, child.parent_agent_id, child.spawned_at_event_id) == (
+        "worker",
+        "parent",
+        spawn.event_id,
+    )
+    assert agents["parent"].parent_agent_id is None
+    assert run == (T0 - timedelta(hours=1), {"a": 1, "b": 3})
+
+
+event_strategy = st.builds(
+    lambda agent, seq, payload: ev("r", f"agent-{agent}", seq, payload={"p": payload}),
+    st.integers(0, 2),
+    st.integers(0, 30),
+    st.integers(0, 3),
+)
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(st.lists(st.lists(event_strategy, max_size=12), min_size=1, max_size=5))
+def test_dedup_invariant(pool: ConnectionPool[Any], batches: list[list[Event]]) -> None:
+    """Any sequence of batches with repeats stores exactly the first copy of each distinct event;
+    every other distinct row is either a counted duplicate or a recorded conflict."""
+    with pool.connection() as conn:
+        conn.execute("TRUNCATE agentcap.events, agentcap.conflicts, agentcap.agents, agentcap.runs")
+    writer = EventWriter(pool, staging_name="staging_hypothesis")
+    for batch in batches + batches[:2]:
+        writer.write(Batch(tuple(batch)))
+    # Expected: the first event to claim each (agent, seq) wins; ids derive from (agent, key=seq),
+    # so a later event with the same id but another payload is a conflict, never a second row.
+    expected: dict[tuple[str, int], Event] = {}
+    order = sorted(
+        ((b_i, e) for b_i, batch in enumerate(batches) for e in batch),
+        key=lambda x: (x[0], x[1].agent_id, x[1].seq),
+    )
+    for _, e in order:
+        expected.setdefault((e.agent_id, e.seq), e)
+    with pool.connection() as conn:
+        stored = (
+            {(e.agent_id, e.logical_seq): e.payload for e in run_events(conn, "r")}
+            if expected
+            else {}
+        )
+        n_conflicts = conflicts_count(conn)
+    assert stored == {k: e.payload for k, e in expected.items()}
+    distinct_others = {(e.agent_id, e.seq, e.payload["p"]) for b in batches for e in b} - {
+        (e.agent_id, e.seq, e.payload["p"]) for e in expected.values()
+    }
+    assert n_conflicts == len(distinct_others)
