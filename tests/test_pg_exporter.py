@@ -130,9 +130,8 @@ def test_unstamped_spans_are_ignored(pg_dsn):
     """Spans started outside any agent carry no event and store nothing."""
     from opentelemetry import trace
 
-    with capture_events() as captured:
-        with trace.get_tracer("test").start_as_current_span("plain"):
-            pass
+    with capture_events() as captured, trace.get_tracer("test").start_as_current_span("plain"):
+        pass
     exporter = PostgresSpanExporter(pg_dsn)
     try:
         assert exporter.export(captured.spans) is SpanExportResult.SUCCESS

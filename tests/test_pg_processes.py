@@ -47,7 +47,7 @@ def _run_workers(dsn: str, run_id: str, mode: str, count: int, processes: int) -
         for _ in range(processes)
     ]
     for proc in procs:
-        out, err = proc.communicate(timeout=120)
+        _, err = proc.communicate(timeout=120)
         assert proc.returncode == 0, err
 
 
