@@ -17,8 +17,8 @@ a payload over the size limit      ``{"$agentcap.truncated": "<first N chars of 
 
 Dict keys that are not strings are converted with ``str()``; tuples and sets become lists;
 dataclasses and objects with ``model_dump()`` (pydantic, the anthropic SDK's types) are dumped first.
-A dict that itself has a single ``$agentcap.*`` key is wrapped as ``{"$agentcap.literal": {...}}``
-so user data never reads as one of our markers.
+A dict that itself has a ``$agentcap.*`` key is wrapped as ``{"$agentcap.literal": {...}}``
+so user data never reads as one of our markers (some of which have a second key).
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def to_jsonable(value: Any, _depth: int = 0) -> Any:
         for key, item in value.items():
             skey = key if isinstance(key, str) else str(key)
             out[_encode_plain(skey) if _bad_str(skey) else skey] = to_jsonable(item, _depth + 1)
-        if len(out) == 1 and next(iter(out)).startswith(MARKER_PREFIX):
+        if any(key.startswith(MARKER_PREFIX) for key in out):
             return {"$agentcap.literal": out}
         return out
     if isinstance(value, list | tuple | set | frozenset):
@@ -121,6 +121,31 @@ def to_jsonable(value: Any, _depth: int = 0) -> Any:
     return _repr(value)
 
 
+def _is_plain(value: Any, depth: int = 0) -> bool:
+    """True if ``to_jsonable(value)`` would return ``value`` unchanged (up to tuples becoming
+    lists), so ``json.dumps`` can encode it directly. Exact type checks keep subclasses, enums
+    and the like on the general path."""
+    t = type(value)
+    if t is str:
+        return "\x00" not in value and (value.isascii() or not _bad_str(value))
+    if value is None or t is int or t is bool:
+        return True
+    if t is float:
+        return math.isfinite(value)
+    if depth >= _MAX_DEPTH:
+        return False
+    if t is dict:
+        for key, item in value.items():
+            if type(key) is not str or key.startswith(MARKER_PREFIX) or not _is_plain(key):
+                return False
+            if not _is_plain(item, depth + 1):
+                return False
+        return True
+    if t is list or t is tuple:
+        return all(_is_plain(item, depth + 1) for item in value)
+    return False
+
+
 def dumps(value: Any, max_chars: int = DEFAULT_MAX_PAYLOAD_CHARS) -> str:
     """Serialise ``value`` to a JSON text that jsonb accepts, never raising.
 
@@ -128,9 +153,8 @@ def dumps(value: Any, max_chars: int = DEFAULT_MAX_PAYLOAD_CHARS) -> str:
     the first ``max_chars // 2`` characters, so huge payloads are recorded, bounded, and visible.
     """
     try:
-        text = json.dumps(
-            to_jsonable(value), ensure_ascii=False, allow_nan=False, separators=(",", ":")
-        )
+        plain = value if _is_plain(value) else to_jsonable(value)
+        text = json.dumps(plain, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
     except Exception as exc:  # recursion limits and the like: keep a record rather than nothing
         text = json.dumps({"$agentcap.error": f"{type(exc).__name__}: could not encode payload"})
     if len(text) > max_chars:

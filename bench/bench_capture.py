@@ -1,0 +1,122 @@
+"""Cost of a captured tool call relative to a bare OpenTelemetry SDK span.
+
+Captured: ``tool.invoke(...)`` inside an agent, through a TracerProvider with
+AgentCapSpanProcessor and a SimpleSpanProcessor whose exporter drops everything.
+Baseline: a span started and ended on a second TracerProvider with the same SimpleSpanProcessor
+and exporter (no agentcap processor), carrying as many attributes as the captured span.
+
+Rounds of both are interleaved; the medians of the per-call costs are reported.
+
+    .venv/bin/python bench/bench_capture.py [--rounds 30] [--calls 2000] [--profile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import time
+from collections.abc import Sequence
+
+from opentelemetry import trace
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+
+import otel_agentcap as oa
+from otel_agentcap.processor import AgentCapSpanProcessor
+
+
+class DropExporter(SpanExporter):
+    def __init__(self) -> None:
+        self.seen = 0
+        self.last: dict[str, ReadableSpan] = {}
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        self.seen += len(spans)
+        if self.seen < 10:
+            for span in spans:
+                self.last[span.name] = span
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        return None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--profile", action="store_true", help="cProfile the captured calls")
+    args = parser.parse_args()
+
+    captured_exporter = DropExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(AgentCapSpanProcessor())
+    provider.add_span_processor(SimpleSpanProcessor(captured_exporter))
+    trace.set_tracer_provider(provider)
+
+    bare_exporter = DropExporter()
+    bare_provider = TracerProvider()
+    bare_provider.add_span_processor(SimpleSpanProcessor(bare_exporter))
+    bare_tracer = bare_provider.get_tracer("bench.bare")
+
+    @oa.tool
+    def lookup(city: str, days: int = 3) -> dict[str, object]:
+        return {"city": city, "forecast": ["sun"] * days}
+
+    counter = iter(range(10**9))
+
+    def captured_round(n: int) -> float:
+        start = time.perf_counter_ns()
+        for _ in range(n):
+            lookup.invoke(f"call-{next(counter)}", "Oslo", days=2)
+        return (time.perf_counter_ns() - start) / n / 1000
+
+    with oa.run("bench-run"), oa.agent("bench-agent"):
+        lookup.invoke("warmup", "Oslo")
+    span = captured_exporter.last["execute_tool lookup"]
+    n_attributes = len(span.attributes or {})
+    attributes = {f"bench.attr.{i}": f"value-{i}" for i in range(n_attributes)}
+
+    def bare_round(n: int) -> float:
+        start = time.perf_counter_ns()
+        for _ in range(n):
+            bare_tracer.start_span("execute_tool lookup", attributes=attributes).end()
+        return (time.perf_counter_ns() - start) / n / 1000
+
+    captured_costs: list[float] = []
+    bare_costs: list[float] = []
+    with oa.run("bench-run"), oa.agent("bench-agent"):
+        captured_round(args.calls)  # warm up
+        bare_round(args.calls)
+        if args.profile:
+            import cProfile
+            import pstats
+
+            profiler = cProfile.Profile()
+            profiler.enable()
+            captured_round(args.calls * 5)
+            profiler.disable()
+            pstats.Stats(profiler).sort_stats("cumulative").print_stats(40)
+            pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
+        gc.collect()
+        for i in range(args.rounds):
+            # Alternate which goes first, so drift and cache effects hit both equally.
+            if i % 2 == 0:
+                captured_costs.append(captured_round(args.calls))
+                bare_costs.append(bare_round(args.calls))
+            else:
+                bare_costs.append(bare_round(args.calls))
+                captured_costs.append(captured_round(args.calls))
+
+    captured = statistics.median(captured_costs)
+    bare = statistics.median(bare_costs)
+    print(f"attributes per span:          {n_attributes}")
+    print(f"rounds x calls:               {args.rounds} x {args.calls}")
+    print(f"captured tool call (median):  {captured:8.2f} us")
+    print(f"bare SDK span (median):       {bare:8.2f} us")
+    print(f"ratio:                        {captured / bare:8.2f}  (target <= 2.0)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,444 @@
+"""Agents: spawns, state isolation and rollback, timeouts, the span processor and event ids."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from opentelemetry import trace
+
+import otel_agentcap as oa
+from otel_agentcap import attributes as attr
+from otel_agentcap.model import EVENT_NAMESPACE, event_id_for
+from otel_agentcap.testing import capture_events
+
+
+def _run_id() -> str:
+    return f"agents-{uuid.uuid4().hex[:12]}"
+
+
+def _root(name: str) -> oa.Agent:
+    return oa.agent(name).agent
+
+
+# Spawns
+
+
+def test_retried_spawn_returns_same_child_and_records_once():
+    """Spawning again with the same key returns the same child and records one agent_spawn."""
+    with capture_events() as captured, oa.run(_run_id()), oa.agent("parent") as parent:
+        first = parent.spawn("worker", key="job-1")
+        second = parent.spawn("worker", key="job-1")
+        third = oa.spawn("worker", key="job-1")
+    assert first is second is third
+    assert len(captured.of_type("agent_spawn")) == 1
+
+
+def test_spawn_without_key_twice_returns_same_child():
+    """Two spawns with the same name and no key give one child (the name is the key)."""
+    with capture_events() as captured, oa.run(_run_id()), oa.agent("parent"):
+        a = oa.spawn("worker")
+        b = oa.spawn("worker")
+    assert a is b
+    assert a.agent_id == "parent/worker"
+    assert len(captured.of_type("agent_spawn")) == 1
+
+
+def test_distinct_keys_give_distinct_children():
+    """Spawns with distinct keys create distinct children, each recorded once."""
+    with capture_events() as captured, oa.run(_run_id()), oa.agent("parent"):
+        children = [oa.spawn("worker", key=f"k{i}") for i in range(5)]
+    assert len({c.agent_id for c in children}) == 5
+    spawns = captured.of_type("agent_spawn")
+    assert sorted(e.payload["child_agent_id"] for e in spawns) == sorted(
+        c.agent_id for c in children
+    )
+
+
+def test_concurrent_spawns_of_one_identity_give_one_child():
+    """Sixteen threads spawning the same key concurrently all get one child and one event."""
+    barrier = threading.Barrier(16)
+    children: list[oa.Agent] = []
+
+    def spawner() -> None:
+        barrier.wait()
+        children.append(oa.spawn("worker", key="same"))
+
+    with capture_events() as captured, oa.run(_run_id()), oa.agent("parent"):
+        threads = [oa.start_thread(spawner) for _ in range(16)]
+        for t in threads:
+            t.join()
+    assert len({id(c) for c in children}) == 1
+    assert len(captured.of_type("agent_spawn")) == 1
+
+
+def test_child_invoke_span_links_to_spawn_span():
+    """The child's invoke_agent span has an OpenTelemetry Link to the parent's create_agent span."""
+    with capture_events() as captured, oa.run(_run_id()):
+        with oa.agent("parent"):
+            child = oa.spawn("worker")
+        with child.scope():
+            pass
+    create = next(s for s in captured.spans if s.name == "create_agent worker")
+    invoke = next(s for s in captured.spans if s.name == "invoke_agent worker")
+    assert create.attributes[attr.GEN_AI_OPERATION_NAME] == "create_agent"
+    assert invoke.attributes[attr.GEN_AI_OPERATION_NAME] == "invoke_agent"
+    assert [link.context.span_id for link in invoke.links] == [create.context.span_id]
+    assert invoke.links[0].context.trace_id == create.context.trace_id
+
+
+def test_child_start_records_where_it_was_spawned():
+    """The child's agent_start carries its parent and spawn event, as attributes, parent and agent row."""
+    run_id = _run_id()
+    with capture_events() as captured, oa.run(run_id):
+        with oa.agent("parent"):
+            child = oa.spawn("worker", key="w1")
+        with child.scope():
+            pass
+    spawn_event = captured.of_type("agent_spawn")[0]
+    start = next(e for e in captured.of_type("agent_start") if e.agent_id == child.agent_id)
+    assert start.causal_parent_ids == (spawn_event.event_id,)
+    invoke = next(s for s in captured.spans if s.name == "invoke_agent worker")
+    assert invoke.attributes[attr.SPAWNED_AT_EVENT_ID] == spawn_event.event_id
+    assert invoke.attributes[attr.PARENT_AGENT_ID] == "parent"
+    record = captured.agents[(run_id, child.agent_id)]
+    assert record.parent_agent_id == "parent"
+    assert record.spawned_at_event_id == spawn_event.event_id
+    assert record.name == "worker"
+
+
+def test_child_first_seq_above_spawn_in_another_thread():
+    """A child run in a plain thread (no copied context) starts above the spawn's sequence."""
+    memory = oa.Memory()
+    seen: dict[str, int] = {}
+
+    def child_body() -> None:
+        with child.scope():
+            memory["from-child"] = 1
+
+    with capture_events() as captured, oa.run(_run_id()):
+        with oa.agent("parent"):
+            for i in range(100):
+                memory[f"k{i}"] = i
+            child = oa.spawn("worker")
+        thread = threading.Thread(target=child_body)
+        thread.start()
+        thread.join()
+    spawn_seq = captured.of_type("agent_spawn")[0].seq
+    child_events = captured.for_agent(child.agent_id)
+    seen["min"] = min(e.seq for e in child_events)
+    assert spawn_seq > 100
+    assert seen["min"] > spawn_seq
+    assert [e.event_type for e in child_events] == ["agent_start", "memory_write", "agent_end"]
+
+
+def test_spawn_same_id_under_other_parent_conflicts():
+    """Spawning an agent id that already belongs to another parent raises SpawnConflictError."""
+    with oa.run(_run_id()):
+        with oa.agent("p1"):
+            oa.spawn("w", agent_id="shared-child")
+        with oa.agent("p2"), pytest.raises(oa.SpawnConflictError):
+            oa.spawn("w", agent_id="shared-child")
+        with oa.agent("p3"), pytest.raises(oa.SpawnConflictError):
+            oa.spawn("w", agent_id="p1")  # a root agent has no parent
+
+
+def test_spawn_outside_agent_raises():
+    """spawn() with no current agent raises RuntimeError."""
+    with oa.run(_run_id()), pytest.raises(RuntimeError):
+        oa.spawn("w")
+
+
+# State
+
+
+def test_each_execution_gets_its_own_state_copy():
+    """Two concurrent executions of one agent do not see each other's state changes."""
+    agent = _root("stateful")
+    barrier = threading.Barrier(2)
+    seen: dict[int, dict[str, object]] = {}
+
+    def execution(i: int) -> None:
+        with agent.scope() as ex:
+            ex.state["mine"] = i
+            ex.state.setdefault("list", []).append(i)
+            barrier.wait()
+            time.sleep(0.05)
+            seen[i] = dict(ex.state)
+
+    with oa.run(agent.run_id):
+        with agent.scope() as ex:
+            ex.state["list"] = [0]
+        threads = [threading.Thread(target=execution, args=(i,)) for i in (1, 2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert seen[1] == {"mine": 1, "list": [0, 1]}
+    assert seen[2] == {"mine": 2, "list": [0, 2]}
+
+
+def test_success_commits_state_and_agent_state_is_a_copy():
+    """A successful execution commits its state; agent.state returns a copy, not the committed dict."""
+    agent = _root("committer")
+    with agent.scope() as ex:
+        ex.state["plan"] = ["a"]
+    assert agent.state == {"plan": ["a"]}
+    agent.state["plan"].append("mutated")
+    assert agent.state == {"plan": ["a"]}
+    with agent.scope() as ex:
+        assert ex.state == {"plan": ["a"]}
+
+
+def test_failing_execution_records_error_and_rolls_back():
+    """A failing execution records agent_error with the error type and leaves agent.state unchanged."""
+    agent = _root("failer")
+    with capture_events() as captured:
+        with agent.scope() as ex:
+            ex.state["keep"] = 1
+        with pytest.raises(KeyError), agent.scope() as ex:
+            ex.state["keep"] = 99
+            ex.state["partial"] = True
+            raise KeyError("boom")
+    assert agent.state == {"keep": 1}
+    errors = captured.of_type("agent_error")
+    assert len(errors) == 1
+    assert errors[0].payload["error_type"] == "KeyError"
+    assert errors[0].payload["timed_out"] is False
+    assert errors[0].payload["state_rolled_back"] is True
+    assert errors[0].payload["discarded_state_keys"] == ["keep", "partial"]
+    span = next(
+        s for s in captured.spans if any(ev.name == "agentcap.agent_error" for ev in s.events)
+    )
+    assert span.name == "invoke_agent failer"
+    assert span.status.status_code == trace.StatusCode.ERROR
+
+
+def test_async_scope_timeout_records_and_rolls_back():
+    """async with agent(timeout=) cancels the body, records agent_error timed_out and rolls back."""
+
+    async def main(name: str) -> None:
+        async with oa.agent(name) as ex:
+            ex.state["v"] = 1
+        async with oa.agent(name, timeout=0.05) as ex:
+            ex.state["v"] = 2
+            await asyncio.sleep(5)
+
+    name = f"async-{uuid.uuid4().hex[:6]}"
+    with capture_events() as captured, oa.run(_run_id()):
+        started = time.monotonic()
+        with pytest.raises(TimeoutError):
+            asyncio.run(main(name))
+        assert time.monotonic() - started < 2
+        agent = oa.agent(name).agent
+    assert agent.state == {"v": 1}
+    errors = captured.of_type("agent_error")
+    assert len(errors) == 1 and errors[0].payload["timed_out"] is True
+
+
+def test_arun_timeout_records_and_rolls_back():
+    """Agent.arun(timeout=) raises TimeoutError, records agent_error timed_out and rolls back."""
+    agent = _root("arun-agent")
+
+    async def body() -> None:
+        execution = oa.current_execution()
+        execution.state["partial"] = 1
+        await asyncio.sleep(5)
+
+    async def ok() -> int:
+        oa.current_execution().state["done"] = 1
+        return 3
+
+    with capture_events() as captured:
+        assert asyncio.run(agent.arun(ok, timeout=1)) == 3
+        with pytest.raises(TimeoutError):
+            asyncio.run(agent.arun(body, timeout=0.05))
+    assert agent.state == {"done": 1}
+    errors = captured.of_type("agent_error")
+    assert len(errors) == 1 and errors[0].payload["timed_out"] is True
+    assert errors[0].payload["discarded_state_keys"] == ["done", "partial"]
+
+
+def test_sync_run_timeout_raises_promptly_and_cancels_stuck_thread():
+    """run(fn, timeout=) raises AgentTimeoutError promptly, records, rolls back, and the stuck
+    thread's next capture call raises AgentCancelled."""
+    agent = _root("blocker")
+    release = threading.Event()
+    after_release: list[BaseException | None] = []
+    finished = threading.Event()
+    memory = oa.Memory()
+
+    def body() -> None:
+        oa.current_execution().state["partial"] = True
+        release.wait(10)
+        try:
+            memory["late"] = 1
+            after_release.append(None)
+        except BaseException as exc:
+            after_release.append(exc)
+            raise
+        finally:
+            finished.set()
+
+    with capture_events() as captured:
+        started = time.monotonic()
+        with pytest.raises(oa.AgentTimeoutError):
+            agent.run(body, timeout=0.1)
+        elapsed = time.monotonic() - started
+        assert agent.state == {}
+        errors = captured.of_type("agent_error")
+        assert len(errors) == 1 and errors[0].payload["timed_out"] is True
+        release.set()
+        assert finished.wait(5)
+    assert elapsed < 1.0
+    assert len(after_release) == 1 and isinstance(after_release[0], oa.AgentCancelled)
+    assert "late" not in memory.snapshot()
+    assert agent.state == {}
+    assert len(captured.of_type("agent_error")) == 1
+    assert captured.of_type("agent_end") == []
+
+
+def test_sync_run_without_timeout_returns_and_propagates():
+    """run(fn) returns fn's result and run(fn, timeout=) re-raises fn's own error."""
+    agent = _root("plain-run")
+    assert agent.run(lambda x: x + 1, 1) == 2
+    assert agent.run(lambda: "t", timeout=5) == "t"
+    with pytest.raises(ZeroDivisionError):
+        agent.run(lambda: 1 / 0, timeout=5)
+
+
+def test_sync_scope_overrunning_timeout_fails():
+    """A sync scope whose block finishes after its timeout raises AgentTimeoutError and rolls back."""
+    agent = _root("slow-scope")
+    with pytest.raises(oa.AgentTimeoutError), agent.scope(timeout=0.02) as ex:
+        ex.state["x"] = 1
+        time.sleep(0.05)
+    assert agent.state == {}
+
+
+# Processor
+
+
+def test_span_outside_agent_untouched():
+    """A span started outside any agent gets no agentcap attributes."""
+    tracer = trace.get_tracer("foreign.lib")
+    with capture_events() as captured, oa.run(_run_id()):
+        tracer.start_span("plain", attributes={"x": 1}).end()
+        tracer.start_span("chat m", attributes={attr.GEN_AI_OPERATION_NAME: "chat"}).end()
+    for span in captured.spans:
+        assert not any(k.startswith("agentcap.") for k in span.attributes)
+    assert captured.events == []
+
+
+def test_foreign_chat_span_in_agent_becomes_model_call():
+    """A foreign gen_ai chat span in an agent gets a sequence and event id and maps to model_call."""
+    tracer = trace.get_tracer("foreign.genai")
+    memory = oa.Memory()
+    with capture_events() as captured, oa.run(_run_id()), oa.agent("alpha"):
+        memory["before"] = 1
+        span = tracer.start_span(
+            "chat claude-x",
+            attributes={attr.GEN_AI_OPERATION_NAME: "chat", attr.GEN_AI_REQUEST_MODEL: "claude-x"},
+        )
+        span.set_attribute(attr.GEN_AI_USAGE_INPUT_TOKENS, 12)
+        span.end()
+        memory["after"] = 1
+    a = next(s for s in captured.spans if s.name == "chat claude-x").attributes
+    assert isinstance(a[attr.EVENT_SEQ], int) and a[attr.EVENT_ID]
+    assert a[attr.EVENT_TYPE] == "model_call"
+    assert a[attr.GEN_AI_AGENT_ID] == "alpha"
+    events = captured.for_agent("alpha")
+    types = [e.event_type for e in events]
+    assert types == ["agent_start", "memory_write", "model_call", "memory_write", "agent_end"]
+    model = events[2]
+    assert model.payload["request_model"] == "claude-x"
+    assert model.payload["usage"]["input_tokens"] == 12
+    assert model.payload["span_name"] == "chat claude-x"
+
+
+def test_foreign_chat_span_takes_caused_by_parents():
+    """A foreign model-call span inside caused_by names those parents."""
+    tracer = trace.get_tracer("foreign.genai")
+    memory = oa.Memory()
+    with capture_events() as captured, oa.run(_run_id()), oa.agent("alpha"):
+        ref = memory.set("prompt", "hi")
+        with oa.caused_by(ref):
+            tracer.start_span("chat m", attributes={attr.GEN_AI_OPERATION_NAME: "chat"}).end()
+    model = captured.of_type("model_call")[0]
+    assert model.causal_parent_ids == (ref.event_id,)
+
+
+def test_other_foreign_span_in_agent_gets_only_ids():
+    """A non-model foreign span in an agent gets run and agent ids but no event identity."""
+    tracer = trace.get_tracer("foreign.http")
+    run_id = _run_id()
+    with capture_events() as captured, oa.run(run_id), oa.agent("alpha"):
+        tracer.start_span("GET /x").end()
+    a = next(s for s in captured.spans if s.name == "GET /x").attributes
+    assert a[attr.RUN_ID] == run_id
+    assert a[attr.AGENT_ID] == "alpha"
+    assert a[attr.GEN_AI_AGENT_ID] == "alpha"
+    assert attr.EVENT_ID not in a and attr.EVENT_SEQ not in a
+    assert [e.event_type for e in captured.events] == ["agent_start", "agent_end"]
+
+
+# Event ids
+
+
+def test_event_ids_deterministic():
+    """The same (run, agent, key) gives the same id; changing any part gives another."""
+    import uuid as uuid_mod
+
+    base = event_id_for("r", "a", "k")
+    assert base == event_id_for("r", "a", "k")
+    assert base == str(uuid_mod.uuid5(EVENT_NAMESPACE, "r\x1fa\x1fk"))
+    assert (
+        len(
+            {
+                base,
+                event_id_for("r2", "a", "k"),
+                event_id_for("r", "a2", "k"),
+                event_id_for("r", "a", "k2"),
+            }
+        )
+        == 4
+    )
+
+
+def test_ids_cannot_make_event_ids_collide():
+    """Run and agent ids that would shift the id separator are rejected, so distinct events never
+    share an id."""
+    with pytest.raises(ValueError):
+        oa.agent("x", agent_id="a\x1fb")
+    with pytest.raises(ValueError), oa.run("r\x1fa"):
+        pass
+
+
+def test_spawn_event_id_same_for_same_identity_across_runs_of_the_program():
+    """Spawning the same child in the same run from a fresh registry gives the same spawn event id."""
+    from otel_agentcap.capture import agents as agents_module
+
+    run_id = _run_id()
+    with capture_events() as captured, oa.run(run_id):
+        with oa.agent("parent"):
+            oa.spawn("worker", key="k")
+        agents_module._agents.pop((run_id, "parent/k"))  # as after a process restart
+        with oa.agent("parent"):
+            oa.spawn("worker", key="k")
+    spawns = captured.of_type("agent_spawn")
+    assert len(spawns) == 2
+    assert spawns[0].event_id == spawns[1].event_id
+    assert spawns[0].seq < spawns[1].seq
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(min_size=1, max_size=20), st.text(min_size=1, max_size=20), st.text(max_size=40))
+def test_event_id_is_uuid5_of_the_documented_name(run_id, agent_id, key):
+    """event_id_for equals uuid5(EVENT_NAMESPACE, run \\x1f agent \\x1f key) for any text."""
+    expected = str(uuid.uuid5(EVENT_NAMESPACE, f"{run_id}\x1f{agent_id}\x1f{key}"))
+    assert event_id_for(run_id, agent_id, key) == expected

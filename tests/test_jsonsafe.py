@@ -1,0 +1,258 @@
+"""jsonsafe: the documented encodings, jsonb-safe output and truncation."""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import datetime
+import enum
+import json
+import math
+import uuid
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from otel_agentcap import jsonsafe
+
+
+def _reject_constant(name: str) -> None:
+    raise AssertionError(f"non-standard JSON constant {name}")
+
+
+def _jsonb_safe(text: str) -> object:
+    """Parse as strict JSON and check nothing jsonb rejects is in it; return the value."""
+    text.encode("utf-8")  # no lone surrogates
+    value = json.loads(text, parse_constant=_reject_constant)
+
+    def walk(v: object) -> None:
+        if isinstance(v, str):
+            assert "\x00" not in v
+            v.encode("utf-8")
+        elif isinstance(v, list):
+            for item in v:
+                walk(item)
+        elif isinstance(v, dict):
+            for k, item in v.items():
+                walk(k)
+                walk(item)
+
+    walk(value)
+    return value
+
+
+def test_bytes_marker():
+    """bytes and bytearray become $agentcap.bytes with base64."""
+    assert jsonsafe.to_jsonable(b"\x00\x01hi") == {"$agentcap.bytes": "AAFoaQ=="}
+    assert jsonsafe.to_jsonable(bytearray(b"x")) == {"$agentcap.bytes": "eA=="}
+
+
+def test_float_markers():
+    """NaN and infinities become $agentcap.float; finite floats stay numbers."""
+    assert jsonsafe.to_jsonable(math.nan) == {"$agentcap.float": "NaN"}
+    assert jsonsafe.to_jsonable(math.inf) == {"$agentcap.float": "Infinity"}
+    assert jsonsafe.to_jsonable(-math.inf) == {"$agentcap.float": "-Infinity"}
+    assert jsonsafe.to_jsonable(1.5) == 1.5
+
+
+def test_bad_strings_marker_round_trips():
+    """Strings with NUL or a lone surrogate become $agentcap.str and decode back exactly."""
+    for s in ["a\x00b", "x\ud800y", "\udfff"]:
+        marker = jsonsafe.to_jsonable(s)
+        assert set(marker) == {"$agentcap.str"}
+        assert base64.b64decode(marker["$agentcap.str"]).decode("utf-8", "surrogatepass") == s
+    assert jsonsafe.to_jsonable("plain \u00e9") == "plain \u00e9"
+
+
+def test_repr_marker_for_unknown_objects():
+    """Other objects become $agentcap.repr with their qualified type, even with a broken __repr__."""
+
+    class Odd:
+        def __repr__(self) -> str:
+            return "Odd\x00<\ud800>"
+
+    class Broken:
+        def __repr__(self) -> str:
+            raise RuntimeError("no")
+
+    odd = jsonsafe.to_jsonable(Odd())
+    assert odd["type"].endswith("Odd") and odd["type"].startswith(__name__)
+    assert "\x00" not in odd["$agentcap.repr"]
+    _jsonb_safe(jsonsafe.dumps(Odd()))
+    assert jsonsafe.to_jsonable(Broken())["$agentcap.repr"] == "<unrepresentable: RuntimeError>"
+    assert (
+        len(
+            jsonsafe.to_jsonable(type("Long", (), {"__repr__": lambda s: "x" * 5000})())[
+                "$agentcap.repr"
+            ]
+        )
+        == 2000
+    )
+
+
+def test_containers_dataclasses_and_model_dump():
+    """Tuples, sets, non-str keys, enums, dates, UUIDs, dataclasses and model_dump() are converted."""
+
+    class Color(enum.Enum):
+        RED = "red"
+
+    @dataclasses.dataclass
+    class Point:
+        x: int
+        y: bytes
+
+    class Model:
+        def model_dump(self, mode: str) -> dict[str, object]:
+            assert mode == "json"
+            return {"m": 1}
+
+    u = uuid.UUID(int=5)
+    value = {
+        1: (1, 2),
+        "s": {3, 1, 2},
+        "e": Color.RED,
+        "d": datetime.date(2024, 1, 2),
+        "u": u,
+        "p": Point(1, b"z"),
+        "m": Model(),
+    }
+    assert jsonsafe.to_jsonable(value) == {
+        "1": [1, 2],
+        "s": [1, 2, 3],
+        "e": "red",
+        "d": "2024-01-02",
+        "u": str(u),
+        "p": {"x": 1, "y": {"$agentcap.bytes": "eg=="}},
+        "m": {"m": 1},
+    }
+
+
+def test_user_dict_never_reads_as_a_marker():
+    """A user dict shaped like a marker (one or several $agentcap.* keys) is wrapped as a literal."""
+    for user in [
+        {"$agentcap.bytes": "AA=="},
+        {"$agentcap.repr": "x", "type": "y"},
+        {"$agentcap.truncated": "x", "size": 3},
+    ]:
+        assert jsonsafe.to_jsonable(user) == {"$agentcap.literal": user}
+    assert jsonsafe.to_jsonable({"a": 1, "b": 2}) == {"a": 1, "b": 2}
+
+
+def test_deep_nesting_is_bounded():
+    """Nesting deeper than the limit is cut with a repr marker rather than failing."""
+    deep: list[object] = []
+    cur = deep
+    for _ in range(200):
+        nxt: list[object] = []
+        cur.append(nxt)
+        cur = nxt
+    _jsonb_safe(jsonsafe.dumps(deep))
+    assert "$agentcap.repr" in jsonsafe.dumps(deep)
+
+
+def test_truncation_marker_for_huge_payloads():
+    """A payload over max_chars becomes $agentcap.truncated with the first half and the full size."""
+    big = {"data": "y" * 10_000}
+    full = jsonsafe.dumps(big, max_chars=10**9)
+    text = jsonsafe.dumps(big, max_chars=1000)
+    value = _jsonb_safe(text)
+    assert value == {"$agentcap.truncated": full[:500], "size": len(full)}
+    assert len(text) < 1100
+
+
+def test_dumps_never_raises_on_self_reference():
+    """A self-referencing structure still produces valid JSON."""
+    loop: list[object] = []
+    loop.append(loop)
+    _jsonb_safe(jsonsafe.dumps(loop))
+
+
+def test_loads_keeps_unparsable_text():
+    """Text that is not JSON comes back as $agentcap.unparsed; None stays None."""
+    assert jsonsafe.loads('{"a": 1') == {"$agentcap.unparsed": '{"a": 1'}
+    assert jsonsafe.loads(None) is None
+    assert jsonsafe.loads("[1]") == [1]
+
+
+json_plain = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text().filter(lambda s: "\x00" not in s),
+    lambda children: (
+        st.lists(children, max_size=4)
+        | st.dictionaries(
+            st.text(max_size=5).filter(
+                lambda k: "\x00" not in k and not k.startswith("$agentcap.")
+            ),
+            children,
+            max_size=4,
+        )
+    ),
+    max_leaves=20,
+)
+
+anything = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats()
+    | st.text()
+    | st.binary(max_size=8)
+    | st.builds(object)
+    | st.characters(codec=None).map(lambda c: c + "\x00"),
+    lambda children: (
+        st.lists(children, max_size=4)
+        | st.tuples(children, children)
+        | st.dictionaries(st.text(max_size=5) | st.integers(), children, max_size=4)
+    ),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(json_plain)
+def test_plain_json_round_trips_unchanged(value):
+    """Values JSON can hold (strings without NUL, finite floats) round trip unchanged."""
+    assert json.loads(jsonsafe.dumps(value)) == value
+
+
+@settings(max_examples=200, deadline=None)
+@given(anything)
+def test_anything_encodes_to_jsonb_safe_text(value):
+    """Any value encodes to strict JSON with no NUL, no NaN and no lone surrogate anywhere."""
+    _jsonb_safe(jsonsafe.dumps(value))
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.text(min_size=1, max_size=30))
+def test_any_string_is_recoverable(s):
+    """Every string either survives as itself or as a $agentcap.str marker that decodes to it."""
+    out = json.loads(jsonsafe.dumps(s))
+    if isinstance(out, dict):
+        assert base64.b64decode(out["$agentcap.str"]).decode("utf-8", "surrogatepass") == s
+    else:
+        assert out == s
+
+
+@settings(max_examples=300, deadline=None)
+@given(anything)
+def test_fast_path_matches_general_encoding(value):
+    """dumps gives exactly the text of encoding to_jsonable(value), fast path or not."""
+    expected = json.dumps(
+        jsonsafe.to_jsonable(value), ensure_ascii=False, allow_nan=False, separators=(",", ":")
+    )
+    assert jsonsafe.dumps(value, max_chars=10**9) == expected
+
+
+def test_fast_path_respects_depth_limit_and_key_types():
+    """Deep plain nesting, bool keys and marker keys encode as the general path does."""
+    deep: object = 1
+    for _ in range(70):
+        deep = [deep]
+    for value in [deep, {True: 1, None: 2}, {"$agentcap.x": 1, "y": 2}, ("a", ("b",))]:
+        expected = json.dumps(
+            jsonsafe.to_jsonable(value), ensure_ascii=False, allow_nan=False, separators=(",", ":")
+        )
+        assert jsonsafe.dumps(value, max_chars=10**9) == expected

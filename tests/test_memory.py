@@ -1,0 +1,230 @@
+"""Captured memory: atomic write events, before/after replay, causal links, missing versus None."""
+
+from __future__ import annotations
+
+import math
+import threading
+import uuid
+
+import pytest
+
+import otel_agentcap as oa
+from otel_agentcap.testing import capture_events
+
+
+def _run_id() -> str:
+    return f"mem-{uuid.uuid4().hex[:12]}"
+
+
+def _replay_chain(writes):
+    """Check the write chain of one key and return the value it replays to (None for missing)."""
+    writes = sorted(writes, key=lambda e: e.seq)  # one key, possibly several agents
+    by_id = {e.event_id: e for e in writes}
+    previous = None
+    for event in writes:
+        p = event.payload
+        if previous is None:
+            assert p["before_found"] is False
+        else:
+            assert p["before_found"] == previous.payload["after_found"]
+            if p["before_found"]:
+                assert p["before"] == previous.payload["after"]
+            assert previous.event_id in event.causal_parent_ids
+            assert by_id[previous.event_id].seq < event.seq
+        previous = event
+    return previous
+
+
+def test_concurrent_writers_chain_replays_to_final_value():
+    """Writes from 12 threads in 4 agents form a chain where each before is the previous after."""
+    memory = oa.Memory("shared")
+    barrier = threading.Barrier(12)
+
+    def writer(i: int) -> None:
+        with oa.agent(f"agent-{i % 4}"):
+            barrier.wait()
+            for j in range(40):
+                if j % 10 == 9:
+                    memory.delete("counter")
+                else:
+                    memory["counter"] = [i, j]
+                memory["own"] = i
+
+    with capture_events() as captured, oa.run(_run_id()):
+        threads = [oa.start_thread(writer, i) for i in range(12)]
+        for t in threads:
+            t.join()
+    writes = [e for e in captured.of_type("memory_write") if e.payload["key"] == "counter"]
+    assert len(writes) >= 12 * 36
+    last = _replay_chain(writes)
+    final = memory.snapshot()
+    if last.payload["after_found"]:
+        assert final["counter"] == last.payload["after"]
+    else:
+        assert "counter" not in final
+    own = [e for e in captured.of_type("memory_write") if e.payload["key"] == "own"]
+    assert _replay_chain(own).payload["after"] == final["own"]
+
+
+def test_each_write_names_previous_write_as_parent():
+    """The second write of a key names the first as causal parent, across agents."""
+    memory = oa.Memory()
+    with capture_events() as captured, oa.run(_run_id()):
+        with oa.agent("alpha"):
+            first = memory.set("k", 1)
+        with oa.agent("beta"):
+            second = memory.set("k", 2)
+    events = captured.by_id()
+    assert events[second.event_id].causal_parent_ids == (first.event_id,)
+    assert events[first.event_id].causal_parent_ids == ()
+    assert second.seq > first.seq
+
+
+def test_write_after_delete_still_chains():
+    """A write after a delete names the delete as causal parent and records before_found false."""
+    memory = oa.Memory()
+    with capture_events() as captured, oa.run(_run_id()), oa.agent("alpha"):
+        memory["k"] = 1
+        del memory["k"]
+        memory["k"] = 2
+    w = captured.of_type("memory_write")
+    assert [e.payload["op"] for e in w] == ["set", "delete", "set"]
+    assert w[1].payload["after_found"] is False and "after" not in w[1].payload
+    assert w[2].payload["before_found"] is False and "before" not in w[2].payload
+    assert w[2].causal_parent_ids == (w[1].event_id,)
+
+
+def test_missing_and_none_differ():
+    """A stored None is found; a missing key is not, in lookup, in, get, [] and payloads."""
+    memory = oa.Memory()
+    with capture_events() as captured, oa.run(_run_id()), oa.agent("alpha"):
+        memory["none"] = None
+        hit = memory.lookup("none")
+        miss = memory.lookup("missing")
+        assert hit.found is True and hit.value is None
+        assert miss.found is False
+        assert "none" in memory
+        assert "missing" not in memory
+        assert memory.get("none", "default") is None
+        assert memory.get("missing", "default") == "default"
+        assert memory["none"] is None
+        with pytest.raises(KeyError):
+            memory["missing"]
+        memory["none"] = 1
+    reads = captured.of_type("memory_read")
+    by_key = {}
+    for r in reads:
+        by_key.setdefault(r.payload["key"], []).append(r.payload)
+    assert all(p["found"] is True and p["value"] is None for p in by_key["none"])
+    assert all(p["found"] is False and "value" not in p for p in by_key["missing"])
+    writes = captured.of_type("memory_write")
+    assert writes[0].payload == {
+        "memory": "memory",
+        "key": "none",
+        "op": "set",
+        "before_found": False,
+        "after_found": True,
+        "after": None,
+    }
+    assert writes[1].payload["before_found"] is True and writes[1].payload["before"] is None
+
+
+def test_read_of_other_agents_write_is_caused_by_it():
+    """A read of a value written by another agent names that write and has a larger sequence."""
+    memory = oa.Memory()
+    with capture_events() as captured, oa.run(_run_id()):
+        with oa.agent("writer"):
+            for i in range(50):
+                ref = memory.set("k", i)
+        with oa.agent("reader"):
+            found = memory.lookup("k")
+    assert found.written_by == ref
+    read = captured.of_type("memory_read")[0]
+    assert read.agent_id == "reader"
+    assert read.causal_parent_ids == (ref.event_id,)
+    assert read.seq > ref.seq
+    assert read.payload["written_by"] == ref.event_id
+
+
+def test_read_in_another_thread_follows_write():
+    """A reader thread in another agent gets a sequence above the write it observed."""
+    memory = oa.Memory()
+    refs = {}
+
+    def reader() -> None:
+        with oa.agent("reader"):
+            refs["read"] = memory.lookup("k")
+
+    with capture_events() as captured, oa.run(_run_id()):
+        with oa.agent("writer"):
+            for i in range(20):
+                refs["write"] = memory.set("k", i)
+        oa.start_thread(reader).join()
+    read = captured.of_type("memory_read")[0]
+    assert read.seq > refs["write"].seq
+    assert refs["read"].written_by == refs["write"]
+
+
+def test_delete_of_missing_key_records_nothing():
+    """Deleting a key that is not there returns False, raises KeyError via del, and records no event."""
+    memory = oa.Memory()
+    with capture_events() as captured, oa.run(_run_id()), oa.agent("alpha"):
+        assert memory.delete("nope") is False
+        with pytest.raises(KeyError):
+            del memory["nope"]
+    assert captured.of_type("memory_write") == []
+
+
+def test_non_json_values_are_encoded_safely():
+    """Bytes, NaN, infinities, NUL strings and arbitrary objects are stored as documented markers."""
+
+    class Thing:
+        def __repr__(self) -> str:
+            return "Thing()"
+
+    memory = oa.Memory()
+    value = {"b": b"\x00\xff", "nan": math.nan, "inf": -math.inf, "s": "a\x00b", "o": Thing()}
+    with capture_events() as captured, oa.run(_run_id()), oa.agent("alpha"):
+        memory["k"] = value
+        memory.lookup("k")
+    after = captured.of_type("memory_write")[0].payload["after"]
+    assert after["b"] == {"$agentcap.bytes": "AP8="}
+    assert after["nan"] == {"$agentcap.float": "NaN"}
+    assert after["inf"] == {"$agentcap.float": "-Infinity"}
+    assert after["s"] == {"$agentcap.str": "YQBi"}
+    assert after["o"]["$agentcap.repr"] == "Thing()"
+    assert after["o"]["type"].endswith("Thing")
+    assert captured.of_type("memory_read")[0].payload["value"] == after
+    assert memory.snapshot()["k"] is value
+
+
+def test_payload_fixed_at_write_time():
+    """Mutating a stored object after the write does not change what the write event says."""
+    memory = oa.Memory()
+    stored = {"n": 1}
+    with capture_events() as captured, oa.run(_run_id()), oa.agent("alpha"):
+        memory["k"] = stored
+        stored["n"] = 2
+    assert captured.of_type("memory_write")[0].payload["after"] == {"n": 1}
+
+
+def test_memory_outside_agent_works_and_records_nothing():
+    """Outside any agent memory reads and writes work and capture nothing."""
+    memory = oa.Memory()
+    with capture_events() as captured:
+        memory["k"] = 1
+        assert memory["k"] == 1
+        assert memory.delete("k") is True
+    assert captured.spans == []
+
+
+def test_invalid_keys_rejected():
+    """Empty, NUL-containing and non-string keys raise at the call."""
+    memory = oa.Memory()
+    with pytest.raises(ValueError):
+        memory[""] = 1
+    with pytest.raises(ValueError):
+        memory["a\x00"] = 1
+    with pytest.raises(TypeError):
+        memory[3] = 1  # type: ignore[index]
+    assert 3 not in memory

@@ -1,0 +1,353 @@
+"""Captured tools: exactly-once execution per (run, agent, invocation id), events and spans."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+
+import pytest
+
+import otel_agentcap as oa
+from otel_agentcap import attributes as attr
+from otel_agentcap.capture.tools import invocations
+from otel_agentcap.testing import capture_events
+
+
+def _run_id() -> str:
+    return f"tools-{uuid.uuid4().hex[:12]}"
+
+
+class Counter:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.n = 0
+
+    def bump(self) -> int:
+        with self.lock:
+            self.n += 1
+            return self.n
+
+
+def test_concurrent_thread_retries_run_body_once():
+    """32 threads retrying one invocation id at once run the body once and all get its result."""
+    calls = Counter()
+    barrier = threading.Barrier(32)
+
+    @oa.tool
+    def slow(x: int) -> dict[str, int]:
+        n = calls.bump()
+        time.sleep(0.2)
+        return {"x": x, "n": n}
+
+    results: list[object] = [None] * 32
+
+    def retry(i: int) -> None:
+        barrier.wait()
+        results[i] = slow.invoke("call-1", 5)
+
+    with capture_events() as captured, oa.run(_run_id()), oa.agent("alpha"):
+        threads = [oa.start_thread(retry, i) for i in range(32)]
+        for t in threads:
+            t.join()
+    assert calls.n == 1
+    assert all(r == {"x": 5, "n": 1} for r in results)
+    assert len(captured.of_type("tool_invocation")) == 1
+    assert len(captured.of_type("tool_result")) == 1
+
+
+def test_concurrent_async_retries_run_body_once():
+    """20 concurrent asyncio retries of one invocation run an async body once and share the result."""
+    calls = Counter()
+
+    @oa.tool
+    async def slow(x: int) -> int:
+        calls.bump()
+        await asyncio.sleep(0.1)
+        return x * 2
+
+    async def main() -> list[int]:
+        async with oa.agent("alpha"):
+            return await asyncio.gather(*(slow.invoke("call-1", 21) for _ in range(20)))
+
+    with capture_events() as captured, oa.run(_run_id()):
+        results = asyncio.run(main())
+    assert results == [42] * 20
+    assert calls.n == 1
+    assert len(captured.of_type("tool_result")) == 1
+
+
+def test_sequential_retry_returns_recorded_result_without_rerun():
+    """A later retry with the same id returns the first result, even for different arguments."""
+    calls = Counter()
+
+    @oa.tool
+    def once(x: int) -> int:
+        calls.bump()
+        return x
+
+    with oa.run(_run_id()), oa.agent("alpha"):
+        assert once.invoke("c", 1) == 1
+        assert once.invoke("c", 2) == 1
+    assert calls.n == 1
+
+
+def test_reserved_looking_parameters_reach_the_tool_untouched():
+    """Parameters named agent_id, run_id, log, clock and invocation_id are passed as given."""
+    seen: list[dict[str, object]] = []
+
+    @oa.tool
+    def sneaky(agent_id, run_id, log, clock, invocation_id):
+        seen.append(
+            {
+                "agent_id": agent_id,
+                "run_id": run_id,
+                "log": log,
+                "clock": clock,
+                "invocation_id": invocation_id,
+            }
+        )
+        return "ok"
+
+    args = {"agent_id": "A", "run_id": "R", "log": ["l"], "clock": 3, "invocation_id": "I"}
+    with capture_events() as captured, oa.run(_run_id()), oa.agent("alpha"):
+        sneaky(**args)
+        sneaky.invoke("real-id", **args)
+        sneaky.invoke("positional", "A", "R", ["l"], 3, "I")
+    assert seen == [args, args, args]
+    invocations_ = captured.of_type("tool_invocation")
+    assert [e.payload["arguments"] for e in invocations_] == [args] * 3
+    assert [e.payload["invocation_id"] for e in invocations_][1:] == ["real-id", "positional"]
+
+
+class CustomError(Exception):
+    pass
+
+
+def test_recorded_error_re_raised_with_same_type_without_rerun():
+    """A failed invocation re-raises the same error type on retry and does not re-run the body."""
+    calls = Counter()
+
+    @oa.tool
+    def fails() -> None:
+        calls.bump()
+        raise CustomError("boom")
+
+    with capture_events() as captured, oa.run(_run_id()), oa.agent("alpha"):
+        for _ in range(3):
+            with pytest.raises(CustomError, match="boom"):
+                fails.invoke("c")
+    assert calls.n == 1
+    errors = captured.of_type("agent_error")
+    assert len(errors) == 1
+    assert errors[0].payload["error_type"].endswith("CustomError")
+    assert errors[0].payload["invocation_id"] == "c"
+
+
+def test_same_invocation_id_in_other_agent_or_run_runs_again():
+    """Invocation ids are scoped by run and agent: another agent or run executes its own call."""
+    calls = Counter()
+
+    @oa.tool
+    def work() -> int:
+        return calls.bump()
+
+    run_a, run_b = _run_id(), _run_id()
+    with oa.run(run_a):
+        with oa.agent("alpha"):
+            first = work.invoke("same")
+        with oa.agent("beta"):
+            second = work.invoke("same")
+        with oa.agent("alpha"):
+            again = work.invoke("same")
+    with oa.run(run_b), oa.agent("alpha"):
+        third = work.invoke("same")
+    assert (first, second, again, third) == (1, 2, 1, 3)
+
+
+def test_invocation_and_result_events():
+    """A call records tool_invocation with arguments, then tool_result with the result, caused by it."""
+
+    @oa.tool
+    def add(a: int, b: int = 10) -> int:
+        return a + b
+
+    with capture_events() as captured, oa.run(_run_id()), oa.agent("alpha"):
+        add.invoke("toolu_1", 2, b=3)
+    inv, res = captured.of_type("tool_invocation"), captured.of_type("tool_result")
+    assert len(inv) == len(res) == 1
+    assert inv[0].payload == {
+        "tool": "add",
+        "invocation_id": "toolu_1",
+        "arguments": {"a": 2, "b": 3},
+    }
+    assert res[0].payload == {"tool": "add", "invocation_id": "toolu_1", "result": 5}
+    assert res[0].causal_parent_ids == (inv[0].event_id,)
+    assert inv[0].seq < res[0].seq
+    assert inv[0].span_id == res[0].span_id
+
+
+def test_execute_tool_span_and_genai_attributes():
+    """The span is named execute_tool {name} and carries the gen_ai tool attributes."""
+
+    @oa.tool(name="lookup_weather")
+    def weather(city: str) -> str:
+        return "sunny"
+
+    with capture_events() as captured, oa.run(_run_id()), oa.agent("alpha"):
+        weather.invoke("toolu_9", "Oslo")
+    spans = [s for s in captured.spans if s.name.startswith("execute_tool")]
+    assert [s.name for s in spans] == ["execute_tool lookup_weather"]
+    a = spans[0].attributes
+    assert a[attr.GEN_AI_OPERATION_NAME] == "execute_tool"
+    assert a[attr.GEN_AI_TOOL_NAME] == "lookup_weather"
+    assert a[attr.GEN_AI_TOOL_CALL_ID] == "toolu_9"
+    assert a[attr.GEN_AI_TOOL_TYPE] == "function"
+    assert a[attr.GEN_AI_AGENT_ID] == "alpha"
+    assert a[attr.EVENT_TYPE] == "tool_invocation"
+
+
+def test_tool_body_spans_are_children_of_the_tool_span():
+    """A memory write inside a tool body is captured in the tool span's trace, as its child."""
+    memory = oa.Memory()
+
+    @oa.tool
+    def writes() -> None:
+        memory["k"] = 1
+
+    with capture_events() as captured, oa.run(_run_id()), oa.agent("alpha"):
+        writes()
+    tool_span = next(s for s in captured.spans if s.name.startswith("execute_tool"))
+    write_span = next(s for s in captured.spans if s.name == "memory_write")
+    assert write_span.parent is not None
+    assert write_span.parent.span_id == tool_span.context.span_id
+
+
+def test_cancelled_first_attempt_lets_retry_run():
+    """An asyncio-cancelled first attempt is not an outcome: a retry runs the body again."""
+    calls = Counter()
+
+    @oa.tool
+    async def slow() -> str:
+        n = calls.bump()
+        if n == 1:
+            await asyncio.sleep(10)
+        return f"done-{n}"
+
+    async def main() -> str:
+        async with oa.agent("alpha"):
+            first = asyncio.create_task(slow.invoke("c"))
+            await asyncio.sleep(0.05)
+            first.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await first
+            return await asyncio.wait_for(slow.invoke("c"), 5)
+
+    with capture_events() as captured, oa.run(_run_id()):
+        assert asyncio.run(main()) == "done-2"
+    assert calls.n == 2
+    invocation_events = captured.of_type("tool_invocation")
+    assert len(invocation_events) == 2
+    assert len({e.event_id for e in invocation_events}) == 2
+
+
+def test_waiter_on_cancelled_attempt_runs_the_body_itself():
+    """A retry waiting on an attempt that gets cancelled claims the invocation and runs it."""
+    calls = Counter()
+
+    @oa.tool
+    async def slow() -> int:
+        n = calls.bump()
+        await asyncio.sleep(10 if n == 1 else 0)
+        return n
+
+    async def main() -> int:
+        async with oa.agent("alpha"):
+            first = asyncio.create_task(slow.invoke("c"))
+            await asyncio.sleep(0.05)
+            waiter = asyncio.create_task(slow.invoke("c"))
+            await asyncio.sleep(0.05)
+            first.cancel()
+            return await asyncio.wait_for(waiter, 5)
+
+    with oa.run(_run_id()):
+        assert asyncio.run(main()) == 2
+    assert calls.n == 2
+
+
+def test_calls_outside_an_agent_run_and_are_not_captured():
+    """Outside any agent the tool runs normally, nothing is recorded and nothing is deduplicated."""
+    calls = Counter()
+
+    @oa.tool
+    def work(x: int) -> int:
+        calls.bump()
+        return x
+
+    with capture_events() as captured:
+        assert work(1) == 1
+        assert work.invoke("c", 2) == 2
+        assert work.invoke("c", 3) == 3
+    assert calls.n == 3
+    assert captured.spans == []
+
+
+def test_retry_after_restart_reuses_event_ids():
+    """After the in-process registry is lost (restart), a re-run records events with the same ids."""
+
+    @oa.tool
+    def work() -> int:
+        return 1
+
+    run_id = _run_id()
+    with capture_events() as captured, oa.run(run_id):
+        with oa.agent("alpha"):
+            work.invoke("c")
+        invocations.forget_run(run_id)
+        with oa.agent("alpha"):
+            work.invoke("c")
+    ids = [e.event_id for e in captured.of_type("tool_invocation")]
+    assert len(ids) == 2 and ids[0] == ids[1]
+    seqs = [e.seq for e in captured.of_type("tool_invocation")]
+    assert seqs[0] < seqs[1]
+
+
+def test_method_tool_binds_self():
+    """A tool defined as a method receives its instance and is captured."""
+
+    class Box:
+        def __init__(self) -> None:
+            self.v = 4
+
+        @oa.tool
+        def get(self, add: int) -> int:
+            return self.v + add
+
+    with capture_events() as captured, oa.run(_run_id()), oa.agent("alpha"):
+        assert Box().get.invoke("m", 1) == 5
+    assert captured.of_type("tool_result")[0].payload["result"] == 5
+
+
+def test_tool_in_cancelled_agent_raises_agent_cancelled():
+    """A tool call from an execution that already failed raises AgentCancelled and does not run."""
+    calls = Counter()
+
+    @oa.tool
+    def work() -> None:
+        calls.bump()
+
+    with oa.run(_run_id()):
+        scope = oa.agent("alpha")
+        with pytest.raises(RuntimeError), scope as execution:
+            raise RuntimeError("x")
+        ctx = execution.context
+        from otel_agentcap.context import bind_agent, reset_agent
+
+        token = bind_agent(ctx)
+        try:
+            with pytest.raises(oa.AgentCancelled):
+                work()
+        finally:
+            reset_agent(token)
+    assert calls.n == 0
