@@ -158,9 +158,16 @@ def dumps(value: Any, max_chars: int = DEFAULT_MAX_PAYLOAD_CHARS) -> str:
     except Exception as exc:  # recursion limits and the like: keep a record rather than nothing
         text = json.dumps({"$agentcap.error": f"{type(exc).__name__}: could not encode payload"})
     if len(text) > max_chars:
-        text = json.dumps(
-            {"$agentcap.truncated": text[: max_chars // 2], "size": len(text)}, ensure_ascii=False
-        )
+        size = len(text)
+        keep = max_chars // 2
+        while True:  # escaping can grow the kept prefix; shrink it until the marker fits
+            marker = json.dumps(
+                {"$agentcap.truncated": _encode_plain(text[:keep]), "size": size},
+                ensure_ascii=False,
+            )
+            if len(marker) <= max_chars or keep == 0:
+                return marker
+            keep //= 2
     return text
 
 

@@ -442,3 +442,18 @@ def test_event_id_is_uuid5_of_the_documented_name(run_id, agent_id, key):
     """event_id_for equals uuid5(EVENT_NAMESPACE, run \\x1f agent \\x1f key) for any text."""
     expected = str(uuid.uuid5(EVENT_NAMESPACE, f"{run_id}\x1f{agent_id}\x1f{key}"))
     assert event_id_for(run_id, agent_id, key) == expected
+
+
+def test_timeout_before_the_worker_enters_still_records_the_failure():
+    """A scope abandoned before its thread entered records agent_error, and the body never runs."""
+    ran: list[bool] = []
+    with capture_events() as captured, oa.run(_run_id()), oa.agent("parent") as parent:
+        child = parent.spawn("late")
+        scope = child.scope(timeout=5)
+        scope.abandon(oa.AgentTimeoutError("timed out before start"))
+        with pytest.raises(oa.AgentCancelled):
+            with scope:
+                ran.append(True)
+    assert ran == []
+    errors = [e for e in captured.of_type("agent_error") if e.agent_id == child.agent_id]
+    assert len(errors) == 1 and errors[0].payload["timed_out"] is True

@@ -256,3 +256,10 @@ def test_fast_path_respects_depth_limit_and_key_types():
             jsonsafe.to_jsonable(value), ensure_ascii=False, allow_nan=False, separators=(",", ":")
         )
         assert jsonsafe.dumps(value, max_chars=10**9) == expected
+
+
+def test_truncated_marker_stays_within_the_limit_even_when_escaping_grows_it():
+    """A truncated payload full of characters JSON escapes still fits in max_chars."""
+    text = jsonsafe.dumps({"s": "\x01" * 10_000}, max_chars=1_000)
+    assert len(text) <= 1_000
+    assert json.loads(text)["$agentcap.truncated"]

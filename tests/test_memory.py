@@ -228,3 +228,19 @@ def test_invalid_keys_rejected():
     with pytest.raises(TypeError):
         memory[3] = 1  # type: ignore[index]
     assert 3 not in memory
+
+
+def test_untracked_write_breaks_the_chain_instead_of_lying():
+    """A write outside any agent is not recorded; the next recorded write does not claim to
+    follow the last recorded one, whose after value is stale."""
+    memory = oa.Memory("chain-gap")
+    with capture_events() as captured:
+        with oa.run("run-gap"), oa.agent("a"):
+            first = memory.set("k", 1)
+        memory["k"] = 2  # outside any agent
+        with oa.run("run-gap"), oa.agent("a"):
+            memory.set("k", 3)
+    writes = captured.of_type("memory_write")
+    assert len(writes) == 2
+    assert writes[1].payload["before"] == 2
+    assert first is not None and first.event_id not in writes[1].causal_parent_ids

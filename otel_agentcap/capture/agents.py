@@ -31,7 +31,7 @@ from otel_agentcap.context import (
     reset_run,
     start_thread,
 )
-from otel_agentcap.errors import AgentTimeoutError, SpawnConflictError
+from otel_agentcap.errors import AgentCancelled, AgentTimeoutError, SpawnConflictError
 from otel_agentcap.model import MAX_ID_LENGTH, EventRef, EventType, validate_id
 from otel_agentcap.stamping import stamp
 
@@ -198,10 +198,11 @@ class AgentScope:
         self._tokens: tuple[Any, ...] = ()
         self._async_timeout: asyncio.Timeout | None = None
         self._started_at = 0.0
+        self._lock = threading.Lock()
+        self._entered = False
 
-    def _enter(self) -> AgentExecution:
-        if self.execution is not None:
-            raise RuntimeError("an AgentScope can be entered once; call agent.scope() again")
+    def _create_execution(self) -> AgentExecution:
+        """Record agent_start and open the span; binds nothing (may run on any thread)."""
         agent = self.agent
         ctx = new_agent_context(
             agent.run_id,
@@ -229,6 +230,23 @@ class AgentScope:
         span = tel.start_event_span(f"invoke_agent {agent.name}", start, payload, extra, links)
         execution = AgentExecution(agent, ctx, span, start.ref)
         ctx.execution = execution
+        return execution
+
+    def _enter(self) -> AgentExecution:
+        with self._lock:
+            if self._entered:
+                raise RuntimeError("an AgentScope can be entered once; call agent.scope() again")
+            self._entered = True
+            execution = self.execution
+            if execution is None:
+                execution = self._create_execution()
+                self.execution = execution
+        if execution.finished:
+            # Abandoned (timed out) before the worker thread got here: do not run the body.
+            raise AgentCancelled(f"agent {self.agent.agent_id!r} timed out before it started")
+        agent = self.agent
+        ctx = execution.context
+        span = execution.span
         run = current_run()
         run_token = (
             bind_run(RunContext(agent.run_id))
@@ -238,7 +256,6 @@ class AgentScope:
         otel_token = otel_context.attach(trace.set_span_in_context(span))
         agent_token = bind_agent(ctx)
         self._tokens = (run_token, otel_token, agent_token)
-        self.execution = execution
         self._started_at = time.monotonic()
         return execution
 
@@ -270,8 +287,12 @@ class AgentScope:
     def abandon(self, error: BaseException) -> None:
         """Finish the execution as failed from outside (a sync timeout); the worker's own exit
         later finds it finished."""
-        if self.execution is not None:
-            self.execution.finish(error)
+        with self._lock:
+            if self.execution is None:
+                # The worker has not entered yet: record the execution and its failure now.
+                self.execution = self._create_execution()
+            execution = self.execution
+        execution.finish(error)
 
     def __enter__(self) -> AgentExecution:
         return self._enter()

@@ -137,7 +137,10 @@ class Memory:
             if before is None and value is MISSING:
                 return None, False  # deleting a missing key changes nothing: no event
             if ctx is None:
+                # Not recorded: the next recorded write must not claim to follow the last
+                # recorded one, whose "after" this write just made stale.
                 event_ref = None
+                self._last_write.pop(key, None)
             else:
                 previous = self._last_write.get(key)
                 event = stamp(ctx, EventType.MEMORY_WRITE, parents=(previous,) if previous else ())

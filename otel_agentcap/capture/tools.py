@@ -176,7 +176,8 @@ class Tool(Generic[P, R]):
         key = None
         if invocation_id is not None and entry is not None:
             # A re-run after an interrupted attempt is a new operation with its own events.
-            suffix = "" if entry.attempt == 1 else f"#attempt{entry.attempt}"
+            # U+001F cannot occur in an invocation id, so this never meets a user's id.
+            suffix = "" if entry.attempt == 1 else f"\x1fattempt{entry.attempt}"
             key = f"tool:{invocation_id}{suffix}"
         start = stamp(
             ctx, EventType.TOOL_INVOCATION, key=None if key is None else f"{key}:invocation"
