@@ -451,9 +451,8 @@ def test_timeout_before_the_worker_enters_still_records_the_failure():
         child = parent.spawn("late")
         scope = child.scope(timeout=5)
         scope.abandon(oa.AgentTimeoutError("timed out before start"))
-        with pytest.raises(oa.AgentCancelled):
-            with scope:
-                ran.append(True)
+        with pytest.raises(oa.AgentCancelled), scope:
+            ran.append(True)
     assert ran == []
     errors = [e for e in captured.of_type("agent_error") if e.agent_id == child.agent_id]
     assert len(errors) == 1 and errors[0].payload["timed_out"] is True
