@@ -151,7 +151,7 @@ def test_collisions_inside_one_batch_go_to_conflicts(pool: ConnectionPool[Any]) 
         row = conn.execute(
             "SELECT reason, existing_event_id::text FROM agentcap.conflicts"
         ).fetchone()
-    assert row == ("in_batch_seq", a.event_id)
+    assert row == ("run_agent_seq", a.event_id)
 
 
 def test_unknown_event_type_is_kept_as_conflict(pool: ConnectionPool[Any]) -> None:

@@ -215,6 +215,8 @@ def resolve_events(
     by_key: dict[tuple[str, str, str], bytes] = {}
     out: list[EventRow] = []
     duplicates = 0
+    # A row colliding with an earlier row of the same batch gets the reason it would get against
+    # that row once stored, so re-sending it later is recognised as the same conflict.
     for row in rows:
         first = by_id.get(row.event_id)
         seq_key = (row.run_id, row.agent_id, row.logical_seq)
@@ -225,18 +227,18 @@ def resolve_events(
             else:
                 out.append(
                     row._replace(
-                        batch_reason="in_batch_event_id", batch_conflict_with=first.event_id
+                        batch_reason="event_id_content", batch_conflict_with=first.event_id
                     )
                 )
             continue
         if seq_key in by_seq:
             out.append(
-                row._replace(batch_reason="in_batch_seq", batch_conflict_with=by_seq[seq_key])
+                row._replace(batch_reason="run_agent_seq", batch_conflict_with=by_seq[seq_key])
             )
             continue
         if idem_key in by_key:
             out.append(
-                row._replace(batch_reason="in_batch_key", batch_conflict_with=by_key[idem_key])
+                row._replace(batch_reason="run_agent_key", batch_conflict_with=by_key[idem_key])
             )
             continue
         by_id[row.event_id] = row

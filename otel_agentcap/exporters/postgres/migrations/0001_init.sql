@@ -50,7 +50,6 @@ CREATE TABLE agentcap.conflicts (
     detected_at       timestamptz NOT NULL DEFAULT now(),
     reason            text        NOT NULL CONSTRAINT conflicts_reason_check CHECK (reason IN (
                           'event_id_content', 'run_agent_seq', 'run_agent_key',
-                          'in_batch_event_id', 'in_batch_seq', 'in_batch_key',
                           'invalid_event_type')),
     existing_event_id uuid,
     row_digest        text        NOT NULL,
