@@ -47,6 +47,10 @@ CHILD_AGENT_NAME: Final = "agentcap.child.name"
 PARENT_AGENT_ID: Final = "agentcap.parent.agent_id"
 SPAWNED_AT_EVENT_ID: Final = "agentcap.spawned_at_event_id"
 
-# Span events (OpenTelemetry "events" inside a span) that carry a second agentcap event of the same
-# operation, e.g. the tool_result of an execute_tool span, are named with this prefix.
+# Span events (OpenTelemetry "events" inside a span) that carry a further agentcap event of the
+# same operation, e.g. the tool_result of an execute_tool span, are named with this prefix and
+# hold the whole event in one JSON attribute (one attribute is much cheaper to record than six):
+# {"id": event id, "type": event type, "seq": n, "key": idempotency key, "parents": [ids],
+#  "payload": payload}. Run and agent are the span's.
 SPAN_EVENT_PREFIX: Final = "agentcap."
+SPAN_EVENT_RECORD: Final = "agentcap.event"

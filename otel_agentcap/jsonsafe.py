@@ -93,7 +93,7 @@ def to_jsonable(value: Any, _depth: int = 0) -> Any:
     if isinstance(value, Mapping):
         out: dict[str, Any] = {}
         for key, item in value.items():
-            skey = key if isinstance(key, str) else str(key)
+            skey = _json_key(key)
             out[_encode_plain(skey) if _bad_str(skey) else skey] = to_jsonable(item, _depth + 1)
         if any(key.startswith(MARKER_PREFIX) for key in out):
             return {"$agentcap.literal": out}
@@ -121,29 +121,33 @@ def to_jsonable(value: Any, _depth: int = 0) -> Any:
     return _repr(value)
 
 
-def _is_plain(value: Any, depth: int = 0) -> bool:
-    """True if ``to_jsonable(value)`` would return ``value`` unchanged (up to tuples becoming
-    lists), so ``json.dumps`` can encode it directly. Exact type checks keep subclasses, enums
-    and the like on the general path."""
-    t = type(value)
-    if t is str:
-        return "\x00" not in value and (value.isascii() or not _bad_str(value))
-    if value is None or t is int or t is bool:
-        return True
-    if t is float:
-        return math.isfinite(value)
-    if depth >= _MAX_DEPTH:
+# One encoder for every call: json.dumps with non-default options builds a new one each time.
+_encode = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode
+
+
+def _json_key(key: Any) -> str:
+    """A dict key as ``json.dumps`` writes it (``True`` -> ``"true"``, ``None`` -> ``"null"``),
+    so the fast and the general path of :func:`dumps` agree."""
+    if isinstance(key, str):
+        return key
+    if key is True or key is False or key is None:
+        return json.dumps(key)
+    return str(key)
+
+
+def _jsonb_safe(text: str) -> bool:
+    """Whether JSON text produced by ``json.dumps(ensure_ascii=False)`` can go to jsonb as is:
+    no NUL escape, no lone surrogate, no key or string that could read as one of our markers.
+    (A literal backslash-u0000 in user text also fails this; it then takes the general path.)"""
+    if "\\u0000" in text or '"$agentcap.' in text:
         return False
-    if t is dict:
-        for key, item in value.items():
-            if type(key) is not str or key.startswith(MARKER_PREFIX) or not _is_plain(key):
-                return False
-            if not _is_plain(item, depth + 1):
-                return False
+    if text.isascii():
         return True
-    if t is list or t is tuple:
-        return all(_is_plain(item, depth + 1) for item in value)
-    return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def dumps(value: Any, max_chars: int = DEFAULT_MAX_PAYLOAD_CHARS) -> str:
@@ -153,8 +157,15 @@ def dumps(value: Any, max_chars: int = DEFAULT_MAX_PAYLOAD_CHARS) -> str:
     the first ``max_chars // 2`` characters, so huge payloads are recorded, bounded, and visible.
     """
     try:
-        plain = value if _is_plain(value) else to_jsonable(value)
-        text = json.dumps(plain, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+        # Fast path: most payloads are plain JSON; json.dumps in C plus a scan of its output is
+        # far cheaper than walking the value in Python. Anything else takes the general path.
+        text = _encode(value)
+        fast = _jsonb_safe(text)
+    except (TypeError, ValueError, RecursionError):
+        fast = False
+    try:
+        if not fast:
+            text = _encode(to_jsonable(value))
     except Exception as exc:  # recursion limits and the like: keep a record rather than nothing
         text = json.dumps({"$agentcap.error": f"{type(exc).__name__}: could not encode payload"})
     if len(text) > max_chars:

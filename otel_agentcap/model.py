@@ -10,7 +10,7 @@ import hashlib
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 #: Namespace of deterministic event ids: ``uuid5(EVENT_NAMESPACE, run \x1f agent \x1f key)``.
 EVENT_NAMESPACE: Final = uuid.UUID("5b0f6f7e-3c55-4d2b-9a51-6a3d7f0c2e11")
@@ -74,8 +74,7 @@ def event_id_for(run_id: str, agent_id: str, idempotency_key: str) -> str:
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
-@dataclass(frozen=True, slots=True)
-class EventRef:
+class EventRef(NamedTuple):
     """Enough of an event to name it as a causal parent: its id and its sequence."""
 
     event_id: str

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from opentelemetry.util.types import AttributeValue
 
@@ -12,8 +12,7 @@ from otel_agentcap.context import AgentContext, ambient_causal_parents
 from otel_agentcap.model import EventRef, event_id_for
 
 
-@dataclass(frozen=True, slots=True)
-class Stamp:
+class Stamp(NamedTuple):
     """The identity of one captured event, fixed when the operation starts."""
 
     run_id: str

@@ -139,10 +139,10 @@ def test_user_dict_never_reads_as_a_marker():
 
 
 def test_deep_nesting_is_bounded():
-    """Nesting deeper than the limit is cut with a repr marker rather than failing."""
+    """Nesting deeper than json can encode is cut with a repr marker rather than failing."""
     deep: list[object] = []
     cur = deep
-    for _ in range(200):
+    for _ in range(5000):
         nxt: list[object] = []
         cur.append(nxt)
         cur = nxt
@@ -246,12 +246,9 @@ def test_fast_path_matches_general_encoding(value):
     assert jsonsafe.dumps(value, max_chars=10**9) == expected
 
 
-def test_fast_path_respects_depth_limit_and_key_types():
-    """Deep plain nesting, bool keys and marker keys encode as the general path does."""
-    deep: object = 1
-    for _ in range(70):
-        deep = [deep]
-    for value in [deep, {True: 1, None: 2}, {"$agentcap.x": 1, "y": 2}, ("a", ("b",))]:
+def test_fast_path_agrees_with_general_path_on_keys():
+    """Bool and None keys, marker keys and tuples encode as the general path does."""
+    for value in [{True: 1, None: 2}, {"$agentcap.x": 1, "y": 2}, ("a", ("b",)), {1.5: "x"}]:
         expected = json.dumps(
             jsonsafe.to_jsonable(value), ensure_ascii=False, allow_nan=False, separators=(",", ":")
         )

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import threading
 import uuid
 from collections import defaultdict
@@ -59,10 +60,12 @@ class ProgramOrder(SpanProcessor):
             self._add(a[attr.RUN_ID], a[attr.AGENT_ID], a[attr.EVENT_SEQ])
 
     def on_end(self, span: ReadableSpan) -> None:
+        owner = span.attributes or {}  # span events take run and agent from their span
         for event in span.events:
             a = event.attributes or {}
-            if event.name.startswith(attr.SPAN_EVENT_PREFIX) and attr.EVENT_SEQ in a:
-                self._add(a[attr.RUN_ID], a[attr.AGENT_ID], a[attr.EVENT_SEQ])
+            if event.name.startswith(attr.SPAN_EVENT_PREFIX) and attr.SPAN_EVENT_RECORD in a:
+                record = json.loads(str(a[attr.SPAN_EVENT_RECORD]))
+                self._add(owner[attr.RUN_ID], owner[attr.AGENT_ID], record["seq"])
 
 
 _order = ProgramOrder()

@@ -351,3 +351,27 @@ def test_tool_in_cancelled_agent_raises_agent_cancelled():
         finally:
             reset_agent(token)
     assert calls.n == 0
+
+
+def test_registry_keeps_a_bounded_number_of_finished_outcomes():
+    """Finished outcomes beyond the bound are forgotten oldest first; recent ones still replay."""
+    from otel_agentcap.capture.tools import invocations
+
+    calls: list[int] = []
+
+    @oa.tool
+    def count(x: int) -> int:
+        calls.append(x)
+        return x
+
+    saved = invocations.max_completed
+    invocations.max_completed = 3
+    try:
+        with oa.run(f"bounded-{uuid.uuid4().hex[:8]}"), oa.agent("a"):
+            for i in range(5):
+                count.invoke(f"c{i}", i)
+            assert count.invoke("c4", 99) == 4  # recent: replayed, body not run
+            assert count.invoke("c0", 0) == 0  # evicted: runs again
+    finally:
+        invocations.max_completed = saved
+    assert calls == [0, 1, 2, 3, 4, 0]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -19,6 +20,8 @@ _logger = logging.getLogger("otel_agentcap")
 
 tracer = trace.get_tracer("otel_agentcap", __version__)
 
+_escape = json.encoder.encode_basestring_ascii
+
 
 def event_attributes(
     stamp: Stamp, payload: Any, extra: dict[str, AttributeValue] | None = None
@@ -27,7 +30,7 @@ def event_attributes(
     attributes[attr.GEN_AI_AGENT_ID] = stamp.agent_id
     attributes[attr.GEN_AI_AGENT_NAME] = stamp.agent_name
     attributes[attr.EVENT_PAYLOAD] = jsonsafe.dumps(payload)
-    if extra:
+    if extra is not None:
         attributes.update(extra)
     return attributes
 
@@ -51,9 +54,20 @@ def start_event_span(
 
 
 def add_event(span: Span, stamp: Stamp, payload: Any) -> None:
-    """Record a further event of the operation ``span`` covers, as a span event. Never raises."""
+    """Record a further event of the operation ``span`` covers, as a span event of the same
+    agent holding the event as one JSON attribute (see ``attributes.SPAN_EVENT_RECORD``).
+    Never raises."""
     try:
-        span.add_event(attr.SPAN_EVENT_PREFIX + stamp.event_type, event_attributes(stamp, payload))
+        # Built by hand: event and parent ids are UUID strings and the type is ours, so only the
+        # key needs escaping; the payload is JSON text already and is embedded, not re-encoded.
+        parents = '","'.join(stamp.causal_parent_ids)
+        record = (
+            f'{{"id":"{stamp.event_id}","type":"{stamp.event_type}","seq":{stamp.seq},'
+            f'"key":{_escape(stamp.idempotency_key)},'
+            f'"parents":{f"""["{parents}"]""" if parents else "[]"},'
+            f'"payload":{jsonsafe.dumps(payload)}}}'
+        )
+        span.add_event(attr.SPAN_EVENT_PREFIX + stamp.event_type, {attr.SPAN_EVENT_RECORD: record})
     except Exception:
         _logger.exception("agentcap: could not record %s", stamp.event_type)
 

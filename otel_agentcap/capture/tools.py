@@ -4,13 +4,17 @@ exactly-once execution per (run, agent, invocation id)."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import copy
 import functools
 import inspect
 import threading
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Generic, ParamSpec, TypeVar, cast, overload
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
 
 from otel_agentcap import attributes as attr
 from otel_agentcap.capture import _telemetry as tel
@@ -21,12 +25,14 @@ from otel_agentcap.stamping import stamp
 P = ParamSpec("P")
 R = TypeVar("R")
 
+DEFAULT_MAX_COMPLETED = 100_000
 
-@dataclass(eq=False)
+
+@dataclass(eq=False, slots=True)
 class _Invocation:
     """The one execution of a tool invocation; retries wait on it and share its outcome."""
 
-    done: threading.Event = field(default_factory=threading.Event)
+    done: bool = False
     result: Any = None
     error: BaseException | None = None
     invocation_event: EventRef | None = None
@@ -41,12 +47,38 @@ class InvocationRegistry:
     """Outcomes of tool invocations in this process, keyed by (run, agent, invocation id).
 
     Scoping by run and agent means one agent's retry never gets another agent's result.
+    At most ``max_completed`` finished outcomes are kept (oldest forgotten first), so a
+    long-running process does not grow without bound; running invocations are never evicted.
+    Waiters share one condition instead of an event per invocation.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, max_completed: int = DEFAULT_MAX_COMPLETED) -> None:
         self._lock = threading.Lock()
+        self._finished = threading.Condition(self._lock)
         self._entries: dict[tuple[str, str, str], _Invocation] = {}
+        self._completed: collections.OrderedDict[tuple[str, str, str], None] = (
+            collections.OrderedDict()
+        )
         self._interruptions: dict[tuple[str, str, str], int] = {}
+        self.max_completed = max_completed
+
+    def complete(self, key: tuple[str, str, str], entry: _Invocation) -> None:
+        """Publish the outcome stored on ``entry`` and wake the waiters."""
+        with self._lock:
+            entry.done = True
+            if self._entries.get(key) is entry:
+                self._completed[key] = None
+                while len(self._completed) > self.max_completed:
+                    old, _ = self._completed.popitem(last=False)
+                    self._entries.pop(old, None)
+            self._finished.notify_all()
+
+    def wait(self, entry: _Invocation, timeout: float | None = None) -> bool:
+        """Wait until ``entry`` is done; returns whether it is."""
+        with self._lock:
+            if not entry.done:
+                self._finished.wait_for(lambda: entry.done, timeout)
+            return entry.done
 
     def claim(self, key: tuple[str, str, str]) -> tuple[_Invocation, bool]:
         """Return the invocation for ``key`` and whether the caller owns its execution."""
@@ -59,10 +91,14 @@ class InvocationRegistry:
             return entry, True
 
     def release(self, key: tuple[str, str, str], entry: _Invocation) -> None:
+        """Forget an interrupted attempt, so the next call runs the tool again."""
         with self._lock:
+            entry.interrupted = True
+            entry.done = True
             if self._entries.get(key) is entry:
                 del self._entries[key]
                 self._interruptions[key] = entry.attempt
+            self._finished.notify_all()
 
     def lookup(self, key: tuple[str, str, str]) -> _Invocation | None:
         with self._lock:
@@ -72,6 +108,7 @@ class InvocationRegistry:
         with self._lock:
             for key in [k for k in self._entries if k[0] == run_id]:
                 del self._entries[key]
+                self._completed.pop(key, None)
             for key in [k for k in self._interruptions if k[0] == run_id]:
                 del self._interruptions[key]
 
@@ -98,6 +135,15 @@ class Tool(Generic[P, R]):
         self.name = validate_id(name if name is not None else fn.__name__, "tool name")
         self.signature = inspect.signature(fn)
         self.is_async = inspect.iscoroutinefunction(fn)
+        # Names of leading plain positional parameters: binding a call that passes only those
+        # (the common case) is a zip, not a full Signature.bind.
+        simple: list[str] = []
+        for param in self.signature.parameters.values():
+            if param.kind not in (param.POSITIONAL_ONLY, param.POSITIONAL_OR_KEYWORD):
+                break
+            simple.append(param.name)
+        self._positional_names = tuple(simple)
+        self._span_name = f"execute_tool {self.name}"
         functools.update_wrapper(self, fn)
 
     def __repr__(self) -> str:
@@ -122,9 +168,16 @@ class Tool(Generic[P, R]):
         return self._call(invocation_id, args, kwargs)
 
     def _arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        names = self._positional_names
+        if len(args) <= len(names):
+            fast = dict(zip(names, args, strict=False))
+            if not kwargs:
+                return fast
+            if all(name in names and name not in fast for name in kwargs):
+                fast.update(kwargs)
+                return fast
         try:
-            bound = self.signature.bind_partial(*args, **kwargs)
-            return dict(bound.arguments)
+            return dict(self.signature.bind_partial(*args, **kwargs).arguments)
         except TypeError:
             return {"args": list(args), "kwargs": kwargs}
 
@@ -143,7 +196,7 @@ class Tool(Generic[P, R]):
             entry, owner = invocations.claim(key)
             if owner:
                 return self._run_new(ctx, (key, entry), args, kwargs)
-            entry.done.wait()
+            invocations.wait(entry)
             if not entry.interrupted:
                 return cast(R, _replay(entry))
 
@@ -159,8 +212,8 @@ class Tool(Generic[P, R]):
             entry, owner = invocations.claim(key)
             if owner:
                 return await cast(Awaitable[Any], self._run_new(ctx, (key, entry), args, kwargs))
-            while not entry.done.is_set():
-                await asyncio.to_thread(entry.done.wait, 0.5)
+            while not entry.done:
+                await asyncio.to_thread(invocations.wait, entry, 0.5)
             if not entry.interrupted:
                 return _replay(entry)
 
@@ -194,38 +247,34 @@ class Tool(Generic[P, R]):
             "invocation_id": call_id,
             "arguments": self._arguments(args, kwargs),
         }
-        span = tel.start_event_span(f"execute_tool {self.name}", start, payload, extra)
+        span = tel.start_event_span(self._span_name, start, payload, extra)
         if entry is not None:
             entry.invocation_event = start.ref
         finisher = _Finisher(ctx, self.name, call_id, key, span, start.ref, claim)
-        from opentelemetry import trace
-
         if self.is_async:
             return cast(R, self._run_async(finisher, span, args, kwargs))
+        token = otel_context.attach(trace.set_span_in_context(span))
         try:
-            with trace.use_span(
-                span, end_on_exit=False, record_exception=False, set_status_on_exception=False
-            ):
-                result = self.fn(*args, **kwargs)
+            result = self.fn(*args, **kwargs)
         except BaseException as error:
+            otel_context.detach(token)
             finisher.failed(error)
             raise
+        otel_context.detach(token)
         finisher.succeeded(result)
         return result
 
     async def _run_async(
         self, finisher: _Finisher, span: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
-        from opentelemetry import trace
-
+        token = otel_context.attach(trace.set_span_in_context(span))
         try:
-            with trace.use_span(
-                span, end_on_exit=False, record_exception=False, set_status_on_exception=False
-            ):
-                result = await cast(Callable[..., Awaitable[Any]], self.fn)(*args, **kwargs)
+            result = await cast(Callable[..., Awaitable[Any]], self.fn)(*args, **kwargs)
         except BaseException as error:
+            otel_context.detach(token)
             finisher.failed(error)
             raise
+        otel_context.detach(token)
         finisher.succeeded(result)
         return result
 
@@ -252,10 +301,10 @@ class _Finisher:
         )
         tel.end_span(self.span)
         if self.claim is not None:
-            entry = self.claim[1]
+            key, entry = self.claim
             entry.result = result
             entry.result_event = done.ref
-            entry.done.set()
+            invocations.complete(key, entry)
 
     def failed(self, error: BaseException) -> None:
         failed = stamp(
@@ -273,11 +322,10 @@ class _Finisher:
         if isinstance(error, Exception):
             entry.error = error
             entry.result_event = failed.ref
+            invocations.complete(key, entry)
         else:
             # Cancelled or interrupted, not failed: let the next call run the tool.
-            entry.interrupted = True
             invocations.release(key, entry)
-        entry.done.set()
 
 
 @overload
