@@ -34,6 +34,7 @@ from otel_agentcap.errors import (
     SpawnConflictError,
 )
 from otel_agentcap.model import Event, EventRef, EventType
+from otel_agentcap.tool_uses import arun_tool_uses, run_tool_uses
 from otel_agentcap.version import __version__
 
 __all__ = [
@@ -54,11 +55,13 @@ __all__ = [
     "Tool",
     "__version__",
     "agent",
+    "arun_tool_uses",
     "caused_by",
     "current_agent",
     "current_execution",
     "current_run",
     "run",
+    "run_tool_uses",
     "spawn",
     "start_thread",
     "tool",

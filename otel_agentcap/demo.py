@@ -1,21 +1,39 @@
-"""The demo program: a planner that spawns researcher agents across threads and asyncio tasks.
+"""The demo program: a multi-agent research workflow that calls a model.
 
-Researchers run captured tools and write findings to shared memory; one tool fails (recorded and
-handled), one agent times out (recorded and rolled back), and a writer agent reads every finding.
-It records through whatever TracerProvider is configured; ``otel-agentcap demo`` configures the
-PostgreSQL event log first.
+A planner asks the model for a plan and spawns researcher agents, in worker threads and as asyncio
+tasks. Each researcher calls the model, runs the ``tool_use`` blocks of its answer through captured
+tools (:func:`otel_agentcap.run_tool_uses`), sends the results back and writes the model's finding
+to shared memory. One tool fails (recorded, and sent back as an ``is_error`` tool_result), one
+researcher times out (recorded and rolled back), and a writer agent reads every finding and streams
+the final answer.
+
+By default the model is a local :class:`~otel_agentcap.testing.messages_server.MessagesServer`
+started by the demo (real HTTP, no network); with ``live=True`` and ``ANTHROPIC_API_KEY`` set it
+calls the real API. It records through whatever TracerProvider is configured (``otel-agentcap
+demo`` configures the PostgreSQL event log first) and instruments the anthropic SDK for causal
+links if nobody did.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import random
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass, field
+from typing import Any
 
 import otel_agentcap as ac
 
 TOPICS = ("lamport clocks", "idempotency keys", "write-ahead logs", "span links")
+MODEL = "claude-sonnet-4-5"
+LIVE_MODEL = os.environ.get("AGENTCAP_DEMO_MODEL", "claude-sonnet-4-5")
+
+PLANNER_SYSTEM = "You are the planner. Reply with one research topic per line, nothing else."
+RESEARCHER_SYSTEM = "You are a researcher. Use the tools, then answer with one short finding."
+WRITER_SYSTEM = "You are the writer. Turn the findings into a short report."
 
 
 @dataclass
@@ -25,6 +43,7 @@ class DemoResult:
     failed_tools: int = 0
     timed_out_agents: list[str] = field(default_factory=list)
     report: str = ""
+    model_calls: int = 0
 
 
 memory = ac.Memory("demo")
@@ -54,25 +73,140 @@ async def asearch(topic: str) -> list[str]:
     return [f"{topic}: async source"]
 
 
-def research(topic: str) -> None:
-    """A researcher in a worker thread."""
+TOOL_DEFINITIONS: list[dict[str, Any]] = [
+    {
+        "name": "search",
+        "description": "Search sources about a topic.",
+        "input_schema": {
+            "type": "object",
+            "properties": {"topic": {"type": "string"}, "depth": {"type": "integer"}},
+            "required": ["topic"],
+        },
+    },
+    {
+        "name": "asearch",
+        "description": "Search sources about a topic (async backend).",
+        "input_schema": {
+            "type": "object",
+            "properties": {"topic": {"type": "string"}},
+            "required": ["topic"],
+        },
+    },
+    {
+        "name": "fetch_paywalled",
+        "description": "Fetch a document by URL.",
+        "input_schema": {
+            "type": "object",
+            "properties": {"url": {"type": "string"}},
+            "required": ["url"],
+        },
+    },
+]
+
+
+# --------------------------------------------------------------------------- the scripted model
+
+
+def _text_of(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    parts = []
+    for block in content or ():
+        if isinstance(block, dict):
+            if block.get("type") == "text":
+                parts.append(str(block.get("text", "")))
+            elif block.get("type") == "tool_result":
+                parts.append(str(block.get("content", "")))
+    return " ".join(parts)
+
+
+def _respond(body: dict[str, Any]) -> Any:
+    """The local model: answers planner, researcher and writer requests like a cooperative LLM."""
+    from otel_agentcap.testing.messages_server import text_reply, tool_use_reply
+
+    system = str(body.get("system", ""))
+    messages = body.get("messages") or []
+    last = messages[-1] if messages else {}
+    prompt = _text_of(last.get("content"))
+    if system == PLANNER_SYSTEM:
+        return text_reply("\n".join(TOPICS), input_tokens=40, output_tokens=16, cache_read=32)
+    if system == WRITER_SYSTEM:
+        return text_reply(
+            "Report. " + prompt[:300], input_tokens=120, output_tokens=60, text_chunks=12
+        )
+    if isinstance(last.get("content"), list):  # tool results came back
+        return text_reply(f"Finding: {prompt[:160]}", input_tokens=90, output_tokens=30)
+    topic = prompt.removeprefix("Research: ").strip()
+    if topic.startswith(("write-ahead", "span")):
+        calls: list[tuple[str, dict[str, Any]]] = [
+            ("asearch", {"topic": topic}),
+            ("fetch_paywalled", {"url": f"https://example.invalid/{topic.replace(' ', '-')}"}),
+        ]
+    else:
+        calls = [("search", {"topic": topic, "depth": 2})]
+    return tool_use_reply(calls, input_tokens=60, output_tokens=25)
+
+
+# --------------------------------------------------------------------------- agents
+
+
+def _ask(client: Any, system: str, messages: list[dict[str, Any]], **extra: Any) -> Any:
+    return client.messages.create(
+        model=_model(client), max_tokens=512, system=system, messages=messages, **extra
+    )
+
+
+def _model(client: Any) -> str:
+    return str(getattr(client, "_agentcap_demo_model", MODEL))
+
+
+def _final_text(message: Any) -> str:
+    return "".join(getattr(block, "text", "") for block in message.content).strip()
+
+
+def research(client: Any, topic: str) -> None:
+    """A researcher in a worker thread: model -> tools -> model, finding to memory."""
     execution = ac.current_execution()
     assert execution is not None
-    snippets = search.invoke(f"search:{topic}", topic, depth=2)
-    # An application-level retry of the same invocation: returns the recorded result.
-    assert search.invoke(f"search:{topic}", topic, depth=2) == snippets
-    execution.state["snippets"] = snippets
-    memory[f"finding:{topic}"] = summarize(snippets)
+    messages: list[dict[str, Any]] = [{"role": "user", "content": f"Research: {topic}"}]
+    first = _ask(client, RESEARCHER_SYSTEM, messages, tools=TOOL_DEFINITIONS)
+    results = ac.run_tool_uses(first, [search, summarize, fetch_paywalled])
+    # An application-level retry of the same tool_use returns the recorded result.
+    assert ac.run_tool_uses(first, [search, summarize, fetch_paywalled]) == results
+    execution.state["tool_results"] = len(results)
+    if results:
+        messages += [
+            {"role": "assistant", "content": [b.model_dump() for b in first.content]},
+            {"role": "user", "content": results},
+        ]
+        answer = _ask(client, RESEARCHER_SYSTEM, messages, tools=TOOL_DEFINITIONS)
+    else:
+        answer = first
+    memory[f"finding:{topic}"] = _final_text(answer)
 
 
-async def research_async(topic: str) -> None:
-    """A researcher as an asyncio task."""
-    snippets = await asearch.invoke(f"asearch:{topic}", topic)
-    try:
-        fetch_paywalled(f"https://example.invalid/{topic}")
-    except PermissionError:
-        snippets.append("paywalled source skipped")
-    memory[f"finding:{topic}"] = summarize(snippets)
+async def research_async(aclient: Any, topic: str) -> int:
+    """A researcher as an asyncio task; returns how many of its tools failed."""
+    messages: list[dict[str, Any]] = [{"role": "user", "content": f"Research: {topic}"}]
+    first = await aclient.messages.create(
+        model=_model(aclient),
+        max_tokens=512,
+        system=RESEARCHER_SYSTEM,
+        messages=messages,
+        tools=TOOL_DEFINITIONS,
+    )
+    results = await ac.arun_tool_uses(first, [asearch, fetch_paywalled, search])
+    failed = sum(1 for r in results if r.get("is_error"))
+    if results:
+        messages += [
+            {"role": "assistant", "content": [b.model_dump() for b in first.content]},
+            {"role": "user", "content": results},
+        ]
+        first = await aclient.messages.create(
+            model=_model(aclient), max_tokens=512, system=RESEARCHER_SYSTEM, messages=messages
+        )
+    memory[f"finding:{topic}"] = _final_text(first)
+    return failed
 
 
 def stuck_researcher() -> None:
@@ -84,53 +218,110 @@ def stuck_researcher() -> None:
     memory["finding:never"] = "must not be written"  # raises AgentCancelled: the agent timed out
 
 
-def write_report(topics: list[str]) -> str:
+def write_report(client: Any, topics: list[str]) -> str:
+    """The writer: reads every finding and streams the final answer."""
     lines = []
     for topic in topics:
         found = memory.lookup(f"finding:{topic}")
         lines.append(f"- {topic}: {found.value if found.found else '(missing)'}")
-    report = "\n".join(lines)
+    with client.messages.stream(
+        model=_model(client),
+        max_tokens=512,
+        system=WRITER_SYSTEM,
+        messages=[{"role": "user", "content": "\n".join(lines)}],
+    ) as stream:
+        report = "".join(stream.text_stream)
     memory["report"] = report
     return report
 
 
-async def _async_researchers(planner: ac.AgentExecution, topics: list[str]) -> None:
-    async def one(topic: str) -> None:
+def _plan(client: Any) -> list[str]:
+    answer = _ask(client, PLANNER_SYSTEM, [{"role": "user", "content": "Plan the research."}])
+    topics = [line.strip("-* ").strip() for line in _final_text(answer).splitlines()]
+    topics = [t for t in topics if t][: len(TOPICS)]
+    return topics if len(topics) >= 2 else list(TOPICS)
+
+
+async def _async_researchers(planner: ac.AgentExecution, aclient: Any, topics: list[str]) -> int:
+    async def one(topic: str) -> int:
         child = planner.spawn("researcher", key=f"researcher:{topic}")
-        await child.arun(research_async, topic, timeout=5)
+        return await child.arun(research_async, aclient, topic, timeout=30)
 
-    await asyncio.gather(*(one(topic) for topic in topics))
+    return sum(await asyncio.gather(*(one(topic) for topic in topics)))
 
 
-def run_demo(run_id: str | None = None) -> DemoResult:
+def _clients(stack: ExitStack, live: bool) -> tuple[Any, Any]:
+    import anthropic
+
+    if live:
+        if not os.environ.get("ANTHROPIC_API_KEY"):
+            raise RuntimeError("--live needs ANTHROPIC_API_KEY")
+        client = anthropic.Anthropic()
+        aclient = anthropic.AsyncAnthropic()
+        model = LIVE_MODEL
+    else:
+        from otel_agentcap.testing.messages_server import MessagesServer
+
+        server = stack.enter_context(MessagesServer(default_reply=_respond))
+        client = anthropic.Anthropic(base_url=server.base_url, api_key="demo-key", max_retries=0)
+        aclient = anthropic.AsyncAnthropic(
+            base_url=server.base_url, api_key="demo-key", max_retries=0
+        )
+        model = MODEL
+    for cli in (client, aclient):
+        setattr(cli, "_agentcap_demo_model", model)  # noqa: B010
+    stack.callback(client.close)
+    return client, aclient
+
+
+def _instrument(stack: ExitStack) -> None:
+    from otel_agentcap.instrumentation.anthropic import AnthropicInstrumentor
+
+    instrumentor = AnthropicInstrumentor()
+    if not instrumentor.is_instrumented_by_opentelemetry:
+        instrumentor.instrument()
+        stack.callback(instrumentor.uninstrument)
+
+
+def run_demo(run_id: str | None = None, *, live: bool = False) -> DemoResult:
     """Run the demo once; returns what happened. Safe to call again with the same run id."""
-    thread_topics = list(TOPICS[:2])
-    async_topics = list(TOPICS[2:])
-    with ac.run(run_id) as run:
-        result = DemoResult(run.run_id)
-        with ac.agent("planner") as planner:
-            memory["plan"] = thread_topics + async_topics
-            workers = {
-                topic: planner.spawn("researcher", key=f"researcher:{topic}")
-                for topic in thread_topics
-            }
-            with ac.ContextThreadPoolExecutor(max_workers=2) as pool:
-                futures = [
-                    pool.submit(workers[t].run, research, t, timeout=5) for t in thread_topics
-                ]
-                for future in futures:
-                    future.result()
-            asyncio.run(_async_researchers(planner, async_topics))
-            result.failed_tools = len(async_topics)
-            slow = planner.spawn("researcher", key="researcher:slow")
-            try:
-                slow.run(stuck_researcher, timeout=0.1)
-            except ac.AgentTimeoutError:
-                result.timed_out_agents.append(slow.agent_id)
-            writer = planner.spawn("writer")
-            result.report = writer.run(write_report, thread_topics + async_topics)
-            for topic in thread_topics + async_topics:
-                result.findings[topic] = str(memory.get(f"finding:{topic}"))
-        # Give the stuck thread time to hit its cancellation, so its attempt is on record too.
-        time.sleep(0.5)
+    with ExitStack() as stack:
+        _instrument(stack)
+        client, aclient = _clients(stack, live)
+        with ac.run(run_id) as run:
+            result = DemoResult(run.run_id)
+            with ac.agent("planner") as planner:
+                topics = _plan(client)
+                memory["plan"] = topics
+                thread_topics, async_topics = topics[:2], topics[2:]
+                workers = {
+                    topic: planner.spawn("researcher", key=f"researcher:{topic}")
+                    for topic in thread_topics
+                }
+                with ac.ContextThreadPoolExecutor(max_workers=2) as pool:
+                    futures = [
+                        pool.submit(workers[t].run, research, client, t, timeout=30)
+                        for t in thread_topics
+                    ]
+                    for future in futures:
+                        future.result()
+                result.failed_tools = asyncio.run(
+                    _async_researchers(planner, aclient, async_topics)
+                )
+                slow = planner.spawn("researcher", key="researcher:slow")
+                try:
+                    slow.run(stuck_researcher, timeout=0.1)
+                except ac.AgentTimeoutError:
+                    result.timed_out_agents.append(slow.agent_id)
+                writer = planner.spawn("writer")
+                result.report = writer.run(write_report, client, topics)
+                for topic in topics:
+                    result.findings[topic] = str(memory.get(f"finding:{topic}"))
+            # Give the stuck thread time to hit its cancellation, so its attempt is on record.
+            time.sleep(0.5)
     return result
+
+
+if __name__ == "__main__":  # pragma: no cover
+    outcome = run_demo()
+    print(json.dumps({"run_id": outcome.run_id, "report": outcome.report}, indent=2))

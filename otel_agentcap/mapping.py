@@ -16,6 +16,7 @@ from opentelemetry.util.types import AttributeValue
 from otel_agentcap import attributes as attr
 from otel_agentcap import jsonsafe
 from otel_agentcap.model import AgentRecord, Batch, Event, EventType, RunRecord
+from otel_agentcap.model_calls import SUPERSEDED, model_call_payload
 
 
 class _SpanContextLike(Protocol):
@@ -64,18 +65,17 @@ def _time(ns: int | None) -> datetime:
 
 
 def _model_call_payload(span: SpanLike, attributes: Mapping[str, AttributeValue]) -> dict[str, Any]:
-    """A model-call span's GenAI attributes as the event payload (content only where present,
-    which is only when the user opted in to content capture)."""
-    payload: dict[str, Any] = {"span_name": span.name}
-    for key, value in attributes.items():
-        if key.startswith(("gen_ai.", "anthropic.")) or key in (
-            attr.ERROR_TYPE,
-            "http.response.status_code",
-        ):
-            payload[key] = list(value) if isinstance(value, tuple) else value
-    if span.start_time is not None and span.end_time is not None:
-        payload["latency_ms"] = round((span.end_time - span.start_time) / 1e6, 3)
-    return payload
+    """A model-call span as the event payload (see :mod:`otel_agentcap.model_calls` for the keys;
+    content only where present, which is only when the user opted in to content capture)."""
+    scope = getattr(span, "instrumentation_scope", None)
+    return model_call_payload(
+        span.name,
+        attributes,
+        start_time=span.start_time,
+        end_time=span.end_time,
+        status=getattr(span, "status", None),
+        scope=getattr(scope, "name", None),
+    )
 
 
 def _event(
@@ -85,6 +85,7 @@ def _event(
     span_id: str | None,
     payload: Any,
 ) -> Event | None:
+    """The primary event of a span, from its stamp attributes."""
     event_id = attributes.get(attr.EVENT_ID)
     if not isinstance(event_id, str):
         return None
@@ -104,9 +105,60 @@ def _event(
     )
 
 
+_PAYLOAD_SEPARATOR = ',"payload":'
+
+
+def _salvage_record(raw: str) -> dict[str, Any] | None:
+    """Recover a span-event record whose text was cut (e.g. by an attribute length limit): the
+    header before the payload is complete, and the payload is kept as ``$agentcap.unparsed``.
+    The separator cannot occur inside the header's JSON strings, whose quotes are escaped."""
+    index = raw.find(_PAYLOAD_SEPARATOR)
+    if index < 0:
+        return None
+    header = jsonsafe.loads(raw[:index] + "}")
+    if not isinstance(header, dict) or not isinstance(header.get("id"), str):
+        return None
+    header["payload"] = jsonsafe.loads(raw[index + len(_PAYLOAD_SEPARATOR) :])
+    return header
+
+
+def _span_event(
+    span_event: _SpanEventLike,
+    owner: Mapping[str, AttributeValue],
+    trace_id: str | None,
+    span_id: str | None,
+) -> Event | None:
+    """A further event of a span, recorded as one JSON attribute; run and agent are the span's."""
+    raw = (span_event.attributes or {}).get(attr.SPAN_EVENT_RECORD)
+    if not isinstance(raw, str):
+        return None
+    record = jsonsafe.loads(raw)
+    if not isinstance(record, dict) or not isinstance(record.get("id"), str):
+        record = _salvage_record(raw)
+        if record is None:
+            return None
+    try:
+        return Event(
+            event_id=record["id"],
+            run_id=str(owner.get(attr.RUN_ID, "")),
+            agent_id=str(owner.get(attr.AGENT_ID, "")),
+            seq=int(record.get("seq", 0)),
+            event_type=str(record.get("type", "")),
+            idempotency_key=str(record.get("key", "")),
+            wall_time=_time(span_event.timestamp),
+            causal_parent_ids=tuple(str(p) for p in record.get("parents") or ()),
+            payload=record.get("payload"),
+            trace_id=trace_id,
+            span_id=span_id,
+        )
+    except (TypeError, ValueError):
+        return None
+
+
 def events_from_span(span: SpanLike) -> list[Event]:
     attributes = span.attributes or {}
-    if attr.EVENT_ID not in attributes:
+    if attr.EVENT_ID not in attributes or attributes.get(SUPERSEDED):
+        # A superseded span is a second record of a model call that another span holds.
         return []
     ctx = span.context
     trace_id = f"{ctx.trace_id:032x}" if ctx is not None else None
@@ -122,19 +174,10 @@ def events_from_span(span: SpanLike) -> list[Event]:
     if main is not None:
         events.append(main)
     for span_event in span.events:
-        if not span_event.name.startswith(attr.SPAN_EVENT_PREFIX):
-            continue
-        event_attributes = span_event.attributes or {}
-        raw = event_attributes.get(attr.EVENT_PAYLOAD)
-        extra = _event(
-            event_attributes,
-            span_event.timestamp,
-            trace_id,
-            span_id,
-            jsonsafe.loads(str(raw)) if raw is not None else None,
-        )
-        if extra is not None:
-            events.append(extra)
+        if span_event.name.startswith(attr.SPAN_EVENT_PREFIX):
+            extra = _span_event(span_event, attributes, trace_id, span_id)
+            if extra is not None:
+                events.append(extra)
     return events
 
 

@@ -16,17 +16,22 @@ the span is still mutable, on the thread that starts it; ``on_start`` never rais
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import threading
 from collections.abc import Callable, Mapping
 from typing import Final
 
+from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.util.types import AttributeValue
 
 from otel_agentcap import attributes as attr
-from otel_agentcap.context import current_agent
-from otel_agentcap.model import EventType
+from otel_agentcap import causal_links
+from otel_agentcap.context import AgentContext, current_agent
+from otel_agentcap.model import EventRef, EventType
+from otel_agentcap.model_calls import SDK_SCOPE, SUPERSEDED, TOOL_USE_IDS
 from otel_agentcap.stamping import stamp
 
 _logger = logging.getLogger(__name__)
@@ -46,20 +51,54 @@ def classify_genai_span(
     return None
 
 
+def _is_sdk_scope(scope: str | None) -> bool:
+    return scope is not None and scope.startswith(SDK_SCOPE)
+
+
+def _task_key() -> tuple[int, int]:
+    """The thread and asyncio task a span starts in: spans of one call start in one of each."""
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:
+        task = None
+    return threading.get_ident(), id(task) if task is not None else 0
+
+
+class _OpenModelCall:
+    """A model-call span of an add-on instrumentation, open and not yet matched with the SDK's."""
+
+    __slots__ = ("parent_span_id", "span", "span_id")
+
+    def __init__(self, span: Span, parent_span_id: int) -> None:
+        self.span = span
+        self.span_id = span.get_span_context().span_id
+        self.parent_span_id = parent_span_id
+
+
 class AgentCapSpanProcessor(SpanProcessor):
     """Stamps spans started inside an agent. Add it to the TracerProvider before any exporting
-    processor, so exporters see the stamps."""
+    processor, so exporters see the stamps.
+
+    One model call is one event, however many instrumentations record it. Of two model-call spans
+    of the same call (one started while the other is current, or an add-on's span that is not
+    made current followed, in the same thread or task and under the same parent, by the SDK's own
+    span), one keeps the event and the other is marked ``agentcap.event.superseded`` while it is
+    still running, so the mapping skips it: the SDK's span wins, else the inner one. Both carry the
+    same stamp, so the log holds one event whichever is exported.
+    """
 
     def __init__(self, classifiers: tuple[SpanClassifier, ...] = (classify_genai_span,)) -> None:
         self._classifiers = classifiers
+        self._open_lock = threading.Lock()
+        self._open: dict[tuple[int, int], _OpenModelCall] = {}
 
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
         try:
-            self._stamp(span)
+            self._stamp(span, parent_context)
         except Exception:
             _logger.exception("agentcap: could not stamp span %s", getattr(span, "name", "?"))
 
-    def _stamp(self, span: Span) -> None:
+    def _stamp(self, span: Span, parent_context: Context | None = None) -> None:
         attributes = span.attributes or {}
         if attr.EVENT_ID in attributes:
             return  # a capture-API span, stamped when it was created
@@ -82,14 +121,107 @@ class AgentCapSpanProcessor(SpanProcessor):
                 }
             )
             return
+        if event_type == EventType.MODEL_CALL and self._join_model_call(
+            span, ctx, scope, parent_context
+        ):
+            return
         event = stamp(ctx, event_type)
         stamps = event.attributes()
         stamps[attr.GEN_AI_AGENT_ID] = ctx.agent_id
         stamps[attr.GEN_AI_AGENT_NAME] = ctx.name
         span.set_attributes(stamps)
+        if event_type == EventType.MODEL_CALL and not _is_sdk_scope(scope):
+            parent = trace.get_current_span(parent_context)
+            with self._open_lock:
+                if len(self._open) > 10_000:
+                    self._open.clear()
+                self._open[_task_key()] = _OpenModelCall(span, parent.get_span_context().span_id)
+
+    def _join_model_call(
+        self, span: Span, ctx: AgentContext, scope: str | None, parent_context: Context | None
+    ) -> bool:
+        """Give ``span`` the stamp of another span of the same model call, if there is one, and
+        mark whichever of the two loses as superseded. Returns whether it did."""
+        sdk = _is_sdk_scope(scope)
+        parent = trace.get_current_span(parent_context)
+        other: Span | None = None
+        if (
+            isinstance(parent, Span)
+            and parent.is_recording()
+            and (parent.attributes or {}).get(attr.EVENT_TYPE) == EventType.MODEL_CALL
+        ):
+            other = parent
+        elif sdk:
+            key = _task_key()
+            parent_id = parent.get_span_context().span_id
+            with self._open_lock:
+                candidate = self._open.get(key)
+                if (
+                    candidate is not None
+                    and candidate.parent_span_id == parent_id
+                    and candidate.span.is_recording()
+                ):
+                    del self._open[key]
+                    other = candidate.span
+        if other is None:
+            return False
+        theirs = other.attributes or {}
+        if theirs.get(attr.AGENT_ID) != ctx.agent_id or theirs.get(attr.RUN_ID) != ctx.run_id:
+            return False
+        if theirs.get(SUPERSEDED):
+            return False
+        copied = {key: value for key, value in theirs.items() if key.startswith("agentcap.")}
+        copied[attr.GEN_AI_AGENT_ID] = ctx.agent_id
+        copied[attr.GEN_AI_AGENT_NAME] = ctx.name
+        other_scope = other.instrumentation_scope.name if other.instrumentation_scope else None
+        span.set_attributes(copied)
+        if sdk and not _is_sdk_scope(other_scope):
+            other.set_attribute(SUPERSEDED, True)
+        elif other is parent:
+            # The inner span wins unless the outer one is the SDK's.
+            if _is_sdk_scope(other_scope):
+                span.set_attribute(SUPERSEDED, True)
+            else:
+                other.set_attribute(SUPERSEDED, True)
+        else:
+            span.set_attribute(SUPERSEDED, True)
+        return True
 
     def on_end(self, span: ReadableSpan) -> None:
-        return None
+        try:
+            self._remember(span)
+        except Exception:
+            _logger.exception("agentcap: could not index span %s", getattr(span, "name", "?"))
+
+    def _remember(self, span: ReadableSpan) -> None:
+        """Index a finished model call by its response and request ids and the tool_use ids it
+        asked for, so tool runs and later requests can name it as a causal parent."""
+        attributes = span.attributes or {}
+        if attributes.get(attr.EVENT_TYPE) != EventType.MODEL_CALL:
+            return
+        with self._open_lock:
+            for key, entry in list(self._open.items()):
+                if entry.span_id == span.context.span_id:
+                    del self._open[key]
+        if attributes.get(SUPERSEDED):
+            return
+        event_id = attributes.get(attr.EVENT_ID)
+        seq = attributes.get(attr.EVENT_SEQ)
+        run_id = attributes.get(attr.RUN_ID)
+        if not isinstance(event_id, str) or not isinstance(seq, int) or not isinstance(run_id, str):
+            return
+        response_id = attributes.get(attr.GEN_AI_RESPONSE_ID)
+        request_id = attributes.get("anthropic.request.id")
+        tool_use_ids = attributes.get(TOOL_USE_IDS) or ()
+        causal_links.record_model_call(
+            run_id,
+            EventRef(event_id, seq, str(attributes.get(attr.AGENT_ID, ""))),
+            response_id=response_id if isinstance(response_id, str) else None,
+            request_id=request_id if isinstance(request_id, str) else None,
+            tool_use_ids=[str(i) for i in tool_use_ids]
+            if isinstance(tool_use_ids, tuple | list)
+            else (),
+        )
 
     def shutdown(self) -> None:
         return None

@@ -28,8 +28,11 @@ def _summary_fields(event: Event) -> str:
     if event.event_type == EventType.AGENT_ERROR:
         return f"{payload.get('error_type', '')}: {payload.get('message', '')}"[:120]
     if event.event_type == EventType.MODEL_CALL:
-        model = payload.get("gen_ai.response.model") or payload.get("gen_ai.request.model") or ""
-        return str(model)
+        usage = payload.get("usage") if isinstance(payload.get("usage"), dict) else {}
+        tokens = f"{usage.get('input_tokens', '?')} in / {usage.get('output_tokens', '?')} out"
+        tools = payload.get("tool_use_ids") or []
+        asked = f", {len(tools)} tool_use" if tools else ""
+        return f"{payload.get('model', '')} [{payload.get('status', '')}] {tokens}{asked}"
     return ""
 
 

@@ -1,0 +1,224 @@
+"""Per-call overhead of recording anthropic model calls, over an in-process transport.
+
+Measures, in one run, ``messages.create`` non-streamed and streamed (20 text deltas), each
+instrumented minus bare (same client setup, tracing off), median of several rounds:
+
+  (a) the SDK's own tracing alone (SimpleSpanProcessor to a null exporter),
+  (b) (a) plus otel_agentcap: AgentCapSpanProcessor stamping inside an agent, the
+      AnthropicInstrumentor's causal wrapper and tool_use-id hook, and the log mapping
+      (mapping.batch_from_spans) on every exported span,
+  (c) OpenLLMetry's opentelemetry-instrumentation-anthropic alone (SDK tracing off).
+
+Targets: (b) <= 1.3 x (a) and (b) <= 0.5 x (c).  Run: .venv/bin/python bench/bench_anthropic.py
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+
+import anthropic
+import httpx2
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+
+import otel_agentcap as ac
+from otel_agentcap.instrumentation.anthropic import AnthropicInstrumentor
+from otel_agentcap.mapping import batch_from_spans
+from otel_agentcap.processor import AgentCapSpanProcessor
+
+ROUNDS = 5
+CALLS = 200
+MODEL = "claude-bench"
+MESSAGES = [{"role": "user", "content": "Hello"}]
+
+MESSAGE = {
+    "id": "msg_bench",
+    "type": "message",
+    "role": "assistant",
+    "model": MODEL,
+    "content": [{"type": "text", "text": "Hello there, this is a canned answer."}],
+    "stop_reason": "end_turn",
+    "stop_sequence": None,
+    "usage": {
+        "input_tokens": 12,
+        "output_tokens": 20,
+        "cache_read_input_tokens": 4,
+        "cache_creation_input_tokens": 0,
+    },
+}
+
+
+def _sse() -> bytes:
+    def event(name: str, data: dict[str, object]) -> str:
+        return f"event: {name}\ndata: {json.dumps(data)}\n\n"
+
+    start = {
+        **MESSAGE,
+        "content": [],
+        "stop_reason": None,
+        "usage": {"input_tokens": 12, "output_tokens": 1},
+    }
+    parts = [
+        event("message_start", {"type": "message_start", "message": start}),
+        event(
+            "content_block_start",
+            {
+                "type": "content_block_start",
+                "index": 0,
+                "content_block": {"type": "text", "text": ""},
+            },
+        ),
+    ]
+    for i in range(20):
+        parts.append(
+            event(
+                "content_block_delta",
+                {
+                    "type": "content_block_delta",
+                    "index": 0,
+                    "delta": {"type": "text_delta", "text": f"w{i} "},
+                },
+            )
+        )
+    parts += [
+        event("content_block_stop", {"type": "content_block_stop", "index": 0}),
+        event(
+            "message_delta",
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                "usage": {"output_tokens": 20},
+            },
+        ),
+        event("message_stop", {"type": "message_stop"}),
+    ]
+    return "".join(parts).encode()
+
+
+SSE = _sse()
+JSON = json.dumps(MESSAGE).encode()
+
+
+def _handler(request: httpx2.Request) -> httpx2.Response:
+    body = json.loads(request.content)
+    headers = {"request-id": "req_bench"}
+    if body.get("stream"):
+        return httpx2.Response(
+            200, content=SSE, headers={**headers, "content-type": "text/event-stream"}
+        )
+    return httpx2.Response(
+        200, content=JSON, headers={**headers, "content-type": "application/json"}
+    )
+
+
+class NullExporter(SpanExporter):
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        return SpanExportResult.SUCCESS
+
+
+class MappingExporter(SpanExporter):
+    """What the PostgreSQL exporter does before I/O: map spans to log records."""
+
+    def __init__(self) -> None:
+        self.events = 0
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        self.events += len(batch_from_spans(spans).events)
+        return SpanExportResult.SUCCESS
+
+
+def _client(open_telemetry: object) -> anthropic.Anthropic:
+    http_client = httpx2.Client(transport=httpx2.MockTransport(_handler))
+    return anthropic.Anthropic(
+        api_key="bench-key",
+        base_url="http://bench.invalid",
+        http_client=http_client,
+        max_retries=0,
+        open_telemetry=open_telemetry,
+    )  # type: ignore[arg-type]
+
+
+def _plain(client: anthropic.Anthropic) -> None:
+    client.messages.create(model=MODEL, max_tokens=64, messages=MESSAGES)  # type: ignore[arg-type]
+
+
+def _streamed(client: anthropic.Anthropic) -> None:
+    for _ in client.messages.create(
+        model=MODEL,
+        max_tokens=64,
+        messages=MESSAGES,  # type: ignore[arg-type]
+        stream=True,
+    ):
+        pass
+
+
+def _per_call_us(fn: Callable[[anthropic.Anthropic], None], client: anthropic.Anthropic) -> float:
+    for _ in range(20):
+        fn(client)
+    start = time.perf_counter()
+    for _ in range(CALLS):
+        fn(client)
+    return (time.perf_counter() - start) / CALLS * 1e6
+
+
+def main() -> int:
+    bare = _client(False)
+    provider_a = TracerProvider()
+    provider_a.add_span_processor(SimpleSpanProcessor(NullExporter()))
+    client_a = _client({"tracer_provider": provider_a})
+    provider_b = TracerProvider()
+    provider_b.add_span_processor(AgentCapSpanProcessor())
+    mapping = MappingExporter()
+    provider_b.add_span_processor(SimpleSpanProcessor(mapping))
+    client_b = _client({"tracer_provider": provider_b})
+    provider_c = TracerProvider()
+    provider_c.add_span_processor(SimpleSpanProcessor(NullExporter()))
+
+    from opentelemetry.instrumentation.anthropic import AnthropicInstrumentor as OpenLLMetry
+
+    results: dict[str, dict[str, list[float]]] = {
+        kind: {"a": [], "b": [], "c": []} for kind in ("create", "stream")
+    }
+    for _ in range(ROUNDS):
+        for kind, fn in (("create", _plain), ("stream", _streamed)):
+            base = _per_call_us(fn, bare)
+            results[kind]["a"].append(_per_call_us(fn, client_a) - base)
+            ours = AnthropicInstrumentor()
+            ours.instrument()
+            try:
+                with ac.run("bench"), ac.agent("bench"):
+                    base_b = _per_call_us(fn, bare)
+                    results[kind]["b"].append(_per_call_us(fn, client_b) - base_b)
+            finally:
+                ours.uninstrument()
+            openllmetry = OpenLLMetry()
+            openllmetry.instrument(tracer_provider=provider_c)
+            try:
+                base_c = _per_call_us(fn, bare)
+                results[kind]["c"].append(_per_call_us(fn, bare) - base_c)
+            finally:
+                openllmetry.uninstrument()
+    assert mapping.events > 0, "the agentcap path recorded no events"
+    ok = True
+    print(
+        f"per-call overhead, microseconds (instrumented minus bare, median of {ROUNDS} rounds x {CALLS} calls)"
+    )
+    print(
+        f"{'':8} {'(a) SDK':>10} {'(b) +agentcap':>14} {'(c) OpenLLMetry':>16} {'b/a':>6} {'b/c':>6}"
+    )
+    for kind in ("create", "stream"):
+        a, b, c = (statistics.median(results[kind][k]) for k in ("a", "b", "c"))
+        ba = b / a if a > 0 else float("inf")
+        bc = b / c if c > 0 else float("inf")
+        print(f"{kind:8} {a:10.0f} {b:14.0f} {c:16.0f} {ba:6.2f} {bc:6.2f}")
+        ok = ok and ba <= 1.3 and bc <= 0.5
+    print("targets (b <= 1.3 a, b <= 0.5 c):", "met" if ok else "NOT met")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

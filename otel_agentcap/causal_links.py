@@ -1,0 +1,148 @@
+"""Where model calls and tool results meet: bounded, per-run registries that turn the ids the
+Messages API passes around (response ids, ``tool_use`` ids) into the events that recorded them.
+
+* The span processor records each finished ``model_call`` under its response id, request id and the
+  ``tool_use`` ids it asked for.
+* :func:`~otel_agentcap.run_tool_uses` finds the model call of a response there (the causal parent
+  of each tool run) and records each tool's result event under its ``tool_use`` id.
+* The instrumentation's request wrapper finds the ``tool_result`` blocks a request carries and
+  names the recorded result events as causal parents of the model call.
+
+Entries are keyed by run, so one run never links to another's events; each registry keeps the
+most recent :data:`MAX_ENTRIES` entries. Nothing here raises into user code.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable
+from typing import Any, Final
+
+from otel_agentcap.model import EventRef
+
+MAX_ENTRIES: Final = 50_000
+
+
+class _Bounded:
+    """A thread-safe LRU map of at most ``limit`` entries."""
+
+    def __init__(self, limit: int = MAX_ENTRIES) -> None:
+        self._limit = limit
+        self._lock = threading.Lock()
+        self._items: OrderedDict[tuple[str, str], EventRef] = OrderedDict()
+
+    def put(self, key: tuple[str, str], ref: EventRef) -> None:
+        with self._lock:
+            self._items[key] = ref
+            self._items.move_to_end(key)
+            while len(self._items) > self._limit:
+                self._items.popitem(last=False)
+
+    def get(self, key: tuple[str, str]) -> EventRef | None:
+        with self._lock:
+            return self._items.get(key)
+
+    def forget_run(self, run_id: str) -> None:
+        with self._lock:
+            for key in [k for k in self._items if k[0] == run_id]:
+                del self._items[key]
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+
+
+_by_response = _Bounded()
+_by_request = _Bounded()
+_by_tool_use = _Bounded()
+_tool_results = _Bounded()
+
+
+def record_model_call(
+    run_id: str,
+    ref: EventRef,
+    *,
+    response_id: str | None = None,
+    request_id: str | None = None,
+    tool_use_ids: Iterable[str] = (),
+) -> None:
+    """Remember the ``model_call`` event ``ref`` under the ids of its response."""
+    if response_id:
+        _by_response.put((run_id, response_id), ref)
+    if request_id:
+        _by_request.put((run_id, request_id), ref)
+    for tool_use_id in tool_use_ids:
+        _by_tool_use.put((run_id, tool_use_id), ref)
+
+
+def model_call_for_response(run_id: str, response_id: str) -> EventRef | None:
+    return _by_response.get((run_id, response_id))
+
+
+def model_call_for_request(run_id: str, request_id: str) -> EventRef | None:
+    return _by_request.get((run_id, request_id))
+
+
+def model_call_for_tool_use(run_id: str, tool_use_id: str) -> EventRef | None:
+    """The model call whose response asked for ``tool_use_id``."""
+    return _by_tool_use.get((run_id, tool_use_id))
+
+
+def record_tool_result(run_id: str, tool_use_id: str, ref: EventRef) -> None:
+    """Remember ``ref`` as the event that answered ``tool_use_id`` (its result or its error)."""
+    _tool_results.put((run_id, tool_use_id), ref)
+
+
+def tool_result_for(run_id: str, tool_use_id: str) -> EventRef | None:
+    return _tool_results.get((run_id, tool_use_id))
+
+
+def forget_run(run_id: str) -> None:
+    for registry in (_by_response, _by_request, _by_tool_use, _tool_results):
+        registry.forget_run(run_id)
+
+
+def clear() -> None:
+    """Forget everything (tests)."""
+    for registry in (_by_response, _by_request, _by_tool_use, _tool_results):
+        registry.clear()
+
+
+def _get(value: Any, key: str) -> Any:
+    if isinstance(value, dict):
+        return value.get(key)
+    return getattr(value, key, None)
+
+
+def new_tool_result_ids(messages: Any) -> list[str]:
+    """The ``tool_use_id`` of each ``tool_result`` block in the last message of ``messages`` (the
+    results a request sends back now; earlier turns were linked when they were sent)."""
+    try:
+        if not isinstance(messages, list | tuple) or not messages:
+            return []
+        last = messages[-1]
+        if _get(last, "role") != "user":
+            return []
+        content = _get(last, "content")
+        if not isinstance(content, list | tuple):
+            return []
+        ids: list[str] = []
+        for block in content:
+            if _get(block, "type") == "tool_result":
+                tool_use_id = _get(block, "tool_use_id")
+                if isinstance(tool_use_id, str) and tool_use_id not in ids:
+                    ids.append(tool_use_id)
+        return ids
+    except Exception:
+        return []
+
+
+def request_parents(run_id: str, messages: Any) -> tuple[EventRef, ...]:
+    """The recorded tool-result events for the ``tool_result`` blocks a request carries."""
+    parents: list[EventRef] = []
+    for tool_use_id in new_tool_result_ids(messages):
+        ref = tool_result_for(run_id, tool_use_id)
+        if ref is not None and ref not in parents:
+            parents.append(ref)
+    return tuple(parents)

@@ -1,0 +1,75 @@
+"""``ContentStrippingExporter``: send spans to a collector without message content, while the
+event log (a separate exporter on the same provider) keeps it.
+
+    provider.add_span_processor(AgentCapSpanProcessor())
+    provider.add_span_processor(BatchSpanProcessor(PostgresSpanExporter()))          # with content
+    provider.add_span_processor(
+        BatchSpanProcessor(ContentStrippingExporter(OTLPSpanExporter()))              # without
+    )
+
+Removes the attributes that :func:`otel_agentcap.model_calls.is_content_attribute` names (input
+and output messages, system instructions, tool definitions, tool call arguments and results, the
+``gen_ai.prompt.*`` / ``gen_ai.completion.*`` attributes of add-on instrumentations) from spans
+and span events, and with ``strip_payloads=True`` also agentcap's own ``agentcap.event.payload``
+(tool arguments and results, memory values).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from opentelemetry.sdk.trace import Event, ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.util.types import AttributeValue
+
+from otel_agentcap import attributes as attr
+from otel_agentcap.model_calls import is_content_attribute
+
+__all__ = ["ContentStrippingExporter"]
+
+
+class ContentStrippingExporter(SpanExporter):
+    """Wraps ``exporter`` and hands it copies of the spans without content attributes."""
+
+    def __init__(self, exporter: SpanExporter, *, strip_payloads: bool = False) -> None:
+        self._exporter = exporter
+        self._strip_payloads = strip_payloads
+
+    def _keep(self, key: str) -> bool:
+        if is_content_attribute(key):
+            return False
+        return not (self._strip_payloads and key == attr.EVENT_PAYLOAD)
+
+    def _filter(self, attributes: Mapping[str, AttributeValue] | None) -> dict[str, AttributeValue]:
+        return {k: v for k, v in (attributes or {}).items() if self._keep(k)}
+
+    def _strip(self, span: ReadableSpan) -> ReadableSpan:
+        attributes = span.attributes or {}
+        events = span.events
+        if all(self._keep(k) for k in attributes) and all(
+            self._keep(k) for e in events for k in (e.attributes or {})
+        ):
+            return span
+        return ReadableSpan(
+            name=span.name,
+            context=span.context,
+            parent=span.parent,
+            resource=span.resource,
+            attributes=self._filter(attributes),
+            events=[Event(e.name, self._filter(e.attributes), e.timestamp) for e in events],
+            links=span.links,
+            kind=span.kind,
+            status=span.status,
+            start_time=span.start_time,
+            end_time=span.end_time,
+            instrumentation_scope=span.instrumentation_scope,
+        )
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        return self._exporter.export([self._strip(span) for span in spans])
+
+    def shutdown(self) -> None:
+        self._exporter.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self._exporter.force_flush(timeout_millis)

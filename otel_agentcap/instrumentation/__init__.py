@@ -1,0 +1,1 @@
+"""Instrumentations of model-provider SDKs (see :mod:`otel_agentcap.instrumentation.anthropic`)."""

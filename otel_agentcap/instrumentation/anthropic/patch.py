@@ -1,0 +1,193 @@
+"""Wrapper factories for ``Messages.create`` / ``Messages.stream`` (sync and async).
+
+Two kinds:
+
+* causal wrappers, for an SDK that traces itself: they add no span; they bind, around the request,
+  the causal parents found in its ``tool_result`` blocks (see :mod:`otel_agentcap.causal_links`),
+  so the SDK's span, stamped by the processor when it starts, names them;
+* span wrappers, for an SDK without tracing: the same, plus one ``chat`` span per call with the
+  attribute names of the SDK's own tracing.
+
+And :func:`tool_use_ids_hook`, which adds the requested ``tool_use`` ids to the SDK's own spans.
+Every wrapper passes the user's arguments, results and exceptions through unchanged.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind, Tracer
+
+from otel_agentcap import causal_links
+from otel_agentcap.context import caused_by, current_agent
+from otel_agentcap.instrumentation.anthropic import extractors
+from otel_agentcap.instrumentation.anthropic.wrappers import (
+    CallRecord,
+    CausalStreamManager,
+    TracedAsyncStream,
+    TracedAsyncStreamManager,
+    TracedStream,
+    TracedStreamManager,
+)
+
+_logger = logging.getLogger(__name__)
+
+Wrapper = Callable[[Callable[..., Any], Any, tuple[Any, ...], dict[str, Any]], Any]
+
+
+def causal_scope(kwargs: dict[str, Any]) -> AbstractContextManager[None]:
+    """``caused_by(...)`` the tool results this request sends back, or a no-op. Never raises."""
+    try:
+        ctx = current_agent()
+        if ctx is None:
+            return nullcontext()
+        parents = causal_links.request_parents(ctx.run_id, kwargs.get("messages"))
+        return caused_by(*parents) if parents else nullcontext()
+    except Exception:
+        _logger.debug("agentcap: could not find the causes of a request", exc_info=True)
+        return nullcontext()
+
+
+# ----------------------------------------------------------------- SDKs that trace themselves
+
+
+def causal_create() -> Wrapper:
+    def wrapper(wrapped: Callable[..., Any], instance: Any, args: Any, kwargs: Any) -> Any:
+        with causal_scope(kwargs):
+            return wrapped(*args, **kwargs)
+
+    return wrapper
+
+
+def causal_acreate() -> Wrapper:
+    def wrapper(wrapped: Callable[..., Any], instance: Any, args: Any, kwargs: Any) -> Any:
+        async def call() -> Any:
+            with causal_scope(kwargs):
+                return await wrapped(*args, **kwargs)
+
+        return call()
+
+    return wrapper
+
+
+def causal_stream() -> Wrapper:
+    def wrapper(wrapped: Callable[..., Any], instance: Any, args: Any, kwargs: Any) -> Any:
+        manager = wrapped(*args, **kwargs)
+        try:
+            return CausalStreamManager(manager, lambda: causal_scope(kwargs))
+        except Exception:
+            return manager
+
+    return wrapper
+
+
+def tool_use_ids_hook() -> Wrapper:
+    """Wraps the SDK's ``set_response_attributes(span, span_name, data)``: also records the
+    ids of the response's tool_use blocks (ids only, never content)."""
+
+    def wrapper(wrapped: Callable[..., Any], instance: Any, args: Any, kwargs: Any) -> Any:
+        result = wrapped(*args, **kwargs)
+        try:
+            span = args[0] if args else kwargs.get("span")
+            data = args[2] if len(args) > 2 else kwargs.get("data")
+            attributes = extractors.tool_use_attributes(data)
+            if attributes and span is not None:
+                span.set_attributes(attributes)
+        except Exception:
+            _logger.debug("agentcap: could not record tool_use ids", exc_info=True)
+        return result
+
+    return wrapper
+
+
+# ----------------------------------------------------------------- SDKs without tracing
+
+
+def _start(tracer: Tracer, kwargs: dict[str, Any], *, stream: bool) -> CallRecord:
+    start_ns = time.time_ns()
+    attributes = extractors.request_attributes(kwargs, stream=stream)
+    model = kwargs.get("model")
+    name = f"chat {model}" if isinstance(model, str) else "chat"
+    span = tracer.start_span(name, kind=SpanKind.CLIENT, attributes=attributes, start_time=start_ns)
+    return CallRecord(span, start_ns)
+
+
+def _finish_result(record: CallRecord, result: Any, *, is_async: bool) -> Any:
+    """Finish ``record`` for a returned value, or hand it to a stream proxy."""
+    if hasattr(result, "_iterator") and hasattr(result, "response"):
+        try:
+            return TracedAsyncStream(result, record) if is_async else TracedStream(result, record)
+        except Exception:
+            _logger.debug("agentcap: could not observe a stream", exc_info=True)
+            record.finish(how="abandoned")
+            return result
+    record.finish(how="returned", message=result)
+    return result
+
+
+def span_create(tracer: Tracer) -> Wrapper:
+    def wrapper(wrapped: Callable[..., Any], instance: Any, args: Any, kwargs: Any) -> Any:
+        with causal_scope(kwargs):
+            try:
+                record = _start(tracer, kwargs, stream=kwargs.get("stream") is True)
+            except Exception:
+                _logger.debug("agentcap: could not start a model-call span", exc_info=True)
+                return wrapped(*args, **kwargs)
+            try:
+                with trace.use_span(record.span, end_on_exit=False):
+                    result = wrapped(*args, **kwargs)
+            except BaseException as error:
+                record.finish(how="failed", error=error)
+                raise
+        return _finish_result(record, result, is_async=False)
+
+    return wrapper
+
+
+def span_acreate(tracer: Tracer) -> Wrapper:
+    def wrapper(wrapped: Callable[..., Any], instance: Any, args: Any, kwargs: Any) -> Any:
+        async def call() -> Any:
+            with causal_scope(kwargs):
+                try:
+                    record = _start(tracer, kwargs, stream=kwargs.get("stream") is True)
+                except Exception:
+                    _logger.debug("agentcap: could not start a model-call span", exc_info=True)
+                    return await wrapped(*args, **kwargs)
+                try:
+                    with trace.use_span(record.span, end_on_exit=False):
+                        result = await wrapped(*args, **kwargs)
+                except BaseException as error:
+                    record.finish(how="failed", error=error)
+                    raise
+            return _finish_result(record, result, is_async=True)
+
+        return call()
+
+    return wrapper
+
+
+def span_stream(tracer: Tracer, *, is_async: bool) -> Wrapper:
+    def wrapper(wrapped: Callable[..., Any], instance: Any, args: Any, kwargs: Any) -> Any:
+        manager = wrapped(*args, **kwargs)
+
+        def start() -> tuple[CallRecord, AbstractContextManager[None]]:
+            scope = causal_scope(kwargs)
+            scope.__enter__()
+            try:
+                record = _start(tracer, kwargs, stream=True)
+            finally:
+                scope.__exit__(None, None, None)
+            return record, nullcontext()
+
+        try:
+            proxy = TracedAsyncStreamManager if is_async else TracedStreamManager
+            return proxy(manager, start)
+        except Exception:
+            return manager
+
+    return wrapper

@@ -1,0 +1,210 @@
+"""Pure mapping of model-call spans to ``model_call`` event payloads (no I/O, no SDK).
+
+A model call may be recorded by the anthropic SDK's own tracing (scope ``com.anthropic.sdk.python``),
+by otel_agentcap's :class:`~otel_agentcap.instrumentation.anthropic.AnthropicInstrumentor` on SDKs
+without tracing, or by an add-on GenAI instrumentation (OpenLLMetry and the like). Each spells a few
+attributes differently; :func:`model_call_payload` reads all of them into one payload with stable
+keys:
+
+=========================  ===================================================================
+key                        meaning
+=========================  ===================================================================
+``schema``                 payload version, ``1``
+``span_name``              name of the span that recorded the call
+``instrumentation``        its instrumentation scope (who recorded it)
+``provider``               ``gen_ai.provider.name`` / ``gen_ai.system`` (``"anthropic"``)
+``model``                  the response's model, else the requested one
+``request_model``          ``gen_ai.request.model``
+``response_model``         ``gen_ai.response.model``
+``stream``                 whether the response was streamed
+``response_id``            the Message id (``msg_...``)
+``request_id``             the API's ``request-id`` header (``req_...``)
+``stop_reason``            ``end_turn``, ``tool_use``, ... (absent when the call did not finish)
+``usage``                  ``input_tokens`` (including cache reads and cache creation),
+                           ``output_tokens``, ``cache_read_input_tokens``,
+                           ``cache_creation_input_tokens``; a key is absent when unknown
+                           (never a ``message_start`` placeholder)
+``tool_use_ids``           ids of the ``tool_use`` blocks the response asked for
+``latency_ms``             span duration (request start to the end of the stream)
+``time_to_first_chunk_ms`` streams: start to the first content delta
+``status``                 ``ok``, ``error`` or ``unset`` (abandoned or closed early)
+``error_type``             ``error.type`` (e.g. ``rate_limit_error``, ``overloaded_error``)
+``http_status_code``       status of the final HTTP attempt
+``content``                only when content capture was opted in: ``system_instructions``,
+                           ``input_messages``, ``output_messages``, ``tool_definitions``
+=========================  ===================================================================
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any, Final
+
+from opentelemetry.util.types import AttributeValue
+
+from otel_agentcap import attributes as attr
+
+PAYLOAD_SCHEMA: Final = 1
+
+SDK_SCOPE: Final = "com.anthropic.sdk.python"
+"""Instrumentation scope of the anthropic SDK's own spans (platform clients add a suffix)."""
+
+#: Our attribute for the ids of the tool_use blocks a response asked for (not content: ids only).
+TOOL_USE_IDS: Final = "agentcap.model_call.tool_use_ids"
+#: Set on a model-call span whose event another span of the same call records instead.
+SUPERSEDED: Final = "agentcap.event.superseded"
+
+# Attribute spellings, first match wins.
+_INPUT_TOKENS = ("gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens")
+_OUTPUT_TOKENS = ("gen_ai.usage.output_tokens", "gen_ai.usage.completion_tokens")
+_CACHE_READ = ("gen_ai.usage.cache_read.input_tokens", "gen_ai.usage.cache_read_input_tokens")
+_CACHE_CREATION = (
+    "gen_ai.usage.cache_write.input_tokens",
+    "gen_ai.usage.cache_creation.input_tokens",
+    "gen_ai.usage.cache_creation_input_tokens",
+)
+_STOP_REASON = ("anthropic.message.stop_reason", "gen_ai.response.finish_reasons")
+_REQUEST_ID = ("anthropic.request.id", "gen_ai.request.id")
+
+#: Attributes that hold message content (inputs, outputs, system prompt, tool definitions,
+#: tool arguments and results). Prefixes end with a dot.
+CONTENT_ATTRIBUTES: Final = frozenset(
+    {
+        "gen_ai.system_instructions",
+        "gen_ai.input.messages",
+        "gen_ai.output.messages",
+        "gen_ai.tool.definitions",
+        "gen_ai.tool.call.arguments",
+        "gen_ai.tool.call.result",
+        "gen_ai.request.stop_sequences",
+        "anthropic.tool_result.content",
+        "llm.request.functions",
+    }
+)
+CONTENT_PREFIXES: Final = ("gen_ai.prompt.", "gen_ai.completion.", "llm.request.functions.")
+
+_CONTENT_KEYS: Final = {
+    "gen_ai.system_instructions": "system_instructions",
+    "gen_ai.input.messages": "input_messages",
+    "gen_ai.output.messages": "output_messages",
+    "gen_ai.tool.definitions": "tool_definitions",
+}
+
+
+def is_content_attribute(key: str) -> bool:
+    """Whether the attribute ``key`` carries message content (see :data:`CONTENT_ATTRIBUTES`)."""
+    return key in CONTENT_ATTRIBUTES or key.startswith(CONTENT_PREFIXES)
+
+
+def _first(attributes: Mapping[str, AttributeValue], names: tuple[str, ...]) -> Any:
+    for name in names:
+        value = attributes.get(name)
+        if value is not None:
+            return value
+    return None
+
+
+def _int(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return None
+
+
+def _json_or_text(value: AttributeValue) -> Any:
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return list(value) if isinstance(value, tuple | list) else value
+
+
+def usage_of(attributes: Mapping[str, AttributeValue]) -> dict[str, int]:
+    """The token usage recorded on a model-call span; unknown counts are left out."""
+    usage: dict[str, int] = {}
+    for key, names in (
+        ("input_tokens", _INPUT_TOKENS),
+        ("output_tokens", _OUTPUT_TOKENS),
+        ("cache_read_input_tokens", _CACHE_READ),
+        ("cache_creation_input_tokens", _CACHE_CREATION),
+    ):
+        count = _int(_first(attributes, names))
+        if count is not None:
+            usage[key] = count
+    return usage
+
+
+def status_of(status: Any) -> str:
+    """``ok``, ``error`` or ``unset`` from an OpenTelemetry ``Status`` (or anything else)."""
+    code = getattr(getattr(status, "status_code", None), "name", None)
+    return {"OK": "ok", "ERROR": "error"}.get(str(code), "unset")
+
+
+def model_call_payload(
+    span_name: str,
+    attributes: Mapping[str, AttributeValue],
+    *,
+    start_time: int | None = None,
+    end_time: int | None = None,
+    status: Any = None,
+    scope: str | None = None,
+) -> dict[str, Any]:
+    """The ``model_call`` payload of a finished model-call span (keys in the module doc)."""
+    payload: dict[str, Any] = {"schema": PAYLOAD_SCHEMA, "span_name": span_name}
+    if scope:
+        payload["instrumentation"] = scope
+    provider = attributes.get(attr.GEN_AI_PROVIDER_NAME) or attributes.get(attr.GEN_AI_SYSTEM)
+    if provider is not None:
+        payload["provider"] = str(provider)
+    request_model = attributes.get(attr.GEN_AI_REQUEST_MODEL)
+    response_model = attributes.get(attr.GEN_AI_RESPONSE_MODEL)
+    model = response_model or request_model
+    if model is not None:
+        payload["model"] = str(model)
+    if request_model is not None:
+        payload["request_model"] = str(request_model)
+    if response_model is not None:
+        payload["response_model"] = str(response_model)
+    stream = attributes.get("gen_ai.request.stream")
+    payload["stream"] = bool(stream) if stream is not None else False
+    response_id = attributes.get(attr.GEN_AI_RESPONSE_ID)
+    if response_id is not None:
+        payload["response_id"] = str(response_id)
+    request_id = _first(attributes, _REQUEST_ID)
+    if request_id is not None:
+        payload["request_id"] = str(request_id)
+    stop = _first(attributes, _STOP_REASON)
+    if isinstance(stop, tuple | list):
+        stop = stop[0] if stop else None
+    if stop is not None:
+        payload["stop_reason"] = str(stop)
+    payload["usage"] = usage_of(attributes)
+    tool_ids = attributes.get(TOOL_USE_IDS)
+    payload["tool_use_ids"] = (
+        [str(i) for i in tool_ids] if isinstance(tool_ids, tuple | list) else []
+    )
+    if start_time is not None and end_time is not None:
+        payload["latency_ms"] = round((end_time - start_time) / 1e6, 3)
+    ttfc = attributes.get("gen_ai.response.time_to_first_chunk")
+    if isinstance(ttfc, int | float) and not isinstance(ttfc, bool):
+        payload["time_to_first_chunk_ms"] = round(float(ttfc) * 1000.0, 3)
+    payload["status"] = status_of(status)
+    error_type = attributes.get(attr.ERROR_TYPE)
+    if error_type is not None:
+        payload["error_type"] = str(error_type)
+    http_status = _int(attributes.get("http.response.status_code"))
+    if http_status is not None:
+        payload["http_status_code"] = http_status
+    content = {
+        key: _json_or_text(attributes[name])
+        for name, key in _CONTENT_KEYS.items()
+        if name in attributes
+    }
+    if content:
+        payload["content"] = content
+    return payload

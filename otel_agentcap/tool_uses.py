@@ -1,0 +1,157 @@
+"""Run the ``tool_use`` blocks of a Messages API response through captured tools.
+
+:func:`run_tool_uses` (and :func:`arun_tool_uses` for async code) gives the causal chain
+model call -> tool -> next model call:
+
+* each tool runs as ``Tool.invoke(tool_use_id, **input)``, so the invocation id is the tool_use
+  id (a retry of the same block returns the recorded outcome), with the ``model_call`` event that
+  asked for it as causal parent (found by the response id, also when that call was made by
+  another agent of the run);
+* each tool's result event (or its error event) is remembered under the tool_use id, and the
+  request wrapper of :class:`~otel_agentcap.instrumentation.anthropic.AnthropicInstrumentor`
+  names it as causal parent of the next model call whose ``messages=`` carries that
+  ``tool_result`` block.
+
+A tool that raises becomes an ``is_error`` tool_result block (the error is recorded as usual); a
+tool_use for a tool not in ``tools`` too. Needs only ``opentelemetry-api``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+from collections.abc import Iterable, Mapping
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
+
+from otel_agentcap import causal_links, jsonsafe
+from otel_agentcap.capture.tools import Tool, invocations
+from otel_agentcap.context import caused_by, current_agent
+
+__all__ = ["arun_tool_uses", "run_tool_uses", "tool_use_blocks"]
+
+_logger = logging.getLogger(__name__)
+
+ToolSet = Mapping[str, Tool[..., Any]] | Iterable[Tool[..., Any]]
+
+
+def _get(value: Any, key: str) -> Any:
+    if isinstance(value, Mapping):
+        return value.get(key)
+    return getattr(value, key, None)
+
+
+def tool_use_blocks(message: Any) -> list[tuple[str, str, dict[str, Any]]]:
+    """``(id, name, input)`` of each ``tool_use`` block of ``message`` (a Message or its dict)."""
+    blocks: list[tuple[str, str, dict[str, Any]]] = []
+    for block in _get(message, "content") or ():
+        if _get(block, "type") != "tool_use":
+            continue
+        tool_input = _get(block, "input")
+        blocks.append(
+            (
+                str(_get(block, "id")),
+                str(_get(block, "name")),
+                dict(tool_input) if isinstance(tool_input, Mapping) else {},
+            )
+        )
+    return blocks
+
+
+def _tools_by_name(tools: ToolSet) -> dict[str, Tool[..., Any]]:
+    if isinstance(tools, Mapping):
+        return dict(tools)
+    return {t.name: t for t in tools}
+
+
+def _content(result: Any) -> str:
+    if isinstance(result, str):
+        return result
+    try:
+        return json.dumps(jsonsafe.to_jsonable(result), ensure_ascii=False)
+    except Exception:
+        return repr(result)
+
+
+def _error_block(tool_use_id: str, message: str) -> dict[str, Any]:
+    return {"type": "tool_result", "tool_use_id": tool_use_id, "content": message, "is_error": True}
+
+
+def _ok_block(tool_use_id: str, result: Any) -> dict[str, Any]:
+    return {"type": "tool_result", "tool_use_id": tool_use_id, "content": _content(result)}
+
+
+def _parent_scope(message: Any, tool_use_id: str) -> AbstractContextManager[None]:
+    """``caused_by(<the model call that asked for tool_use_id>)`` when it is known."""
+    try:
+        ctx = current_agent()
+        if ctx is None:
+            return nullcontext()
+        ref = None
+        response_id = _get(message, "id")
+        if isinstance(response_id, str):
+            ref = causal_links.model_call_for_response(ctx.run_id, response_id)
+        if ref is None:
+            ref = causal_links.model_call_for_tool_use(ctx.run_id, tool_use_id)
+        return caused_by(ref) if ref is not None else nullcontext()
+    except Exception:
+        _logger.debug("agentcap: could not find the model call of %s", tool_use_id, exc_info=True)
+        return nullcontext()
+
+
+def _remember_result(tool_use_id: str) -> None:
+    try:
+        ctx = current_agent()
+        if ctx is None:
+            return
+        entry = invocations.lookup((ctx.run_id, ctx.agent_id, tool_use_id))
+        if entry is not None and entry.result_event is not None:
+            causal_links.record_tool_result(ctx.run_id, tool_use_id, entry.result_event)
+    except Exception:
+        _logger.debug("agentcap: could not index the result of %s", tool_use_id, exc_info=True)
+
+
+def run_tool_uses(message: Any, tools: ToolSet) -> list[dict[str, Any]]:
+    """Run every ``tool_use`` block of ``message`` with the matching tool of ``tools`` (a list of
+    :class:`~otel_agentcap.Tool` or a name -> Tool mapping) and return the ``tool_result`` blocks
+    to send back, in order. Async tools are refused here: use :func:`arun_tool_uses`."""
+    by_name = _tools_by_name(tools)
+    results: list[dict[str, Any]] = []
+    for tool_use_id, name, tool_input in tool_use_blocks(message):
+        tool = by_name.get(name)
+        if tool is None:
+            results.append(_error_block(tool_use_id, f"unknown tool: {name}"))
+            continue
+        if tool.is_async:
+            raise TypeError(f"tool {name!r} is async; use arun_tool_uses")
+        try:
+            with _parent_scope(message, tool_use_id):
+                result = tool.invoke(tool_use_id, **tool_input)
+        except Exception as error:
+            results.append(_error_block(tool_use_id, f"{type(error).__name__}: {error}"))
+        else:
+            results.append(_ok_block(tool_use_id, result))
+        _remember_result(tool_use_id)
+    return results
+
+
+async def arun_tool_uses(message: Any, tools: ToolSet) -> list[dict[str, Any]]:
+    """:func:`run_tool_uses` for async code: async tools are awaited, sync ones called, in order."""
+    by_name = _tools_by_name(tools)
+    results: list[dict[str, Any]] = []
+    for tool_use_id, name, tool_input in tool_use_blocks(message):
+        tool = by_name.get(name)
+        if tool is None:
+            results.append(_error_block(tool_use_id, f"unknown tool: {name}"))
+            continue
+        try:
+            with _parent_scope(message, tool_use_id):
+                outcome = tool.invoke(tool_use_id, **tool_input)
+                result = await outcome if inspect.isawaitable(outcome) else outcome
+        except Exception as error:
+            results.append(_error_block(tool_use_id, f"{type(error).__name__}: {error}"))
+        else:
+            results.append(_ok_block(tool_use_id, result))
+        _remember_result(tool_use_id)
+    return results

@@ -1,0 +1,332 @@
+# ruff: noqa: F811  (pytest fixtures imported from anthropic_support)
+"""Model -> tool -> model chains, one event per call with OpenLLMetry stacked on the SDK, content
+opt-in and no API key anywhere: in memory and in the stored PostgreSQL log."""
+
+from __future__ import annotations
+
+import json
+
+import anthropic
+import pytest
+from anthropic_support import (  # noqa: F401 (fixtures)
+    API_KEY,
+    MODEL,
+    USER,
+    aclient,
+    captured,
+    client,
+    conflict_count,
+    instrumented,
+    server,
+    stored,
+    stored_events,
+)
+from opentelemetry.sdk.trace import ReadableSpan
+
+import otel_agentcap as ac
+from otel_agentcap import jsonsafe
+from otel_agentcap.model_calls import SUPERSEDED, is_content_attribute
+from otel_agentcap.testing import InMemoryEventExporter
+from otel_agentcap.testing.messages_server import (
+    MessagesServer,
+    ToolCall,
+    text_reply,
+    tool_use_reply,
+)
+from otel_agentcap.tool_uses import arun_tool_uses, run_tool_uses
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@ac.tool
+def weather(city: str) -> str:
+    return f"sunny in {city}"
+
+
+@ac.tool
+def broken(city: str) -> str:
+    raise RuntimeError(f"no data for {city}")
+
+
+def _script(server: MessagesServer) -> None:
+    server.enqueue(
+        tool_use_reply(
+            [
+                ToolCall("weather", {"city": "Oslo"}, id="toolu_w"),
+                ToolCall("broken", {"city": "X"}, id="toolu_b"),
+            ],
+            input_tokens=20,
+            output_tokens=9,
+        ),
+        text_reply("It is sunny in Oslo.", input_tokens=40, output_tokens=6),
+    )
+
+
+def _turn(
+    client: anthropic.Anthropic, messages: list[dict[str, object]]
+) -> anthropic.types.Message:
+    return client.messages.create(model=MODEL, max_tokens=64, messages=messages, tools=[])  # type: ignore[arg-type]
+
+
+def _chain_one_agent(client: anthropic.Anthropic, run_id: str) -> list[dict[str, object]]:
+    with ac.run(run_id), ac.agent("assistant"):
+        messages: list[dict[str, object]] = list(USER)
+        first = _turn(client, messages)
+        results = run_tool_uses(first, [weather, broken])
+        messages += [
+            {"role": "assistant", "content": [b.model_dump() for b in first.content]},
+            {"role": "user", "content": results},
+        ]
+        _turn(client, messages)
+    return results
+
+
+def _check_chain(events: list[dict[str, object]]) -> None:
+    """events: dicts with event_id, agent_id, seq, event_type, parents, payload."""
+    by_id = {e["event_id"]: e for e in events}
+    calls = [e for e in events if e["event_type"] == "model_call"]
+    assert len(calls) == 2
+    first, second = sorted(calls, key=lambda e: e["seq"])  # type: ignore[arg-type, return-value]
+    assert first["payload"]["tool_use_ids"] == ["toolu_w", "toolu_b"]  # type: ignore[index]
+    invocations = [e for e in events if e["event_type"] == "tool_invocation"]
+    assert {e["payload"]["invocation_id"] for e in invocations} == {"toolu_w", "toolu_b"}  # type: ignore[index]
+    for invocation in invocations:
+        assert first["event_id"] in invocation["parents"]  # type: ignore[operator]
+        assert invocation["seq"] > first["seq"]  # type: ignore[operator]
+    # The second call names the result of each tool_use (the error event of the broken one).
+    result_parents = [by_id[p] for p in second["parents"]]  # type: ignore[attr-defined]
+    assert sorted(p["event_type"] for p in result_parents) == ["agent_error", "tool_result"]
+    for parent in result_parents:
+        assert second["seq"] > parent["seq"]  # type: ignore[operator]
+
+
+def _as_dicts(sink: InMemoryEventExporter, run_id: str) -> list[dict[str, object]]:
+    return [
+        {
+            "event_id": e.event_id,
+            "agent_id": e.agent_id,
+            "seq": e.seq,
+            "event_type": e.event_type,
+            "parents": list(e.causal_parent_ids),
+            "payload": e.payload,
+        }
+        for e in sink.events
+        if e.run_id == run_id
+    ]
+
+
+def test_chain_within_one_agent(server, client, captured, instrumented):
+    """model_call -> tool runs (tool_use ids as invocation ids) -> next model_call, in memory."""
+    _script(server)
+    results = _chain_one_agent(client, "r-chain-1")
+    assert results[0] == {
+        "type": "tool_result",
+        "tool_use_id": "toolu_w",
+        "content": "sunny in Oslo",
+    }
+    assert results[1]["is_error"] is True and "no data for X" in results[1]["content"]
+    _check_chain(_as_dicts(captured, "r-chain-1"))
+
+
+def test_chain_across_two_agents(server, client, captured, instrumented):
+    """A tool run in another agent names the model call; the next call names its result."""
+    _script(server)
+    with ac.run("r-chain-2"), ac.agent("planner") as planner:
+        first = _turn(client, list(USER))
+        worker = planner.spawn("worker")
+        results = worker.run(run_tool_uses, first, [weather, broken])
+        _turn(
+            client,
+            [
+                *USER,
+                {"role": "assistant", "content": [b.model_dump() for b in first.content]},
+                {"role": "user", "content": results},
+            ],
+        )
+    events = _as_dicts(captured, "r-chain-2")
+    _check_chain(events)
+    tool_agents = {e["agent_id"] for e in events if e["event_type"] == "tool_invocation"}
+    assert tool_agents == {worker.agent_id}
+
+
+def test_async_chain(server, aclient, captured, instrumented):
+    """arun_tool_uses and the async client give the same chain."""
+    import asyncio
+
+    _script(server)
+
+    async def main() -> None:
+        first = await aclient.messages.create(model=MODEL, max_tokens=64, messages=USER)
+        results = await arun_tool_uses(first, [weather, broken])
+        await aclient.messages.create(
+            model=MODEL,
+            max_tokens=64,
+            messages=[
+                *USER,
+                {"role": "assistant", "content": [b.model_dump() for b in first.content]},
+                {"role": "user", "content": results},
+            ],
+        )
+
+    with ac.run("r-chain-async"), ac.agent("assistant"):
+        asyncio.run(main())
+    _check_chain(_as_dicts(captured, "r-chain-async"))
+
+
+@pytest.mark.storage
+def test_chain_stored_in_postgres(server, client, instrumented, stored, pg_dsn):
+    """The model -> tool -> model chain within one agent and across two, in the stored log."""
+    _script(server)
+    _chain_one_agent(client, "r-pg-chain-1")
+    _check_chain(stored_events(pg_dsn, "r-pg-chain-1"))
+    _script(server)
+    with ac.run("r-pg-chain-2"), ac.agent("planner") as planner:
+        first = _turn(client, list(USER))
+        results = planner.spawn("worker").run(run_tool_uses, first, [weather, broken])
+        _turn(
+            client,
+            [
+                *USER,
+                {"role": "assistant", "content": [b.model_dump() for b in first.content]},
+                {"role": "user", "content": results},
+            ],
+        )
+    _check_chain(stored_events(pg_dsn, "r-pg-chain-2"))
+    assert conflict_count(pg_dsn) == 0
+
+
+# --------------------------------------------------------------------- stacked instrumentations
+
+
+@pytest.fixture
+def openllmetry():
+    from opentelemetry.instrumentation.anthropic import AnthropicInstrumentor as OpenLLMetry
+
+    instrumentor = OpenLLMetry()
+    instrumentor.instrument()
+    try:
+        yield instrumentor
+    finally:
+        instrumentor.uninstrument()
+
+
+def _three_calls(client: anthropic.Anthropic, server: MessagesServer, run_id: str) -> None:
+    server.enqueue(
+        text_reply("plain", input_tokens=10, output_tokens=87),
+        text_reply("streamed " * 10, input_tokens=10, output_tokens=87),
+        text_reply("helper " * 10, input_tokens=10, output_tokens=87),
+    )
+    with ac.run(run_id), ac.agent("a"):
+        client.messages.create(model=MODEL, max_tokens=64, messages=USER)
+        for _ in client.messages.create(model=MODEL, max_tokens=64, messages=USER, stream=True):
+            pass
+        with client.messages.stream(model=MODEL, max_tokens=64, messages=USER) as stream:
+            stream.get_final_message()
+
+
+def test_one_event_per_call_with_openllmetry(server, client, captured, instrumented, openllmetry):
+    """With OpenLLMetry stacked on the SDK's tracing each call is one event, tokens not doubled."""
+    _three_calls(client, server, "r-stack")
+    calls = captured.of_type("model_call")
+    assert len(calls) == 3
+    assert all(c.payload["usage"]["output_tokens"] == 87 for c in calls)
+    assert all(c.payload["instrumentation"] == "com.anthropic.sdk.python" for c in calls)
+    superseded = [s for s in captured.spans if (s.attributes or {}).get(SUPERSEDED)]
+    assert superseded, "OpenLLMetry's spans are recorded but superseded"
+    assert len({c.event_id for c in calls}) == 3
+
+
+@pytest.mark.storage
+def test_one_event_per_call_with_openllmetry_stored(
+    server, client, instrumented, openllmetry, stored, pg_dsn
+):
+    """The stored log holds one model_call row per call and no conflict rows."""
+    _three_calls(client, server, "r-pg-stack")
+    calls = [e for e in stored_events(pg_dsn, "r-pg-stack") if e["event_type"] == "model_call"]
+    assert len(calls) == 3
+    assert [c["payload"]["usage"]["output_tokens"] for c in calls] == [87, 87, 87]
+    assert conflict_count(pg_dsn) == 0
+
+
+# ----------------------------------------------------------------------------- content, secrets
+
+
+def _all_text(spans: list[ReadableSpan], payloads: list[object]) -> str:
+    parts: list[str] = []
+    for span in spans:
+        parts.append(span.name)
+        parts.extend(f"{k}={v!r}" for k, v in (span.attributes or {}).items())
+        for event in span.events:
+            parts.extend(f"{k}={v!r}" for k, v in (event.attributes or {}).items())
+        parts.extend(f"{k}={v!r}" for k, v in span.resource.attributes.items())
+    parts.extend(jsonsafe.dumps(p) for p in payloads)
+    return "\n".join(parts)
+
+
+def test_content_off_by_default(server, client, captured, instrumented):
+    """Without opting in, no span attribute or payload holds the messages or the output."""
+    server.enqueue(text_reply("SECRET-OUTPUT-TEXT"))
+    with ac.run("r-nocontent"), ac.agent("a"):
+        client.messages.create(
+            model=MODEL,
+            max_tokens=64,
+            system="SECRET-SYSTEM-PROMPT",
+            messages=[{"role": "user", "content": "SECRET-USER-INPUT"}],
+        )
+    text = _all_text(captured.spans, [e.payload for e in captured.events])
+    for secret in ("SECRET-OUTPUT-TEXT", "SECRET-SYSTEM-PROMPT", "SECRET-USER-INPUT"):
+        assert secret not in text
+    assert not any(is_content_attribute(k) for s in captured.spans for k in (s.attributes or {}))
+    assert "content" not in captured.of_type("model_call")[0].payload
+
+
+def test_content_when_opted_in_and_no_api_key_anywhere(server, captured, instrumented):
+    """In the SDK's content mode the payload has the messages, and the API key is nowhere."""
+    server.enqueue(text_reply("visible output"), text_reply("streamed output"))
+    cli = anthropic.Anthropic(
+        base_url=server.base_url,
+        api_key=API_KEY,
+        max_retries=0,
+        open_telemetry={"traces": {"content_mode": "content"}},
+    )
+    with ac.run("r-content"), ac.agent("a"):
+        cli.messages.create(model=MODEL, max_tokens=64, system="be brief", messages=USER)
+        with cli.messages.stream(model=MODEL, max_tokens=64, messages=USER) as stream:
+            stream.get_final_message()
+    calls = captured.of_type("model_call")
+    content = calls[0].payload["content"]
+    assert content["input_messages"][0]["role"] == "user"
+    assert "visible output" in json.dumps(content["output_messages"])
+    assert "system_instructions" in content
+    text = _all_text(captured.spans, [e.payload for e in captured.events])
+    assert API_KEY not in text
+    assert API_KEY[-20:] not in text
+    headers = server.requests[0].headers
+    sent = headers.get("x-api-key") or headers.get("authorization", "")
+    assert API_KEY in sent  # the key was sent, so the scan is meaningful
+
+
+def test_content_stripped_for_the_collector_kept_in_the_log(server, captured, instrumented):
+    """ContentStrippingExporter drops content attributes from what it forwards; the log keeps them."""
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from otel_agentcap.exporters.strip_content import ContentStrippingExporter
+    from otel_agentcap.mapping import batch_from_spans
+
+    server.enqueue(text_reply("kept in the log"))
+    cli = anthropic.Anthropic(
+        base_url=server.base_url,
+        api_key=API_KEY,
+        max_retries=0,
+        open_telemetry={"traces": {"content_mode": "content"}},
+    )
+    with ac.run("r-strip"), ac.agent("a"):
+        cli.messages.create(model=MODEL, max_tokens=64, messages=USER)
+    collector = InMemorySpanExporter()
+    ContentStrippingExporter(collector).export(captured.spans)
+    forwarded = collector.get_finished_spans()
+    assert len(forwarded) == len(captured.spans)
+    assert not any(is_content_attribute(k) for s in forwarded for k in (s.attributes or {}))
+    stripped_call = [e for e in batch_from_spans(forwarded).events if e.event_type == "model_call"]
+    assert "content" not in stripped_call[0].payload
+    assert "content" in captured.of_type("model_call")[0].payload

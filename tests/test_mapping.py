@@ -1,0 +1,176 @@
+"""mapping: spans to events, agents and runs."""
+
+from __future__ import annotations
+
+import uuid
+
+from opentelemetry.sdk.trace import Event as SpanEvent
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.trace import SpanContext
+
+import otel_agentcap as oa
+from otel_agentcap import attributes as attr
+from otel_agentcap import jsonsafe
+from otel_agentcap.mapping import agents_from_span, batch_from_spans, events_from_span
+from otel_agentcap.testing import capture_events
+
+
+def _stamped(
+    event_id: str, seq: int, payload_text: str | None, **more: object
+) -> dict[str, object]:
+    a: dict[str, object] = {
+        attr.RUN_ID: "run-1",
+        attr.AGENT_ID: "agent-1",
+        attr.AGENT_NAME: "agent",
+        attr.EVENT_ID: event_id,
+        attr.EVENT_TYPE: "tool_invocation",
+        attr.EVENT_SEQ: seq,
+        attr.EVENT_IDEMPOTENCY_KEY: f"seq:{seq}",
+        attr.EVENT_CAUSAL_PARENT_IDS: ("p1", "p2"),
+    }
+    if payload_text is not None:
+        a[attr.EVENT_PAYLOAD] = payload_text
+    a.update(more)
+    return a
+
+
+def _span(attributes, events=(), name="s", start=1_000_000_000, end=3_000_000_000):
+    return ReadableSpan(
+        name=name,
+        context=SpanContext(trace_id=0xABC, span_id=0xDEF, is_remote=False),
+        attributes=attributes,
+        events=events,
+        start_time=start,
+        end_time=end,
+    )
+
+
+def test_unstamped_span_maps_to_nothing():
+    """A span without an agentcap event id yields no events and no agents."""
+    span = _span({"x": 1})
+    assert events_from_span(span) == []
+    assert agents_from_span(span) == []
+
+
+def test_stamped_span_maps_fields():
+    """A stamped span's attributes become one event with its ids, sequence, parents and payload."""
+    [event] = events_from_span(_span(_stamped("e1", 7, '{"a":1}')))
+    assert (event.event_id, event.run_id, event.agent_id, event.seq) == (
+        "e1",
+        "run-1",
+        "agent-1",
+        7,
+    )
+    assert event.event_type == "tool_invocation"
+    assert event.idempotency_key == "seq:7"
+    assert event.causal_parent_ids == ("p1", "p2")
+    assert event.payload == {"a": 1}
+    assert event.trace_id == f"{0xABC:032x}" and event.span_id == f"{0xDEF:016x}"
+    assert event.wall_time.timestamp() == 1.0
+
+
+def test_unparsable_payload_is_kept():
+    """A payload attribute that is not JSON (cut by a length limit) is kept as $agentcap.unparsed."""
+    [event] = events_from_span(_span(_stamped("e1", 1, '{"result": "abc')))
+    assert event.payload == {"$agentcap.unparsed": '{"result": "abc'}
+
+
+def _record(event_id, seq, payload_json):
+    head = f'{{"id":"{event_id}","type":"tool_result","seq":{seq},"key":"k{seq}","parents":["e1"]'
+    return {attr.SPAN_EVENT_RECORD: f'{head},"payload":{payload_json}}}'}
+
+
+def test_span_events_with_prefix_become_events():
+    """agentcap.* span events become further events of the span's agent; others are ignored."""
+    extra = SpanEvent("agentcap.tool_result", _record("e2", 9, '"r"'), timestamp=2_000_000_000)
+    other = SpanEvent("exception", {"exception.type": "X"}, timestamp=2_500_000_000)
+    events = events_from_span(_span(_stamped("e1", 8, None), events=[extra, other]))
+    assert [e.event_id for e in events] == ["e1", "e2"]
+    assert events[0].payload is None
+    assert events[1].payload == "r"
+    assert (events[1].run_id, events[1].agent_id) == (events[0].run_id, events[0].agent_id)
+    assert (events[1].seq, events[1].idempotency_key, events[1].causal_parent_ids) == (
+        9,
+        "k9",
+        ("e1",),
+    )
+    assert events[1].wall_time.timestamp() == 2.0
+
+
+def test_cut_span_event_record_keeps_the_event():
+    """A span-event record cut short (attribute length limit) still yields its event, with the
+    payload kept as $agentcap.unparsed."""
+    whole = _record("e2", 9, '{"result": "' + "x" * 100 + '"}')[attr.SPAN_EVENT_RECORD]
+    cut = SpanEvent("agentcap.tool_result", {attr.SPAN_EVENT_RECORD: whole[:120]}, timestamp=1)
+    events = events_from_span(_span(_stamped("e1", 8, None), events=[cut]))
+    assert [e.event_id for e in events] == ["e1", "e2"]
+    assert events[1].seq == 9
+    assert "$agentcap.unparsed" in events[1].payload
+
+
+def test_model_call_payload_from_genai_attributes():
+    """A model_call span without payload gets its gen_ai attributes and latency as payload."""
+    a = _stamped(
+        "m1",
+        3,
+        None,
+        **{
+            attr.EVENT_TYPE: "model_call",
+            attr.GEN_AI_REQUEST_MODEL: "m",
+            attr.GEN_AI_RESPONSE_FINISH_REASONS: ("end_turn",),
+            "other": 1,
+        },
+    )
+    [event] = events_from_span(_span(a, name="chat m"))
+    p = event.payload
+    assert (p["span_name"], p["model"], p["request_model"]) == ("chat m", "m", "m")
+    assert p["stop_reason"] == "end_turn"
+    assert p["latency_ms"] == 2000.0
+    assert "other" not in p
+
+
+def test_spawn_span_yields_parent_and_child_agents():
+    """An agent_spawn span maps to the spawning agent and the child with its spawn event."""
+    a = _stamped(
+        "s1",
+        4,
+        None,
+        **{
+            attr.EVENT_TYPE: "agent_spawn",
+            attr.CHILD_AGENT_ID: "kid",
+            attr.CHILD_AGENT_NAME: "worker",
+        },
+    )
+    records = agents_from_span(_span(a))
+    assert [(r.agent_id, r.parent_agent_id, r.spawned_at_event_id, r.name) for r in records] == [
+        ("agent-1", None, None, "agent"),
+        ("kid", "agent-1", "s1", "worker"),
+    ]
+
+
+def test_batch_collects_runs_with_earliest_time():
+    """batch_from_spans returns every event and one run row at its earliest event."""
+    spans = [
+        _span(_stamped("e1", 1, None), start=5_000_000_000),
+        _span(_stamped("e2", 2, None), start=4_000_000_000),
+        _span({"x": 1}),
+    ]
+    batch = batch_from_spans(spans)
+    assert [e.event_id for e in batch.events] == ["e1", "e2"]
+    assert len(batch.runs) == 1
+    assert batch.runs[0].run_id == "run-1" and batch.runs[0].started_at.timestamp() == 4.0
+
+
+def test_captured_payload_round_trips_through_mapping():
+    """A tool result with non-JSON values comes back from the mapping as the jsonsafe encoding."""
+
+    @oa.tool
+    def returns(x: object) -> object:
+        return x
+
+    value = {"b": b"\x01", "n": float("nan"), "t": (1, None)}
+    with capture_events() as captured, oa.run(f"map-{uuid.uuid4().hex[:8]}"), oa.agent("a"):
+        returns(value)
+    result = captured.of_type("tool_result")[0].payload["result"]
+    assert result == jsonsafe.to_jsonable(value)
+    assert result["t"] == [1, None]
