@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from otel_agentcap.model import AgentRecord, Event, EventType
 
@@ -28,7 +29,8 @@ def _summary_fields(event: Event) -> str:
     if event.event_type == EventType.AGENT_ERROR:
         return f"{payload.get('error_type', '')}: {payload.get('message', '')}"[:120]
     if event.event_type == EventType.MODEL_CALL:
-        usage = payload.get("usage") if isinstance(payload.get("usage"), dict) else {}
+        raw_usage = payload.get("usage")
+        usage: dict[str, Any] = raw_usage if isinstance(raw_usage, dict) else {}
         tokens = f"{usage.get('input_tokens', '?')} in / {usage.get('output_tokens', '?')} out"
         tools = payload.get("tool_use_ids") or []
         asked = f", {len(tools)} tool_use" if tools else ""
