@@ -18,7 +18,6 @@ from otel_agentcap.exporters.postgres import embedded, store
 from otel_agentcap.exporters.postgres.database import ENV_DSN
 from otel_agentcap.exporters.postgres.errors import AgentCapStorageError, RunNotFound
 from otel_agentcap.exporters.postgres.migrate import migrate
-from otel_agentcap.model import AgentRecord, Event
 from otel_agentcap.timeline import layout, summary
 
 
@@ -63,32 +62,6 @@ def _connect(dsn: str) -> psycopg.Connection[Any]:
     except psycopg.OperationalError as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else "connection failed"
         raise CliError(f"cannot connect to PostgreSQL: {first}") from None
-
-
-def _event(row: store.StoredEvent) -> Event:
-    return Event(
-        event_id=row.event_id,
-        run_id=row.run_id,
-        agent_id=row.agent_id,
-        seq=row.logical_seq,
-        event_type=row.event_type,
-        idempotency_key=row.idempotency_key,
-        wall_time=row.wall_time,
-        causal_parent_ids=tuple(row.causal_parent_ids),
-        payload=row.payload,
-        trace_id=row.trace_id,
-        span_id=row.span_id,
-    )
-
-
-def _agent(row: store.StoredAgent) -> AgentRecord:
-    return AgentRecord(
-        row.run_id,
-        row.agent_id,
-        name=row.name,
-        parent_agent_id=row.parent_agent_id,
-        spawned_at_event_id=row.spawned_at_event_id,
-    )
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -164,8 +137,8 @@ def cmd_runs(args: argparse.Namespace) -> int:
 def cmd_show(args: argparse.Namespace) -> int:
     with _connect(_dsn(args)) as conn:
         try:
-            events = [_event(r) for r in store.run_events(conn, args.run_id)]
-            agents = [_agent(r) for r in store.run_agents(conn, args.run_id)]
+            events = store.run_events(conn, args.run_id)
+            agents = store.run_agents(conn, args.run_id)
         except RunNotFound:
             raise CliError(f"unknown run id: {args.run_id!r} (see: otel-agentcap runs)") from None
     lines = list(layout(events, agents))

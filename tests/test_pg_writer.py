@@ -246,7 +246,7 @@ def test_awkward_payloads_and_text_land(pool: ConnectionPool[Any]) -> None:
     assert writer.write(Batch(events)).duplicates == len(events)
     with pool.connection() as conn:
         stored = run_events(conn, "r")
-    by_seq = {e.logical_seq: e.payload for e in stored}
+    by_seq = {e.seq: e.payload for e in stored}
     assert by_seq[0] == {"nul": {"$agentcap.str": "YQBi"}}
     assert by_seq[1] == {"nan": {"$agentcap.float": "NaN"}, "inf": {"$agentcap.float": "-Infinity"}}
     assert by_seq[2] == {"bytes": {"$agentcap.bytes": "AP/+"}}
@@ -343,11 +343,7 @@ def test_dedup_invariant(pool: ConnectionPool[Any], batches: list[list[Event]]) 
     for _, e in order:
         expected.setdefault((e.agent_id, e.seq), e)
     with pool.connection() as conn:
-        stored = (
-            {(e.agent_id, e.logical_seq): e.payload for e in run_events(conn, "r")}
-            if expected
-            else {}
-        )
+        stored = {(e.agent_id, e.seq): e.payload for e in run_events(conn, "r")} if expected else {}
         n_conflicts = conflicts_count(conn)
     assert stored == {k: e.payload for k, e in expected.items()}
     distinct_others = {(e.agent_id, e.seq, e.payload["p"]) for b in batches for e in b} - {

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
 
 import psycopg
 from psycopg.rows import class_row
+
+from otel_agentcap.model import AgentRecord, Event
 
 from .errors import ConnectionFailed, RunNotFound, SchemaNotReady
 
@@ -21,30 +24,6 @@ class RunSummary:
     events: int
     first_wall_time: datetime | None
     last_wall_time: datetime | None
-
-
-@dataclass(frozen=True, slots=True)
-class StoredEvent:
-    event_id: str
-    run_id: str
-    agent_id: str
-    logical_seq: int
-    wall_time: datetime
-    event_type: str
-    causal_parent_ids: list[str]
-    idempotency_key: str
-    trace_id: str | None
-    span_id: str | None
-    payload: Any
-
-
-@dataclass(frozen=True, slots=True)
-class StoredAgent:
-    run_id: str
-    agent_id: str
-    name: str | None
-    parent_agent_id: str | None
-    spawned_at_event_id: str | None
 
 
 _LIST_RUNS: Final = b"""
@@ -61,8 +40,8 @@ LIMIT %s
 """
 
 _EVENTS: Final = b"""
-SELECT event_id::text, run_id, agent_id, logical_seq, wall_time, event_type,
-       causal_parent_ids::text[], idempotency_key, trace_id, span_id, payload
+SELECT event_id::text, run_id, agent_id, logical_seq, event_type, idempotency_key, wall_time,
+       causal_parent_ids::text[], payload, trace_id, span_id
 FROM agentcap.events WHERE run_id = %s ORDER BY agent_id, logical_seq
 """
 
@@ -98,10 +77,32 @@ def list_runs(conn: psycopg.Connection[Any], *, limit: int = 100) -> list[RunSum
         raise _guard(exc) from exc
 
 
-def run_events(conn: psycopg.Connection[Any], run_id: str) -> list[StoredEvent]:
+def _event_row(cursor: Any) -> Any:
+    def make(values: Sequence[Any]) -> Event:
+        (event_id, run, agent, seq, event_type, key, wall_time, parents, payload, trace, span) = (
+            values
+        )
+        return Event(
+            event_id=event_id,
+            run_id=run,
+            agent_id=agent,
+            seq=seq,
+            event_type=event_type,
+            idempotency_key=key,
+            wall_time=wall_time,
+            causal_parent_ids=tuple(parents),
+            payload=payload,
+            trace_id=trace,
+            span_id=span,
+        )
+
+    return make
+
+
+def run_events(conn: psycopg.Connection[Any], run_id: str) -> list[Event]:
     """All events of ``run_id`` in (agent_id, logical_seq) order; ``RunNotFound`` if unknown."""
     try:
-        with conn.cursor(row_factory=class_row(StoredEvent)) as cur:
+        with conn.cursor(row_factory=_event_row) as cur:
             rows = cur.execute(_EVENTS, (run_id,)).fetchall()
         if not rows and not _run_exists(conn, run_id):
             raise RunNotFound(run_id)
@@ -110,10 +111,10 @@ def run_events(conn: psycopg.Connection[Any], run_id: str) -> list[StoredEvent]:
         raise _guard(exc) from exc
 
 
-def run_agents(conn: psycopg.Connection[Any], run_id: str) -> list[StoredAgent]:
+def run_agents(conn: psycopg.Connection[Any], run_id: str) -> list[AgentRecord]:
     """Agents of ``run_id`` with their parent links; ``RunNotFound`` if unknown."""
     try:
-        with conn.cursor(row_factory=class_row(StoredAgent)) as cur:
+        with conn.cursor(row_factory=class_row(AgentRecord)) as cur:
             rows = cur.execute(_AGENTS, (run_id,)).fetchall()
         if not rows and not _run_exists(conn, run_id):
             raise RunNotFound(run_id)
