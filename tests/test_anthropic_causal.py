@@ -330,3 +330,32 @@ def test_content_stripped_for_the_collector_kept_in_the_log(server, captured, in
     stripped_call = [e for e in batch_from_spans(forwarded).events if e.event_type == "model_call"]
     assert "content" not in stripped_call[0].payload
     assert "content" in captured.of_type("model_call")[0].payload
+
+
+def test_strip_payloads_removes_tool_results_from_span_events_too(captured):
+    """With strip_payloads, tool arguments and results leave no trace in forwarded spans."""
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from otel_agentcap.exporters.strip_content import ContentStrippingExporter
+    from otel_agentcap.mapping import batch_from_spans
+
+    @ac.tool
+    def secret(x: str) -> str:
+        return f"result-{x}-confidential"
+
+    with ac.run("r-strip-payloads"), ac.agent("a"):
+        secret.invoke("s1", "input-confidential")
+    collector = InMemorySpanExporter()
+    ContentStrippingExporter(collector, strip_payloads=True).export(captured.spans)
+    forwarded = collector.get_finished_spans()
+    text = json.dumps(
+        [
+            [dict(s.attributes or {}), [dict(e.attributes or {}) for e in s.events]]
+            for s in forwarded
+        ],
+        default=str,
+    )
+    assert "confidential" not in text
+    # The events themselves still come through, only without payloads.
+    types = [e.event_type for e in batch_from_spans(forwarded).events]
+    assert "tool_invocation" in types and "tool_result" in types

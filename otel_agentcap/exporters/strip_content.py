@@ -10,12 +10,13 @@ event log (a separate exporter on the same provider) keeps it.
 Removes the attributes that :func:`otel_agentcap.model_calls.is_content_attribute` names (input
 and output messages, system instructions, tool definitions, tool call arguments and results, the
 ``gen_ai.prompt.*`` / ``gen_ai.completion.*`` attributes of add-on instrumentations) from spans
-and span events, and with ``strip_payloads=True`` also agentcap's own ``agentcap.event.payload``
-(tool arguments and results, memory values).
+and span events, and with ``strip_payloads=True`` also agentcap's own payloads (``agentcap.event.payload`` and the
+payload inside span-event records: tool arguments and results, memory values).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 
 from opentelemetry.sdk.trace import Event, ReadableSpan
@@ -23,9 +24,19 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.util.types import AttributeValue
 
 from otel_agentcap import attributes as attr
+from otel_agentcap import jsonsafe
 from otel_agentcap.model_calls import is_content_attribute
 
 __all__ = ["ContentStrippingExporter"]
+
+
+def _without_payload(record: str) -> str:
+    """A span-event record (see ``attributes.SPAN_EVENT_RECORD``) with its payload removed."""
+    parsed = jsonsafe.loads(record)
+    if not isinstance(parsed, dict) or "payload" not in parsed:
+        return record if "payload" not in record else "{}"
+    parsed["payload"] = None
+    return json.dumps(parsed, separators=(",", ":"))
 
 
 class ContentStrippingExporter(SpanExporter):
@@ -41,14 +52,22 @@ class ContentStrippingExporter(SpanExporter):
         return not (self._strip_payloads and key == attr.EVENT_PAYLOAD)
 
     def _filter(self, attributes: Mapping[str, AttributeValue] | None) -> dict[str, AttributeValue]:
-        return {k: v for k, v in (attributes or {}).items() if self._keep(k)}
+        kept = {k: v for k, v in (attributes or {}).items() if self._keep(k)}
+        record = kept.get(attr.SPAN_EVENT_RECORD)
+        if self._strip_payloads and isinstance(record, str):
+            kept[attr.SPAN_EVENT_RECORD] = _without_payload(record)
+        return kept
+
+    def _changes(self, attributes: Mapping[str, AttributeValue] | None) -> bool:
+        keys = (attributes or {}).keys()
+        return not all(self._keep(k) for k in keys) or (
+            self._strip_payloads and attr.SPAN_EVENT_RECORD in keys
+        )
 
     def _strip(self, span: ReadableSpan) -> ReadableSpan:
         attributes = span.attributes or {}
         events = span.events
-        if all(self._keep(k) for k in attributes) and all(
-            self._keep(k) for e in events for k in (e.attributes or {})
-        ):
+        if not self._changes(attributes) and not any(self._changes(e.attributes) for e in events):
             return span
         return ReadableSpan(
             name=span.name,
