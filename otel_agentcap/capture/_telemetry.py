@@ -23,13 +23,21 @@ tracer = trace.get_tracer("otel_agentcap", __version__)
 _escape = json.encoder.encode_basestring_ascii
 
 
+class Encoded(str):
+    """A payload already serialised with ``jsonsafe.dumps``."""
+
+    __slots__ = ()
+
+
 def event_attributes(
     stamp: Stamp, payload: Any, extra: dict[str, AttributeValue] | None = None
 ) -> dict[str, AttributeValue]:
     attributes = stamp.attributes()
     attributes[attr.GEN_AI_AGENT_ID] = stamp.agent_id
     attributes[attr.GEN_AI_AGENT_NAME] = stamp.agent_name
-    attributes[attr.EVENT_PAYLOAD] = jsonsafe.dumps(payload)
+    attributes[attr.EVENT_PAYLOAD] = (
+        str(payload) if isinstance(payload, Encoded) else jsonsafe.dumps(payload)
+    )
     if extra is not None:
         attributes.update(extra)
     return attributes

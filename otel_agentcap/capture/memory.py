@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Final
 
+from otel_agentcap import jsonsafe
 from otel_agentcap.capture import _telemetry as tel
 from otel_agentcap.context import current_agent
 from otel_agentcap.model import EventRef, EventType, validate_id
@@ -115,7 +116,10 @@ class Memory:
                 payload["value"] = found.value
             if found.written_by is not None:
                 payload["written_by"] = found.written_by.event_id
-            self._emit("memory_read", event, payload, key)
+            # Serialised under the lock (the value may be mutated later), emitted outside it
+            # (an exporter running synchronously must not hold up other agents).
+            encoded = jsonsafe.dumps(payload)
+        self._emit("memory_read", event, encoded, key)
         return found
 
     def set(self, key: str, value: Any) -> EventRef | None:
@@ -132,6 +136,7 @@ class Memory:
         ctx = current_agent()
         if ctx is not None:
             ctx.check_active()
+        pending: tuple[Stamp, str] | None = None
         with self._lock:
             before = self._slots.get(key)
             if before is None and value is MISSING:
@@ -155,17 +160,24 @@ class Memory:
                     payload["before"] = before.value
                 if value is not MISSING:
                     payload["after"] = value
-                # The span carries the serialised values, fixed here under the lock, so later
-                # mutation of a stored object cannot change what the event says.
-                self._emit("memory_write", event, payload, key)
+                # Serialised here under the lock, so later mutation of a stored object cannot
+                # change what the event says; the span is emitted after the lock is released.
+                pending = (event, jsonsafe.dumps(payload))
                 event_ref = event.ref
                 self._last_write[key] = event_ref
             if value is MISSING:
                 self._slots.pop(key, None)
             else:
                 self._slots[key] = _Slot(value, event_ref)
+        if pending is not None:
+            self._emit("memory_write", pending[0], pending[1], key)
         return event_ref, before is not None
 
-    def _emit(self, name: str, event: Stamp, payload: dict[str, Any], key: str) -> None:
-        span = tel.start_event_span(name, event, payload, {MEMORY_KEY: key, MEMORY_NAME: self.name})
+    def _emit(self, name: str, event: Stamp, encoded_payload: str, key: str) -> None:
+        span = tel.start_event_span(
+            name,
+            event,
+            tel.Encoded(encoded_payload),
+            {MEMORY_KEY: key, MEMORY_NAME: self.name},
+        )
         tel.end_span(span)
