@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from datetime import datetime
@@ -73,14 +75,23 @@ def cmd_demo(args: argparse.Namespace) -> int:
         migrate(conn)
     provider = configure(dsn, announce=False)
     started = time.monotonic()
-    result = run_demo(args.run_id, **({"live": True} if args.live else {}))
-    provider.force_flush()
+    console = _console()
+    # A spinner on a terminal; nothing on a pipe or with --json.
+    status = (
+        console.status("running the demo agents and writing the event log")
+        if console.is_terminal and not args.json
+        else contextlib.nullcontext()
+    )
+    with status:
+        result = run_demo(args.run_id, live=args.live)
+        provider.force_flush()
     elapsed = time.monotonic() - started
     exporter = exporter_of(provider)
     stats = exporter.stats() if exporter is not None else None
     with _connect(dsn) as conn:
         runs = {r.run_id: r for r in store.list_runs(conn, limit=1000)}
         conflicts = store.conflicts_count(conn, result.run_id)
+        by_type = Counter(e.event_type for e in store.run_events(conn, result.run_id))
     provider.shutdown()
     stored = runs.get(result.run_id)
     data = {
@@ -92,6 +103,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         "conflicts": conflicts,
         "timed_out_agents": result.timed_out_agents,
         "failed_tools": result.failed_tools,
+        "events_by_type": dict(sorted(by_type.items())),
         "export": asdict(stats) if stats else None,
     }
     if args.json:
@@ -102,7 +114,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         f"run {result.run_id}: {data['agents']} agents, {data['events']} events stored in {elapsed:.2f} s"
     )
     console.print(
-        f"  {result.failed_tools} failed tool calls recorded, timed out: "
+        f"  {by_type['model_call']} model calls, {by_type['tool_invocation']} tool calls "
+        f"({result.failed_tools} failed), {by_type['memory_write']} memory writes, timed out: "
         f"{', '.join(result.timed_out_agents) or 'none'}, conflicts: {conflicts}"
     )
     console.print(f"  database: {dsn}")

@@ -43,7 +43,6 @@ class DemoResult:
     failed_tools: int = 0
     timed_out_agents: list[str] = field(default_factory=list)
     report: str = ""
-    model_calls: int = 0
 
 
 memory = ac.Memory("demo")
