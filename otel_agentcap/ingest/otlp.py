@@ -14,6 +14,7 @@ stored (undecodable body, a batch the database rejects) answers 400, which they 
 
 from __future__ import annotations
 
+import importlib
 import logging
 import threading
 import zlib
@@ -23,7 +24,6 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Final
 
-from google.protobuf.message import DecodeError
 from opentelemetry import context as otel_context
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
@@ -48,6 +48,8 @@ MAX_BODY_BYTES: Final = 64 * 1024 * 1024
 """Largest request body accepted, after decompression."""
 
 _PROTOBUF: Final = "application/x-protobuf"
+# google.protobuf ships no type stubs; its DecodeError is all this module needs of it directly.
+_DecodeError: type[Exception] = importlib.import_module("google.protobuf.message").DecodeError
 _SUPPRESS_KEY = otel_context._SUPPRESS_INSTRUMENTATION_KEY
 
 # OTLP span kinds are the API's plus one (0 is SPAN_KIND_UNSPECIFIED, read as INTERNAL).
@@ -141,13 +143,11 @@ def _span_context(trace_id: bytes, span_id: bytes) -> OtlpSpanContext | None:
 def _status(status: trace_pb2.Status) -> Status:
     code = StatusCode(status.code) if status.code in (0, 1, 2) else StatusCode.UNSET
     # The API allows a description only with ERROR.
-    description = status.message or None if code is StatusCode.ERROR else None
+    description = (status.message or None) if code is StatusCode.ERROR else None
     return Status(code, description)
 
 
-def _span(
-    span: trace_pb2.Span, scope: OtlpScope, resource: Mapping[str, Any]
-) -> OtlpSpan | None:
+def _span(span: trace_pb2.Span, scope: OtlpScope, resource: Mapping[str, Any]) -> OtlpSpan | None:
     context = _span_context(span.trace_id, span.span_id)
     if context is None:
         return None  # invalid ids: no SDK span has them, and the mapping would misreport them
@@ -390,6 +390,7 @@ class OtlpIngestServer:
         self._stats = IngestStats()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._serving = threading.Event()
         self._httpd = _HTTPServer((host, port), self)
 
     @property
@@ -435,8 +436,10 @@ class OtlpIngestServer:
         """The HTTP status and body answering a request whose (decompressed) body is ``body``."""
         try:
             result = self.ingest(body)
-        except DecodeError as exc:
-            raise _RequestError(HTTPStatus.BAD_REQUEST, f"not an OTLP trace request: {exc}") from exc
+        except _DecodeError as exc:
+            raise _RequestError(
+                HTTPStatus.BAD_REQUEST, f"not an OTLP trace request: {exc}"
+            ) from exc
         except AgentCapStorageError as exc:
             with self._lock:
                 self._stats.requests += 1
@@ -445,7 +448,9 @@ class OtlpIngestServer:
                 else:
                     self._stats.rejected_requests += 1
             if exc.retryable:
-                _logger.warning("agentcap ingest: write failed, asking the sender to retry: %s", exc)
+                _logger.warning(
+                    "agentcap ingest: write failed, asking the sender to retry: %s", exc
+                )
                 return HTTPStatus.SERVICE_UNAVAILABLE, _rpc_status(14, str(exc))
             _logger.error("agentcap ingest: batch can never be stored, rejected: %s", exc)
             return HTTPStatus.BAD_REQUEST, _rpc_status(3, str(exc))
@@ -474,19 +479,24 @@ class OtlpIngestServer:
         """Serve in a daemon thread; returns self."""
         if self._thread is None:
             self._thread = threading.Thread(
-                target=self._httpd.serve_forever, name="agentcap-otlp-ingest", daemon=True
+                target=self.serve_forever, name="agentcap-otlp-ingest", daemon=True
             )
             self._thread.start()
         return self
 
     def serve_forever(self) -> None:
         """Serve in the calling thread until :meth:`close` is called from another thread."""
-        self._httpd.serve_forever()
+        self._serving.set()
+        try:
+            self._httpd.serve_forever()
+        finally:
+            self._serving.clear()
 
     def close(self) -> None:
         """Stop serving, drop the writer's staging table, close the pool if this server opened it."""
-        if self._thread is not None:
+        if self._serving.is_set():
             self._httpd.shutdown()
+        if self._thread is not None:
             self._thread.join(timeout=10)
             self._thread = None
         self._httpd.server_close()

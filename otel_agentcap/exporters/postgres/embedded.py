@@ -41,11 +41,19 @@ class EmbeddedStatus:
     dsn: str | None
 
 
+ROOT_DATA_DIR: Final = Path("/var/lib/otel-agentcap/pg")
+
+
 def default_data_dir() -> Path:
-    """Where the embedded server keeps its data: ``$AGENTCAP_EMBEDDED_DIR`` or the user data dir."""
+    """Where the embedded server keeps its data: ``$AGENTCAP_EMBEDDED_DIR``, else the user data
+    directory, except for root: there the wheel runs the server as an unprivileged system user and
+    opens every parent directory of the data directory to others (``chmod o+rx``), which must not
+    happen to ``/root``, so root's data lives in ``/var/lib/otel-agentcap/pg``."""
     override = os.environ.get(ENV_DIR)
     if override:
         return Path(override).expanduser().resolve()
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        return ROOT_DATA_DIR
     return Path(platformdirs.user_data_dir("otel-agentcap")) / "pg"
 
 
