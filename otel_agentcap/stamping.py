@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Sequence
 from typing import NamedTuple
 
 from opentelemetry.util.types import AttributeValue
@@ -46,7 +46,7 @@ def stamp(
     event_type: str,
     *,
     key: str | None = None,
-    parents: Iterable[EventRef] = (),
+    parents: Sequence[EventRef] = (),
 ) -> Stamp:
     """Allocate the next event of ``agent``: its sequence is above the agent's last one and above
     every causal parent's (explicit ``parents`` plus those bound with ``caused_by``).
@@ -54,23 +54,28 @@ def stamp(
     ``key`` is the idempotency key; without one the event is keyed by its sequence, which is unique
     per agent, so the id is still deterministic for exporter retries and collector redelivery.
     """
-    all_parents = (*parents, *ambient_causal_parents())
+    ambient = ambient_causal_parents()
     after = 0
-    parent_ids: list[str] = []
-    for parent in all_parents:
-        if parent.seq > after:
-            after = parent.seq
-        if parent.event_id not in parent_ids:
-            parent_ids.append(parent.event_id)
+    parent_ids: tuple[str, ...] = ()
+    if parents or ambient:
+        ids: list[str] = []
+        for parent in (*parents, *ambient):
+            if parent.seq > after:
+                after = parent.seq
+            if parent.event_id not in ids:
+                ids.append(parent.event_id)
+        parent_ids = tuple(ids)
     seq = agent.clock.tick(after)
     idempotency_key = key if key is not None else f"seq:{seq}"
+    run_id = agent.run_id
+    agent_id = agent.agent_id
     return Stamp(
-        run_id=agent.run_id,
-        agent_id=agent.agent_id,
-        agent_name=agent.name,
-        seq=seq,
-        event_id=event_id_for(agent.run_id, agent.agent_id, idempotency_key),
-        event_type=event_type,
-        idempotency_key=idempotency_key,
-        causal_parent_ids=tuple(parent_ids),
+        run_id,
+        agent_id,
+        agent.name,
+        seq,
+        event_id_for(run_id, agent_id, idempotency_key),
+        event_type,
+        idempotency_key,
+        parent_ids,
     )

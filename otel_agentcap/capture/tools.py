@@ -15,6 +15,7 @@ from typing import Any, Generic, ParamSpec, TypeVar, cast, overload
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
+from opentelemetry.util.types import AttributeValue
 
 from otel_agentcap import attributes as attr
 from otel_agentcap.capture import _telemetry as tel
@@ -144,6 +145,11 @@ class Tool(Generic[P, R]):
             simple.append(param.name)
         self._positional_names = tuple(simple)
         self._span_name = f"execute_tool {self.name}"
+        self._span_attributes: dict[str, AttributeValue] = {
+            attr.GEN_AI_OPERATION_NAME: attr.OP_EXECUTE_TOOL,
+            attr.GEN_AI_TOOL_NAME: self.name,
+            attr.GEN_AI_TOOL_TYPE: "function",
+        }
         functools.update_wrapper(self, fn)
 
     def __repr__(self) -> str:
@@ -236,12 +242,7 @@ class Tool(Generic[P, R]):
             ctx, EventType.TOOL_INVOCATION, key=None if key is None else f"{key}:invocation"
         )
         call_id = invocation_id if invocation_id is not None else f"seq-{start.seq}"
-        extra: dict[str, Any] = {
-            attr.GEN_AI_OPERATION_NAME: attr.OP_EXECUTE_TOOL,
-            attr.GEN_AI_TOOL_NAME: self.name,
-            attr.GEN_AI_TOOL_CALL_ID: call_id,
-            attr.GEN_AI_TOOL_TYPE: "function",
-        }
+        extra = {**self._span_attributes, attr.GEN_AI_TOOL_CALL_ID: call_id}
         payload = {
             "tool": self.name,
             "invocation_id": call_id,
