@@ -214,6 +214,29 @@ def cmd_db(args: argparse.Namespace) -> int:
     raise CliError(f"unknown db action {action!r}")
 
 
+def cmd_ingest(args: argparse.Namespace) -> int:
+    try:
+        from otel_agentcap.ingest import OtlpIngestServer
+    except ImportError as exc:
+        raise CliError(
+            f"the ingest needs opentelemetry-proto: pip install 'otel-agentcap[otlp]' ({exc})"
+        ) from None
+    dsn = _dsn(args)
+    with _connect(dsn) as conn:
+        migrate(conn)
+    server = OtlpIngestServer(dsn, host=args.host, port=args.port)
+    print(f"accepting OTLP/HTTP traces at {server.endpoint} (Ctrl-C stops)", file=sys.stderr)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.close()
+    if args.json:
+        _print_json(asdict(server.stats()))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="otel-agentcap",
@@ -240,6 +263,13 @@ def build_parser() -> argparse.ArgumentParser:
     show = sub.add_parser("show", parents=[common], help="show a run in causal order")
     show.add_argument("run_id")
     show.set_defaults(func=cmd_show)
+
+    ingest = sub.add_parser(
+        "ingest", parents=[common], help="receive OTLP/HTTP traces from a collector into the log"
+    )
+    ingest.add_argument("--host", default="127.0.0.1")
+    ingest.add_argument("--port", type=int, default=4319)
+    ingest.set_defaults(func=cmd_ingest)
 
     db = sub.add_parser("db", parents=[common], help="the embedded PostgreSQL server")
     db.add_argument("action", choices=["start", "stop", "status", "dsn", "migrate"])

@@ -1,0 +1,302 @@
+"""The collector path: OTLP encoding and decoding, a real rotel collector, the OTLP ingest server."""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import os
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from http import HTTPStatus
+from pathlib import Path
+
+import psycopg
+import pytest
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExportResult
+
+import otel_agentcap as ac
+from otel_agentcap.ingest import OtlpIngestServer, spans_from_otlp
+from otel_agentcap.mapping import batch_from_spans
+from otel_agentcap.model import Batch
+from otel_agentcap.testing import capture_events
+
+pytestmark = [pytest.mark.collector, pytest.mark.storage]
+
+ROOT = Path(__file__).resolve().parent.parent
+ROTEL_ENV = ROOT / "collector-config" / "rotel.env"
+
+
+def _rotel_binary() -> Path:
+    rotel = pytest.importorskip("rotel")
+    binary = Path(rotel.__file__).parent / "rotel-agent"
+    if not binary.exists():
+        pytest.skip("the rotel wheel has no rotel-agent binary for this platform")
+    return binary
+
+
+def _program(run_id: str) -> None:
+    """A small agent program: memory write and read, a spawn, a tool call, a failing tool."""
+    memory = ac.Memory("notes")
+
+    @ac.tool
+    def double(x: int) -> int:
+        return 2 * x
+
+    @ac.tool
+    def broken() -> None:
+        raise RuntimeError("tool failed")
+
+    with ac.run(run_id), ac.agent("planner") as planner:
+        memory["topics"] = ["clocks", "logs"]
+        child = planner.spawn("worker", key="w")
+
+        def work() -> None:
+            double.invoke("call-1", len(memory["topics"]))
+            with contextlib.suppress(RuntimeError):
+                broken.invoke("call-2")
+
+        child.run(work)
+
+
+def _captured(run_id: str) -> tuple[list[ReadableSpan], int]:
+    with capture_events() as captured:
+        _program(run_id)
+    assert captured.events
+    return captured.spans, len(captured.events)
+
+
+def _canonical(batch: Batch) -> tuple[list[object], list[object], list[object]]:
+    """The batch with its rows sorted (OTLP groups spans by scope, so their order changes)."""
+    return (
+        sorted(batch.events, key=lambda e: (e.run_id, e.agent_id, e.seq, e.event_id)),
+        sorted(batch.agents, key=repr),
+        sorted(batch.runs, key=repr),
+    )
+
+
+def _count(dsn: str, query: str, *params: object) -> int:
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(query, params).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _post(url: str, body: bytes, *, gzipped: bool = False) -> tuple[int, bytes]:
+    headers = {"Content-Type": "application/x-protobuf"}
+    if gzipped:
+        body = gzip.compress(body)
+        headers["Content-Encoding"] = "gzip"
+    request = urllib.request.Request(url, data=body, headers=headers, method="POST")
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(request, timeout=10) as response:
+            return int(response.status), response.read()
+    except urllib.error.HTTPError as exc:
+        return int(exc.code), exc.read()
+
+
+def _wait_for_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"rotel exited early with code {proc.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError(f"rotel did not listen on port {port} within {timeout} s")
+
+
+def _wait_for_count(dsn: str, expected: int, run_id: str, timeout: float = 15.0) -> int:
+    deadline = time.monotonic() + timeout
+    query = "SELECT count(*) FROM agentcap.events WHERE run_id = %s"
+    count = _count(dsn, query, run_id)
+    while count < expected and time.monotonic() < deadline:
+        time.sleep(0.1)
+        count = _count(dsn, query, run_id)
+    return count
+
+
+def _rotel_env(tmp_path: Path, ingest_port: int, grpc_port: int, http_port: int) -> dict[str, str]:
+    """collector-config/rotel.env as shipped, with loopback ports of this test."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ROTEL_")}
+    for line in ROTEL_ENV.read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            key, _, value = line.partition("=")
+            env[key] = value
+    env.update(
+        ROTEL_OTLP_GRPC_ENDPOINT=f"127.0.0.1:{grpc_port}",
+        ROTEL_OTLP_HTTP_ENDPOINT=f"127.0.0.1:{http_port}",
+        ROTEL_EXPORTER_AGENTCAP_ENDPOINT=f"http://127.0.0.1:{ingest_port}",
+        ROTEL_EXPORTER_JAEGER_ENDPOINT=f"http://127.0.0.1:{_free_port()}",  # unused: not routed
+        ROTEL_PID_FILE=str(tmp_path / "rotel.pid"),
+        ROTEL_LOG_FILE=str(tmp_path / "rotel.log"),
+        NO_PROXY="127.0.0.1,localhost",
+        no_proxy="127.0.0.1,localhost",
+    )
+    return env
+
+
+@pytest.fixture()
+def rotel_to(tmp_path: Path) -> Iterator[Callable[[int], str]]:
+    """Start rotel (from the wheel, with rotel.env) forwarding to an ingest port; yields a starter
+    that returns rotel's OTLP/HTTP receiver URL; rotel is always killed at teardown."""
+    binary = _rotel_binary()
+    procs: list[subprocess.Popen[bytes]] = []
+    logs: list[Path] = []
+
+    def start(ingest_port: int) -> str:
+        grpc_port, http_port = _free_port(), _free_port()
+        log = tmp_path / f"rotel-{len(procs)}.out"
+        logs.append(log)
+        with log.open("wb") as out:
+            proc = subprocess.Popen(
+                [str(binary), "start"],
+                env=_rotel_env(tmp_path, ingest_port, grpc_port, http_port),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=tmp_path,
+            )
+        procs.append(proc)
+        try:
+            _wait_for_port(http_port, proc)
+        except (RuntimeError, TimeoutError) as exc:
+            raise AssertionError(f"{exc}\n{log.read_text(errors='replace')}") from exc
+        return f"http://127.0.0.1:{http_port}/v1/traces"
+
+    try:
+        yield start
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+def test_otlp_round_trip_maps_to_the_same_batch():
+    """SDK spans encoded as an OTLP request and decoded again map to exactly the same batch."""
+    spans, expected = _captured("run-otlp-pure")
+    request = encode_spans(spans)
+    original = batch_from_spans(spans)
+    decoded = batch_from_spans(spans_from_otlp(request.SerializeToString()))
+    assert len(original.events) == expected
+    assert {e.event_type for e in original.events} >= {
+        "agent_start",
+        "agent_end",
+        "agent_spawn",
+        "memory_write",
+        "memory_read",
+        "tool_invocation",
+        "tool_result",
+        "agent_error",
+    }
+    assert _canonical(decoded) == _canonical(original)
+    assert _canonical(batch_from_spans(spans_from_otlp(request))) == _canonical(original)
+
+
+def test_spans_through_rotel_land_in_postgres(pg_dsn, rotel_to):
+    """Spans exported over OTLP/HTTP to rotel and forwarded to the ingest are stored once each."""
+    spans, expected = _captured("run-rotel")
+    with OtlpIngestServer(pg_dsn, port=0) as server:
+        url = rotel_to(server.port)
+        exporter = OTLPSpanExporter(endpoint=url, timeout=5)
+        try:
+            assert exporter.export(spans) is SpanExportResult.SUCCESS
+        finally:
+            exporter.shutdown()
+        assert _wait_for_count(pg_dsn, expected, "run-rotel") == expected
+        stats = server.stats()
+    assert stats.events_inserted == expected
+    assert stats.conflicts == 0
+    assert _count(pg_dsn, "SELECT count(*) FROM agentcap.conflicts") == 0
+    assert _count(pg_dsn, "SELECT count(*) FROM agentcap.agents WHERE run_id = 'run-rotel'") == 2
+
+
+class _LostAckServer(OtlpIngestServer):
+    """Stores the first request but answers it 503, as if the acknowledgement were lost."""
+
+    def handle(self, body: bytes) -> tuple[HTTPStatus, bytes]:
+        status, payload = super().handle(body)
+        if not getattr(self, "_failed_once", False):
+            self._failed_once = True
+            return HTTPStatus.SERVICE_UNAVAILABLE, b""
+        return status, payload
+
+
+def test_rotel_redelivery_after_lost_ack_stores_each_event_once(pg_dsn, rotel_to):
+    """rotel retries a request whose answer was 503 after it was stored: no event is stored twice."""
+    spans, expected = _captured("run-redeliver")
+    with _LostAckServer(pg_dsn, port=0) as server:
+        url = rotel_to(server.port)
+        exporter = OTLPSpanExporter(endpoint=url, timeout=5)
+        try:
+            assert exporter.export(spans) is SpanExportResult.SUCCESS
+        finally:
+            exporter.shutdown()
+        deadline = time.monotonic() + 15
+        while server.stats().requests < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        stats = server.stats()
+    assert stats.requests >= 2, "rotel did not redeliver"
+    assert _count(pg_dsn, "SELECT count(*) FROM agentcap.events") == expected
+    assert stats.events_inserted == expected
+    assert stats.duplicates == expected
+    assert _count(pg_dsn, "SELECT count(*) FROM agentcap.conflicts") == 0
+
+
+def test_ingest_redelivery_is_deduplicated(pg_dsn):
+    """The same OTLP request posted twice (plain, then gzip) stores each event once."""
+    spans, expected = _captured("run-twice")
+    body = encode_spans(spans).SerializeToString()
+    with OtlpIngestServer(pg_dsn, port=0) as server:
+        first = _post(server.endpoint, body)
+        second = _post(server.endpoint, body, gzipped=True)
+        stats = server.stats()
+    for status, payload in (first, second):
+        assert status == 200
+        ExportTraceServiceResponse().ParseFromString(payload)
+    assert _count(pg_dsn, "SELECT count(*) FROM agentcap.events") == expected
+    assert _count(pg_dsn, "SELECT count(*) FROM agentcap.conflicts") == 0
+    assert (stats.requests, stats.batches) == (2, 2)
+    assert stats.events_inserted == expected
+    assert stats.duplicates == expected
+
+
+def test_ingest_answers_503_when_the_database_is_unreachable():
+    """A write that fails because PostgreSQL is down answers 503, so the collector retries."""
+    spans, _ = _captured("run-down")
+    body = encode_spans(spans).SerializeToString()
+    dsn = f"postgresql://agentcap@127.0.0.1:{_free_port()}/agentcap?connect_timeout=1"
+    with OtlpIngestServer(dsn, port=0, connect_timeout=0.5) as server:
+        status, _ = _post(server.endpoint, body)
+        stats = server.stats()
+    assert status == 503
+    assert stats.failed_requests == 1
+    assert stats.events_inserted == 0
+
+
+def test_ingest_rejects_what_it_can_never_store(pg_dsn):
+    """An undecodable body or an unsupported encoding is answered 4xx (not retried)."""
+    with OtlpIngestServer(pg_dsn, port=0) as server:
+        garbage = _post(server.endpoint, b"\xff\xff\xff not protobuf")
+        wrong_path = _post(server.endpoint.replace("/v1/traces", "/v1/logs"), b"")
+        stats = server.stats()
+    assert garbage[0] == 400
+    assert wrong_path[0] == 404
+    assert stats.rejected_requests == 2
+    assert _count(pg_dsn, "SELECT count(*) FROM agentcap.events") == 0
