@@ -136,6 +136,52 @@ def run_writer(pool: ConnectionPool[psycopg.Connection[object]], batches: list[B
     return count / elapsed
 
 
+def _uuid_batch(batch: Batch) -> Batch:
+    """Event ids are str in the model; binary COPY of uuid columns needs UUID objects."""
+    import uuid
+
+    return Batch(
+        tuple(
+            Event(
+                **{
+                    **{f: getattr(e, f) for f in Event.__slots__},  # type: ignore[attr-defined]
+                    "event_id": uuid.UUID(e.event_id),
+                    "causal_parent_ids": tuple(uuid.UUID(p) for p in e.causal_parent_ids),
+                }
+            )
+            for e in batch.events
+        )
+    )
+
+
+def make_spans(total: int) -> list[object]:
+    """Real SDK spans from captured memory writes of 16 agents (~600-byte payloads each)."""
+    import otel_agentcap as ac
+    from otel_agentcap.testing import capture_events
+
+    memory = ac.Memory("bench")
+    with capture_events() as captured, ac.run("bench-spans"):
+        for agent in range(AGENTS):
+            with ac.agent(f"agent-{agent:02d}"):
+                for i in range(total // AGENTS):
+                    memory[f"k{agent}-{i % 50}"] = {"note": f"finding {i} " + "x" * 260}
+    return [s for s in captured.spans if s.name == "memory_write"]
+
+
+def run_exporter(dsn: str, spans: list[object], batch_size: int) -> float:
+    from otel_agentcap.exporters.postgres import PostgresSpanExporter
+
+    exporter = PostgresSpanExporter(dsn)
+    exporter.export([])
+    t0 = time.perf_counter()
+    for start in range(0, len(spans), batch_size):
+        exporter.export(spans[start : start + batch_size])  # type: ignore[arg-type]
+    elapsed = time.perf_counter() - t0
+    inserted = exporter.stats().events_inserted
+    exporter.shutdown()
+    return inserted / elapsed
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=60_000)
@@ -144,24 +190,14 @@ def main() -> None:
     args = parser.parse_args()
 
     batches = make_batches(args.events, args.batch)
-    # event ids are str in the model; COPY of uuid needs UUID objects for the ceiling path
-    import uuid
+    from otel_agentcap.mapping import batch_from_spans
 
-    copy_batches = [
-        Batch(
-            tuple(
-                Event(
-                    **{
-                        **{f: getattr(e, f) for f in Event.__slots__},  # type: ignore[attr-defined]
-                        "event_id": uuid.UUID(e.event_id),
-                        "causal_parent_ids": tuple(uuid.UUID(p) for p in e.causal_parent_ids),
-                    }
-                )
-                for e in b.events
-            )
-        )
-        for b in batches
+    spans = make_spans(args.events)
+    span_batches = [
+        batch_from_spans(spans[i : i + args.batch])  # type: ignore[arg-type]
+        for i in range(0, len(spans), args.batch)
     ]
+    copy_batches = [_uuid_batch(b) for b in batches]
     root = Path(tempfile.mkdtemp(prefix="agentcap-bench-"))
     try:
         dsn = embedded.start(root / "pg")
@@ -169,11 +205,17 @@ def main() -> None:
         with ConnectionPool(dsn, min_size=1, max_size=1, open=True) as pool:
             copy_rates: list[float] = []
             writer_rates: list[float] = []
+            span_copy_rates: list[float] = []
+            exporter_rates: list[float] = []
             for _ in range(args.rounds):
                 reset(dsn)
                 copy_rates.append(run_copy(pool, copy_batches))
                 reset(dsn)
                 writer_rates.append(run_writer(pool, batches))
+                reset(dsn)
+                span_copy_rates.append(run_copy(pool, [_uuid_batch(b) for b in span_batches]))
+                reset(dsn)
+                exporter_rates.append(run_exporter(dsn, spans, args.batch))
         copy_rate = statistics.median(copy_rates)
         writer_rate = statistics.median(writer_rates)
         print(f"events={args.events} batch={args.batch} agents={AGENTS} rounds={args.rounds}")
@@ -184,6 +226,18 @@ def main() -> None:
             f"EventWriter:               {writer_rate:>10,.0f} events/s  samples={[round(r) for r in writer_rates]}"
         )
         print(f"ratio writer/ceiling:      {writer_rate / copy_rate:.2f}  (target >= 0.5)")
+        span_copy = statistics.median(span_copy_rates)
+        exporter_rate = statistics.median(exporter_rates)
+        print(f"spans from captured memory writes: {len(spans)} ({AGENTS} agents)")
+        print(
+            f"raw binary COPY of their rows:  {span_copy:>10,.0f} events/s  samples={[round(r) for r in span_copy_rates]}"
+        )
+        print(
+            f"PostgresSpanExporter.export:    {exporter_rate:>10,.0f} events/s  samples={[round(r) for r in exporter_rates]}"
+        )
+        print(
+            f"ratio exporter (mapping + write)/ceiling: {exporter_rate / span_copy:.2f}  (target >= 0.5)"
+        )
     finally:
         embedded.destroy(root / "pg")
 

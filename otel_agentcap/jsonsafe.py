@@ -182,6 +182,25 @@ def dumps(value: Any, max_chars: int = DEFAULT_MAX_PAYLOAD_CHARS) -> str:
     return text
 
 
+class RawJson(str):
+    """JSON text known to be valid and jsonb-safe, passed to storage as is (no parse and dump
+    round trip). Only the exporters use it; events for users carry parsed payloads."""
+
+    __slots__ = ()
+
+
+def raw_or_loads(text: str) -> Any:
+    """``RawJson(text)`` if ``text`` is valid JSON that jsonb accepts, else what :func:`loads`
+    makes of it (so cut or hostile text is still recorded safely)."""
+    try:
+        json.loads(text)
+    except (ValueError, TypeError, RecursionError):
+        return loads(text)
+    if not _jsonb_safe(text):
+        return to_jsonable(json.loads(text))
+    return RawJson(text)
+
+
 def loads(text: str | None) -> Any:
     """Parse a payload attribute; text that is not JSON (e.g. cut by an attribute length limit)
     comes back as ``{"$agentcap.unparsed": <text>}`` instead of being lost."""

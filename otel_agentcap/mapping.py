@@ -155,8 +155,25 @@ def _span_event(
         return None
 
 
-def events_from_span(span: SpanLike) -> list[Event]:
-    attributes = span.attributes or {}
+def _attributes_of(span: SpanLike) -> dict[str, AttributeValue]:
+    """A plain copy of the span's attributes. The SDK hands them out behind a mapping proxy over
+    ``BoundedAttributes``, whose Python-level ``__getitem__`` dominates the cost of mapping; its
+    inner dict is copied directly when present (the public path is the fallback)."""
+    inner = getattr(getattr(span, "_attributes", None), "_dict", None)
+    if isinstance(inner, dict):
+        return dict(inner)
+    return dict(span.attributes or {})
+
+
+def events_from_span(span: SpanLike, *, raw_payloads: bool = False) -> list[Event]:
+    """The events a span records. With ``raw_payloads`` a valid payload stays JSON text
+    (``jsonsafe.RawJson``), which storage writes as is; otherwise payloads are parsed."""
+    return _events(span, _attributes_of(span), raw_payloads)
+
+
+def _events(
+    span: SpanLike, attributes: dict[str, AttributeValue], raw_payloads: bool
+) -> list[Event]:
     if attr.EVENT_ID not in attributes or attributes.get(SUPERSEDED):
         # A superseded span is a second record of a model call that another span holds.
         return []
@@ -164,7 +181,8 @@ def events_from_span(span: SpanLike) -> list[Event]:
     trace_id = f"{ctx.trace_id:032x}" if ctx is not None else None
     span_id = f"{ctx.span_id:016x}" if ctx is not None else None
     if attr.EVENT_PAYLOAD in attributes:
-        payload = jsonsafe.loads(str(attributes[attr.EVENT_PAYLOAD]))
+        text = str(attributes[attr.EVENT_PAYLOAD])
+        payload = jsonsafe.raw_or_loads(text) if raw_payloads else jsonsafe.loads(text)
     elif attributes.get(attr.EVENT_TYPE) == EventType.MODEL_CALL:
         payload = _model_call_payload(span, attributes)
     else:
@@ -182,7 +200,11 @@ def events_from_span(span: SpanLike) -> list[Event]:
 
 
 def agents_from_span(span: SpanLike) -> list[AgentRecord]:
-    attributes = span.attributes or {}
+    """The agent rows a span implies (its own agent, and a spawned child)."""
+    return _agents(_attributes_of(span))
+
+
+def _agents(attributes: dict[str, AttributeValue]) -> list[AgentRecord]:
     if attr.EVENT_ID not in attributes:
         return []
     run_id = str(attributes.get(attr.RUN_ID, ""))
@@ -214,13 +236,16 @@ def agents_from_span(span: SpanLike) -> list[AgentRecord]:
     return records
 
 
-def batch_from_spans(spans: Iterable[SpanLike]) -> Batch:
-    """All events, agents and runs recorded by ``spans``; unstamped spans are skipped."""
+def batch_from_spans(spans: Iterable[SpanLike], *, raw_payloads: bool = False) -> Batch:
+    """All events, agents and runs recorded by ``spans``; unstamped spans are skipped.
+    Agent rows that repeat one another exactly are given once."""
     events: list[Event] = []
-    agents: list[AgentRecord] = []
+    agents: dict[AgentRecord, None] = {}
     for span in spans:
-        events.extend(events_from_span(span))
-        agents.extend(agents_from_span(span))
+        attributes = _attributes_of(span)
+        events.extend(_events(span, attributes, raw_payloads))
+        for record in _agents(attributes):
+            agents[record] = None
     started: dict[str, datetime] = {}
     for event in events:
         first = started.get(event.run_id)

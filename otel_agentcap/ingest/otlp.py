@@ -422,7 +422,7 @@ class OtlpIngestServer:
     def ingest(self, data: bytes | ExportTraceServiceRequest) -> WriteResult:
         """Map one OTLP request and store it (no HTTP); raises ``DecodeError`` on an undecodable
         body and ``AgentCapStorageError`` when the write fails."""
-        batch = batch_from_spans(iter_spans(data))
+        batch = batch_from_spans(iter_spans(data), raw_payloads=True)
         if not batch.events and not batch.agents:
             return WriteResult(0, 0, 0, 0)
         token = otel_context.attach(otel_context.set_value(_SUPPRESS_KEY, True))

@@ -85,7 +85,7 @@ class PostgresSpanExporter(SpanExporter):
             otel_context.detach(token)
 
     def _export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        batch = batch_from_spans(spans)
+        batch = batch_from_spans(spans, raw_payloads=True)
         if not batch.events and not batch.agents:
             return SpanExportResult.SUCCESS
         deadline = time.monotonic() + self._retry_timeout

@@ -152,6 +152,10 @@ def payload_dumps(max_chars: int) -> Callable[[Any], bytes]:
     """A ``dumps`` for psycopg's ``Jsonb`` that never produces JSON jsonb would reject."""
 
     def dumps(obj: Any) -> bytes:
+        if isinstance(obj, jsonsafe.RawJson):
+            if len(obj) <= max_chars:
+                return obj.encode("utf-8")
+            obj = json.loads(obj)
         try:
             text = json.dumps(obj, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
             if "\\u0000" not in text and len(text) <= max_chars:
