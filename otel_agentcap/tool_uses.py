@@ -21,15 +21,22 @@ from __future__ import annotations
 import inspect
 import json
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 from otel_agentcap import causal_links, jsonsafe
 from otel_agentcap.capture.tools import Tool, invocations
 from otel_agentcap.context import caused_by, current_agent
+from otel_agentcap.model import EventRef
 
-__all__ = ["arun_tool_uses", "run_tool_uses", "tool_use_blocks"]
+__all__ = [
+    "arun_tool_uses",
+    "remember_tool_result",
+    "run_tool_uses",
+    "tool_use_blocks",
+    "tool_use_scope",
+]
 
 _logger = logging.getLogger(__name__)
 
@@ -82,25 +89,38 @@ def _ok_block(tool_use_id: str, result: Any) -> dict[str, Any]:
     return {"type": "tool_result", "tool_use_id": tool_use_id, "content": _content(result)}
 
 
-def _parent_scope(message: Any, tool_use_id: str) -> AbstractContextManager[None]:
-    """``caused_by(<the model call that asked for tool_use_id>)`` when it is known."""
+def tool_use_scope(
+    tool_use_id: str,
+    message: Any = None,
+    pending: Callable[[], EventRef | None] | None = None,
+) -> AbstractContextManager[None]:
+    """``caused_by(<the model call that asked for tool_use_id>)`` when it is known, else a no-op.
+
+    The model call is found by the response id of ``message`` (when given), then by the tool_use
+    id, then by ``pending`` (for a call whose response is still streaming, so not yet indexed).
+    Never raises."""
     try:
         ctx = current_agent()
         if ctx is None:
             return nullcontext()
         ref = None
-        response_id = _get(message, "id")
+        response_id = _get(message, "id") if message is not None else None
         if isinstance(response_id, str):
             ref = causal_links.model_call_for_response(ctx.run_id, response_id)
         if ref is None:
             ref = causal_links.model_call_for_tool_use(ctx.run_id, tool_use_id)
+        if ref is None and pending is not None:
+            ref = pending()
         return caused_by(ref) if ref is not None else nullcontext()
     except Exception:
         _logger.debug("agentcap: could not find the model call of %s", tool_use_id, exc_info=True)
         return nullcontext()
 
 
-def _remember_result(tool_use_id: str) -> None:
+def remember_tool_result(tool_use_id: str) -> None:
+    """Index the result (or error) event of the current agent's invocation ``tool_use_id`` in
+    :mod:`otel_agentcap.causal_links`, so the request carrying its tool_result names it. Never
+    raises."""
     try:
         ctx = current_agent()
         if ctx is None:
@@ -126,13 +146,13 @@ def run_tool_uses(message: Any, tools: ToolSet) -> list[dict[str, Any]]:
         if tool.is_async:
             raise TypeError(f"tool {name!r} is async; use arun_tool_uses")
         try:
-            with _parent_scope(message, tool_use_id):
+            with tool_use_scope(tool_use_id, message):
                 result = tool.invoke(tool_use_id, **tool_input)
         except Exception as error:
             results.append(_error_block(tool_use_id, f"{type(error).__name__}: {error}"))
         else:
             results.append(_ok_block(tool_use_id, result))
-        _remember_result(tool_use_id)
+        remember_tool_result(tool_use_id)
     return results
 
 
@@ -146,12 +166,12 @@ async def arun_tool_uses(message: Any, tools: ToolSet) -> list[dict[str, Any]]:
             results.append(_error_block(tool_use_id, f"unknown tool: {name}"))
             continue
         try:
-            with _parent_scope(message, tool_use_id):
+            with tool_use_scope(tool_use_id, message):
                 outcome = tool.invoke(tool_use_id, **tool_input)
                 result = await outcome if inspect.isawaitable(outcome) else outcome
         except Exception as error:
             results.append(_error_block(tool_use_id, f"{type(error).__name__}: {error}"))
         else:
             results.append(_ok_block(tool_use_id, result))
-        _remember_result(tool_use_id)
+        remember_tool_result(tool_use_id)
     return results

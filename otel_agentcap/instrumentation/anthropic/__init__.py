@@ -15,6 +15,8 @@ What it does depends on the installed SDK (range in :mod:`.package`):
   causal parents of a request (the tool_result events of the ``tool_result`` blocks it carries),
   and adds the requested ``tool_use`` ids (``agentcap.model_call.tool_use_ids``) to the SDK's span.
   Content follows the SDK's own content mode (``ANTHROPIC_OPEN_TELEMETRY_TRACES_CONTENT_MODE``).
+  The SDK's beta tool runner runs each function tool through a captured
+  :class:`~otel_agentcap.Tool` (see :mod:`.tool_runner`).
 * An SDK without tracing: one ``chat {model}`` CLIENT span per ``messages.create`` (sync, async,
   ``stream=True``) and ``messages.stream(...)`` call, with the SDK's attribute names, ended exactly
   once (exhausted, failed, closed, left, dropped). Content only with
@@ -40,7 +42,7 @@ from opentelemetry.instrumentation.instrumentor import (  # type: ignore[attr-de
 )
 from opentelemetry.instrumentation.utils import unwrap
 
-from otel_agentcap.instrumentation.anthropic import patch
+from otel_agentcap.instrumentation.anthropic import patch, tool_runner
 from otel_agentcap.instrumentation.anthropic.package import _instruments
 from otel_agentcap.instrumentation.anthropic.version import __version__
 
@@ -121,6 +123,13 @@ class AnthropicInstrumentor(BaseInstrumentor):  # type: ignore[misc]
 
     def _instrument(self, **kwargs: Any) -> None:
         ensure_agentcap_processor()
+        for cls_name, is_async in tool_runner.RUNNERS:
+            self._wrap(
+                tool_runner.RUNNER_MODULE,
+                cls_name,
+                "_run_tool",
+                tool_runner.run_tool_wrapper(is_async=is_async),
+            )
         if sdk_traces_itself():
             for module_name, cls_name, is_async in _RESOURCES:
                 create = patch.causal_acreate() if is_async else patch.causal_create()
