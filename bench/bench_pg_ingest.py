@@ -142,12 +142,9 @@ def _uuid_batch(batch: Batch) -> Batch:
 
     return Batch(
         tuple(
-            Event(
-                **{
-                    **{f: getattr(e, f) for f in Event.__slots__},  # type: ignore[attr-defined]
-                    "event_id": uuid.UUID(e.event_id),
-                    "causal_parent_ids": tuple(uuid.UUID(p) for p in e.causal_parent_ids),
-                }
+            e._replace(
+                event_id=uuid.UUID(e.event_id),  # type: ignore[arg-type]
+                causal_parent_ids=tuple(uuid.UUID(p) for p in e.causal_parent_ids),  # type: ignore[misc]
             )
             for e in batch.events
         )

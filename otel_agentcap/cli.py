@@ -160,7 +160,7 @@ def cmd_show(args: argparse.Namespace) -> int:
             {
                 "run_id": args.run_id,
                 "agents": [asdict(a) for a in agents],
-                "events": [asdict(e) for e in sorted(events, key=lambda e: (e.agent_id, e.seq))],
+                "events": [e._asdict() for e in sorted(events, key=lambda e: (e.agent_id, e.seq))],
             }
         )
         return 0

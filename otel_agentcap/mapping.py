@@ -236,14 +236,31 @@ def _agents(attributes: dict[str, AttributeValue]) -> list[AgentRecord]:
     return records
 
 
+_AGENT_KEYS = (
+    attr.EVENT_TYPE,
+    attr.RUN_ID,
+    attr.AGENT_ID,
+    attr.AGENT_NAME,
+    attr.PARENT_AGENT_ID,
+    attr.SPAWNED_AT_EVENT_ID,
+    attr.CHILD_AGENT_ID,
+)
+
+
 def batch_from_spans(spans: Iterable[SpanLike], *, raw_payloads: bool = False) -> Batch:
     """All events, agents and runs recorded by ``spans``; unstamped spans are skipped.
     Agent rows that repeat one another exactly are given once."""
     events: list[Event] = []
     agents: dict[AgentRecord, None] = {}
+    seen: set[tuple[object, ...]] = set()
     for span in spans:
         attributes = _attributes_of(span)
         events.extend(_events(span, attributes, raw_payloads))
+        # Most spans name the same agent again: build its record only once.
+        identity = tuple(attributes.get(key) for key in _AGENT_KEYS)
+        if identity in seen:
+            continue
+        seen.add(identity)
         for record in _agents(attributes):
             agents[record] = None
     started: dict[str, datetime] = {}
