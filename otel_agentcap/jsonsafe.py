@@ -190,14 +190,17 @@ class RawJson(str):
 
 
 def raw_or_loads(text: str) -> Any:
-    """``RawJson(text)`` if ``text`` is valid JSON that jsonb accepts, else what :func:`loads`
-    makes of it (so cut or hostile text is still recorded safely)."""
-    try:
-        json.loads(text)
-    except (ValueError, TypeError, RecursionError):
+    """``RawJson(text)`` for text free of what jsonb rejects even in valid JSON (NUL escapes,
+    surrogate escapes, lone surrogates), else :func:`loads`. Validity as JSON is not checked here:
+    parsing costs more than the write itself, so the exporter lets PostgreSQL check and, if it
+    rejects a batch, maps it again with :func:`loads` (see ``PostgresSpanExporter``)."""
+    if "\\u0000" in text or "\\ud" in text or "\\uD" in text:
         return loads(text)
-    if not _jsonb_safe(text):
-        return to_jsonable(json.loads(text))
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            return loads(text)
     return RawJson(text)
 
 

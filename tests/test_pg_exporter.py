@@ -138,3 +138,42 @@ def test_unstamped_spans_are_ignored(pg_dsn):
     finally:
         exporter.shutdown()
     assert _count(pg_dsn, "SELECT count(*) FROM agentcap.events") == 0
+
+
+def test_payload_cut_by_a_length_limit_is_stored_safely_with_the_rest(pg_dsn):
+    """A payload attribute that is no longer JSON (cut by an attribute length limit) does not
+    fail the batch: it is stored as $agentcap.unparsed and every other event lands."""
+    from opentelemetry.sdk.trace import ReadableSpan
+
+    from otel_agentcap import attributes as attr
+
+    with capture_events() as captured:
+        _program("run-cut")
+    spans = list(captured.spans)
+    victim = next(s for s in spans if (s.attributes or {}).get(attr.EVENT_TYPE) == "memory_write")
+    cut = dict(victim.attributes or {})
+    cut[attr.EVENT_PAYLOAD] = str(cut[attr.EVENT_PAYLOAD])[:15]
+    spans[spans.index(victim)] = ReadableSpan(
+        name=victim.name,
+        context=victim.context,
+        parent=victim.parent,
+        attributes=cut,
+        events=victim.events,
+        start_time=victim.start_time,
+        end_time=victim.end_time,
+        instrumentation_scope=victim.instrumentation_scope,
+    )
+    exporter = PostgresSpanExporter(pg_dsn)
+    try:
+        assert exporter.export(spans) is SpanExportResult.SUCCESS
+    finally:
+        exporter.shutdown()
+    assert _count(pg_dsn, "SELECT count(*) FROM agentcap.events WHERE run_id = 'run-cut'") == len(
+        captured.events
+    )
+    with psycopg.connect(pg_dsn) as conn:
+        row = conn.execute(
+            "SELECT payload FROM agentcap.events WHERE run_id = 'run-cut' "
+            "AND event_type = 'memory_write'"
+        ).fetchone()
+    assert row is not None and "$agentcap.unparsed" in row[0]

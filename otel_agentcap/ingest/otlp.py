@@ -34,7 +34,7 @@ from opentelemetry.proto.trace.v1 import trace_pb2
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from otel_agentcap.exporters.postgres.database import Database, resolve_dsn
-from otel_agentcap.exporters.postgres.errors import AgentCapStorageError
+from otel_agentcap.exporters.postgres.errors import AgentCapStorageError, InvalidPayload
 from otel_agentcap.exporters.postgres.writer import EventWriter, WriteResult
 from otel_agentcap.mapping import batch_from_spans
 
@@ -422,13 +422,19 @@ class OtlpIngestServer:
     def ingest(self, data: bytes | ExportTraceServiceRequest) -> WriteResult:
         """Map one OTLP request and store it (no HTTP); raises ``DecodeError`` on an undecodable
         body and ``AgentCapStorageError`` when the write fails."""
-        batch = batch_from_spans(iter_spans(data), raw_payloads=True)
+        spans = list(iter_spans(data))
+        batch = batch_from_spans(spans, raw_payloads=True)
         if not batch.events and not batch.agents:
             return WriteResult(0, 0, 0, 0)
         token = otel_context.attach(otel_context.set_value(_SUPPRESS_KEY, True))
         try:
             self._database.ensure_schema()
-            return self._writer.write(batch)
+            try:
+                return self._writer.write(batch)
+            except InvalidPayload:
+                # A payload the server rejects as JSON: map again with every payload parsed and
+                # made safe (see PostgresSpanExporter).
+                return self._writer.write(batch_from_spans(spans))
         finally:
             otel_context.detach(token)
 

@@ -40,6 +40,10 @@ class WriteContention(WriteFailed):
     retryable = True
 
 
+class InvalidPayload(WriteFailed):
+    """The server rejected a payload as JSON (e.g. text cut by an attribute length limit)."""
+
+
 class InvalidBatch(WriteFailed):
     """The batch holds values that can never be stored (e.g. an event id that is not a UUID)."""
 

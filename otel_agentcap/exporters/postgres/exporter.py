@@ -13,7 +13,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from otel_agentcap.exporters.postgres.database import Database, resolve_dsn
-from otel_agentcap.exporters.postgres.errors import AgentCapStorageError
+from otel_agentcap.exporters.postgres.errors import AgentCapStorageError, InvalidPayload
 from otel_agentcap.exporters.postgres.writer import EventWriter
 from otel_agentcap.mapping import batch_from_spans
 
@@ -85,6 +85,9 @@ class PostgresSpanExporter(SpanExporter):
             otel_context.detach(token)
 
     def _export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        # Payloads go to PostgreSQL as the JSON text they are on the spans, unparsed; if the
+        # server rejects one (text cut by an attribute length limit, say), the batch is mapped
+        # again with every payload parsed and made safe, which cannot be rejected.
         batch = batch_from_spans(spans, raw_payloads=True)
         if not batch.events and not batch.agents:
             return SpanExportResult.SUCCESS
@@ -93,7 +96,11 @@ class PostgresSpanExporter(SpanExporter):
         while True:
             try:
                 self._database.ensure_schema()
-                result = self._writer.write(batch)
+                try:
+                    result = self._writer.write(batch)
+                except InvalidPayload:
+                    batch = batch_from_spans(spans)
+                    result = self._writer.write(batch)
             except AgentCapStorageError as exc:
                 with self._stats_lock:
                     self._stats.failed_attempts += 1

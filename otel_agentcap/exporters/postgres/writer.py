@@ -34,6 +34,7 @@ from otel_agentcap.model import EVENT_TYPES, Batch
 from .errors import (
     AgentCapStorageError,
     ConnectionFailed,
+    InvalidPayload,
     SchemaNotReady,
     WriteContention,
     WriteFailed,
@@ -323,6 +324,8 @@ class EventWriter:
                 last = exc  # broken connection: the pool discards it, the next attempt gets another
                 time.sleep(min(0.05 * 2**attempt, 1.0))
                 continue
+            except psycopg.errors.InvalidTextRepresentation as exc:
+                raise InvalidPayload(f"batch rejected and rolled back: {exc}") from exc
             except psycopg.Error as exc:
                 raise WriteFailed(f"batch rejected and rolled back: {exc}") from exc
             if conflicts:
