@@ -85,23 +85,25 @@ def _event(
     span_id: str | None,
     payload: Any,
 ) -> Event | None:
-    """The primary event of a span, from its stamp attributes."""
-    event_id = attributes.get(attr.EVENT_ID)
+    """The primary event of a span, from its stamp attributes (values as the capture set them:
+    strings, an int sequence, a tuple of parent ids; storage validates them again)."""
+    get = attributes.get
+    event_id = get(attr.EVENT_ID)
     if not isinstance(event_id, str):
         return None
-    parents = attributes.get(attr.EVENT_CAUSAL_PARENT_IDS) or ()
+    parents = get(attr.EVENT_CAUSAL_PARENT_IDS) or ()
     return Event(
-        event_id=event_id,
-        run_id=str(attributes.get(attr.RUN_ID, "")),
-        agent_id=str(attributes.get(attr.AGENT_ID, "")),
-        seq=int(attributes.get(attr.EVENT_SEQ, 0)),  # type: ignore[arg-type]
-        event_type=str(attributes.get(attr.EVENT_TYPE, "")),
-        idempotency_key=str(attributes.get(attr.EVENT_IDEMPOTENCY_KEY, "")),
-        wall_time=_time(timestamp),
-        causal_parent_ids=tuple(str(p) for p in parents),  # type: ignore[union-attr]
-        payload=payload,
-        trace_id=trace_id,
-        span_id=span_id,
+        event_id,
+        str(get(attr.RUN_ID, "")),
+        str(get(attr.AGENT_ID, "")),
+        int(get(attr.EVENT_SEQ, 0)),  # type: ignore[arg-type]
+        str(get(attr.EVENT_TYPE, "")),
+        str(get(attr.EVENT_IDEMPOTENCY_KEY, "")),
+        _time(timestamp),
+        parents if type(parents) is tuple else tuple(parents),  # type: ignore[arg-type]
+        payload,
+        trace_id,
+        span_id,
     )
 
 
