@@ -14,6 +14,7 @@ Targets: (b) <= 1.3 x (a) and (b) <= 0.5 x (c).  Run: .venv/bin/python bench/ben
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import sys
@@ -30,7 +31,7 @@ from otel_agentcap.instrumentation.anthropic import AnthropicInstrumentor
 from otel_agentcap.mapping import batch_from_spans
 from otel_agentcap.processor import AgentCapSpanProcessor
 
-ROUNDS = 5
+ROUNDS = 9
 CALLS = 200
 MODEL = "claude-bench"
 MESSAGES = [{"role": "user", "content": "Hello"}]
@@ -166,6 +167,12 @@ def _per_call_us(fn: Callable[[anthropic.Anthropic], None], client: anthropic.An
 
 
 def main() -> int:
+    global ROUNDS, CALLS
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=ROUNDS)
+    parser.add_argument("--calls", type=int, default=CALLS)
+    args = parser.parse_args()
+    ROUNDS, CALLS = args.rounds, args.calls
     bare = _client(False)
     provider_a = TracerProvider()
     provider_a.add_span_processor(SimpleSpanProcessor(NullExporter()))
