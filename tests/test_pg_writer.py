@@ -350,3 +350,20 @@ def test_dedup_invariant(pool: ConnectionPool[Any], batches: list[list[Event]]) 
         (e.agent_id, e.seq, e.payload["p"]) for e in expected.values()
     }
     assert n_conflicts == len(distinct_others)
+
+
+@pytest.mark.storage
+def test_stored_copy_behind_an_in_batch_collision_is_a_duplicate(pool):
+    """A batch re-sending a stored event behind a different event with the same id records one
+    conflict (the different one), not two."""
+    writer = EventWriter(pool)
+    try:
+        writer.write(Batch((ev("r", "agent-0", 0, payload={"p": 1}),)))
+        result = writer.write(
+            Batch(
+                (ev("r", "agent-0", 0, payload={"p": 0}), ev("r", "agent-0", 0, payload={"p": 1}))
+            )
+        )
+    finally:
+        writer.close()
+    assert (result.inserted, result.duplicates, result.conflicts) == (0, 1, 1)

@@ -128,6 +128,9 @@ WITH p AS MATERIALIZED (
 c AS MATERIALIZED (
     SELECT p.*,
         CASE
+            -- An exact copy of a stored event is a duplicate, even when an earlier row of the
+            -- same batch collided with it.
+            WHEN e_id IS NOT NULL AND e_same THEN 'duplicate'
             WHEN batch_reason IS NOT NULL THEN batch_reason
             WHEN event_type <> ALL ({event_types}) THEN 'invalid_event_type'
             WHEN e_id IS NOT NULL THEN CASE WHEN e_same THEN 'duplicate' ELSE 'event_id_content' END
