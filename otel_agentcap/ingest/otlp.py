@@ -34,7 +34,8 @@ from opentelemetry.proto.trace.v1 import trace_pb2
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from otel_agentcap.exporters.postgres.database import Database, resolve_dsn
-from otel_agentcap.exporters.postgres.errors import AgentCapStorageError, InvalidPayload
+from otel_agentcap.exporters.postgres.errors import AgentCapStorageError
+from otel_agentcap.exporters.postgres.exporter import write_spans
 from otel_agentcap.exporters.postgres.writer import EventWriter, WriteResult
 from otel_agentcap.mapping import batch_from_spans
 
@@ -428,13 +429,7 @@ class OtlpIngestServer:
             return WriteResult(0, 0, 0, 0)
         token = otel_context.attach(otel_context.set_value(_SUPPRESS_KEY, True))
         try:
-            self._database.ensure_schema()
-            try:
-                return self._writer.write(batch)
-            except InvalidPayload:
-                # A payload the server rejects as JSON: map again with every payload parsed and
-                # made safe (see PostgresSpanExporter).
-                return self._writer.write(batch_from_spans(spans))
+            return write_spans(self._database, self._writer, spans, batch)
         finally:
             otel_context.detach(token)
 

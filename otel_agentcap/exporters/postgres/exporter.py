@@ -14,12 +14,33 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from otel_agentcap.exporters.postgres.database import Database, resolve_dsn
 from otel_agentcap.exporters.postgres.errors import AgentCapStorageError, InvalidPayload
-from otel_agentcap.exporters.postgres.writer import EventWriter
-from otel_agentcap.mapping import batch_from_spans
+from otel_agentcap.exporters.postgres.writer import EventWriter, WriteResult
+from otel_agentcap.mapping import SpanLike, batch_from_spans
+from otel_agentcap.model import Batch
 
 _logger = logging.getLogger(__name__)
 
 _SUPPRESS_KEY = otel_context._SUPPRESS_INSTRUMENTATION_KEY
+
+
+def write_spans(
+    database: Database, writer: EventWriter, spans: Sequence[SpanLike], batch: Batch | None = None
+) -> WriteResult:
+    """Store the events ``spans`` record: one batch, one transaction, deduplicated.
+
+    Payloads go to PostgreSQL as the JSON text they are on the spans, unparsed (parsing costs
+    more than the write); if the server rejects one (text cut by an attribute length limit, say),
+    the batch is mapped again with every payload parsed and made safe, which cannot be rejected.
+    ``batch`` is the raw-payload mapping of ``spans`` when the caller has it already. Raises
+    ``AgentCapStorageError``; the caller runs it with instrumentation suppressed.
+    """
+    if batch is None:
+        batch = batch_from_spans(spans, raw_payloads=True)
+    database.ensure_schema()
+    try:
+        return writer.write(batch)
+    except InvalidPayload:
+        return writer.write(batch_from_spans(spans))
 
 
 @dataclass
@@ -85,9 +106,6 @@ class PostgresSpanExporter(SpanExporter):
             otel_context.detach(token)
 
     def _export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        # Payloads go to PostgreSQL as the JSON text they are on the spans, unparsed; if the
-        # server rejects one (text cut by an attribute length limit, say), the batch is mapped
-        # again with every payload parsed and made safe, which cannot be rejected.
         batch = batch_from_spans(spans, raw_payloads=True)
         if not batch.events and not batch.agents:
             return SpanExportResult.SUCCESS
@@ -95,12 +113,7 @@ class PostgresSpanExporter(SpanExporter):
         delay = 0.05
         while True:
             try:
-                self._database.ensure_schema()
-                try:
-                    result = self._writer.write(batch)
-                except InvalidPayload:
-                    batch = batch_from_spans(spans)
-                    result = self._writer.write(batch)
+                result = write_spans(self._database, self._writer, spans, batch)
             except AgentCapStorageError as exc:
                 with self._stats_lock:
                     self._stats.failed_attempts += 1
