@@ -120,7 +120,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     )
     console.print(f"  database: {dsn}")
     dsn_flag = f" --dsn '{args.dsn}'" if args.dsn else ""
-    console.print(f"next: otel-agentcap show {result.run_id}{dsn_flag}")
+    # As the user ran it (e.g. .venv/bin/otel-agentcap from make demo), so it can be pasted.
+    prog = sys.argv[0] if sys.argv[0].endswith("otel-agentcap") else "otel-agentcap"
+    console.print(f"next: {prog} show {result.run_id}{dsn_flag}")
     return 0
 
 
