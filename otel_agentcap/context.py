@@ -152,14 +152,6 @@ def caused_by(*parents: EventRef) -> Iterator[None]:
         _causal_parents.reset(token)
 
 
-def clear_ambient_parents() -> contextvars.Token[tuple[EventRef, ...]]:
-    return _causal_parents.set(())
-
-
-def reset_ambient_parents(token: contextvars.Token[tuple[EventRef, ...]]) -> None:
-    _causal_parents.reset(token)
-
-
 def wrap(fn: Callable[P, R]) -> Callable[P, R]:
     """Bind ``fn`` to a copy of the current context (run, agent, span) for use in another thread."""
     ctx = contextvars.copy_context()
