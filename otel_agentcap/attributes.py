@@ -28,10 +28,11 @@ OP_CREATE_AGENT: Final = "create_agent"
 OP_EXECUTE_TOOL: Final = "execute_tool"
 OP_CHAT: Final = "chat"
 
-# otel_agentcap's own attributes. Every captured event carries all of the ``EVENT_*`` ones.
+# otel_agentcap's own attributes. A span holding an event carries RUN_ID, AGENT_ID, EVENT_ID,
+# EVENT_TYPE, EVENT_SEQ and the GenAI agent id and name; EVENT_IDEMPOTENCY_KEY only when it is not
+# "seq:{seq}" and EVENT_CAUSAL_PARENT_IDS only when there are parents (see stamping.Stamp).
 RUN_ID: Final = "agentcap.run.id"
 AGENT_ID: Final = "agentcap.agent.id"
-AGENT_NAME: Final = "agentcap.agent.name"
 EVENT_ID: Final = "agentcap.event.id"
 EVENT_TYPE: Final = "agentcap.event.type"
 EVENT_SEQ: Final = "agentcap.event.seq"

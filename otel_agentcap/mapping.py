@@ -92,13 +92,15 @@ def _event(
     if not isinstance(event_id, str):
         return None
     parents = get(attr.EVENT_CAUSAL_PARENT_IDS) or ()
+    seq = int(get(attr.EVENT_SEQ, 0))  # type: ignore[arg-type]
+    key = get(attr.EVENT_IDEMPOTENCY_KEY)
     return Event(
         event_id,
         str(get(attr.RUN_ID, "")),
         str(get(attr.AGENT_ID, "")),
-        int(get(attr.EVENT_SEQ, 0)),  # type: ignore[arg-type]
+        seq,
         str(get(attr.EVENT_TYPE, "")),
-        str(get(attr.EVENT_IDEMPOTENCY_KEY, "")),
+        f"seq:{seq}" if key is None else str(key),  # left out when it is the default
         _time(timestamp),
         parents if type(parents) is tuple else tuple(parents),  # type: ignore[arg-type]
         payload,
@@ -211,7 +213,7 @@ def _agents(attributes: dict[str, AttributeValue]) -> list[AgentRecord]:
         return []
     run_id = str(attributes.get(attr.RUN_ID, ""))
     agent_id = str(attributes.get(attr.AGENT_ID, ""))
-    name = attributes.get(attr.AGENT_NAME)
+    name = attributes.get(attr.GEN_AI_AGENT_NAME)
     parent = attributes.get(attr.PARENT_AGENT_ID)
     spawned_at = attributes.get(attr.SPAWNED_AT_EVENT_ID)
     records = [
@@ -242,7 +244,7 @@ _AGENT_KEYS = (
     attr.EVENT_TYPE,
     attr.RUN_ID,
     attr.AGENT_ID,
-    attr.AGENT_NAME,
+    attr.GEN_AI_AGENT_NAME,
     attr.PARENT_AGENT_ID,
     attr.SPAWNED_AT_EVENT_ID,
     attr.CHILD_AGENT_ID,

@@ -125,11 +125,7 @@ class AgentCapSpanProcessor(SpanProcessor):
             span, ctx, scope, parent_context
         ):
             return
-        event = stamp(ctx, event_type)
-        stamps = event.attributes()
-        stamps[attr.GEN_AI_AGENT_ID] = ctx.agent_id
-        stamps[attr.GEN_AI_AGENT_NAME] = ctx.name
-        span.set_attributes(stamps)
+        span.set_attributes(stamp(ctx, event_type).attributes())
         if event_type == EventType.MODEL_CALL and not _is_sdk_scope(scope):
             parent = trace.get_current_span(parent_context)
             with self._open_lock:

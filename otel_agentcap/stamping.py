@@ -29,16 +29,23 @@ class Stamp(NamedTuple):
         return EventRef(self.event_id, self.seq, self.agent_id)
 
     def attributes(self) -> dict[str, AttributeValue]:
-        return {
+        """The stamp as span attributes. What can be derived is left out (every attribute costs
+        on the hot path): the idempotency key when it is ``seq:{seq}``, and empty causal
+        parents; ``mapping`` restores both."""
+        attributes: dict[str, AttributeValue] = {
             attr.RUN_ID: self.run_id,
             attr.AGENT_ID: self.agent_id,
-            attr.AGENT_NAME: self.agent_name,
+            attr.GEN_AI_AGENT_ID: self.agent_id,
+            attr.GEN_AI_AGENT_NAME: self.agent_name,
             attr.EVENT_ID: self.event_id,
             attr.EVENT_TYPE: self.event_type,
             attr.EVENT_SEQ: self.seq,
-            attr.EVENT_IDEMPOTENCY_KEY: self.idempotency_key,
-            attr.EVENT_CAUSAL_PARENT_IDS: self.causal_parent_ids,
         }
+        if self.idempotency_key != f"seq:{self.seq}":
+            attributes[attr.EVENT_IDEMPOTENCY_KEY] = self.idempotency_key
+        if self.causal_parent_ids:
+            attributes[attr.EVENT_CAUSAL_PARENT_IDS] = self.causal_parent_ids
+        return attributes
 
 
 def stamp(

@@ -21,7 +21,7 @@ def _stamped(
     a: dict[str, object] = {
         attr.RUN_ID: "run-1",
         attr.AGENT_ID: "agent-1",
-        attr.AGENT_NAME: "agent",
+        attr.GEN_AI_AGENT_NAME: "agent",
         attr.EVENT_ID: event_id,
         attr.EVENT_TYPE: "tool_invocation",
         attr.EVENT_SEQ: seq,

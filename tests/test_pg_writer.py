@@ -254,7 +254,7 @@ def test_awkward_payloads_and_text_land(pool: ConnectionPool[Any]) -> None:
 
 
 @pytest.mark.parametrize(
-    "run_id,agent_id", [("planner-run", "planner"), ("ünï code/ids with spaces", "ägent 𝔸 / x")]
+    "run_id,agent_id", [("planner-run", "planner"), ("ünï code/ids with spaces", "ägent \U0001d538 / x")]
 )
 def test_non_uuid_run_and_agent_ids_land(
     pool: ConnectionPool[Any], run_id: str, agent_id: str

@@ -32,21 +32,10 @@ class Encoded(str):
 def event_attributes(
     stamp: Stamp, payload: Any, extra: dict[str, AttributeValue] | None = None
 ) -> dict[str, AttributeValue]:
-    attributes: dict[str, AttributeValue] = {
-        attr.RUN_ID: stamp.run_id,
-        attr.AGENT_ID: stamp.agent_id,
-        attr.AGENT_NAME: stamp.agent_name,
-        attr.EVENT_ID: stamp.event_id,
-        attr.EVENT_TYPE: stamp.event_type,
-        attr.EVENT_SEQ: stamp.seq,
-        attr.EVENT_IDEMPOTENCY_KEY: stamp.idempotency_key,
-        attr.EVENT_CAUSAL_PARENT_IDS: stamp.causal_parent_ids,
-        attr.GEN_AI_AGENT_ID: stamp.agent_id,
-        attr.GEN_AI_AGENT_NAME: stamp.agent_name,
-        attr.EVENT_PAYLOAD: str(payload)
-        if isinstance(payload, Encoded)
-        else jsonsafe.dumps(payload),
-    }
+    attributes = stamp.attributes()
+    attributes[attr.EVENT_PAYLOAD] = (
+        str(payload) if isinstance(payload, Encoded) else jsonsafe.dumps(payload)
+    )
     if extra is not None:
         attributes.update(extra)
     return attributes
