@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 import uuid
 from collections.abc import Iterator
@@ -254,7 +255,8 @@ def test_awkward_payloads_and_text_land(pool: ConnectionPool[Any]) -> None:
 
 
 @pytest.mark.parametrize(
-    "run_id,agent_id", [("planner-run", "planner"), ("ünï code/ids with spaces", "ägent \U0001d538 / x")]
+    "run_id,agent_id",
+    [("planner-run", "planner"), ("ünï code/ids with spaces", "ägent \U0001d538 / x")],
 )
 def test_non_uuid_run_and_agent_ids_land(
     pool: ConnectionPool[Any], run_id: str, agent_id: str
@@ -367,3 +369,40 @@ def test_stored_copy_behind_an_in_batch_collision_is_a_duplicate(pool):
     finally:
         writer.close()
     assert (result.inserted, result.duplicates, result.conflicts) == (0, 1, 1)
+
+
+@pytest.mark.storage
+@pytest.mark.fault
+def test_staging_tables_of_dead_processes_are_dropped(pool, pg_dsn):
+    """A new writer drops staging tables left by dead processes of this host, and keeps those of
+    live processes and of other hosts."""
+    import subprocess
+
+    from otel_agentcap.exporters.postgres.writer import _host_tag
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    tag = _host_tag()
+    names = {
+        "dead": f"staging_{tag}_{dead.pid}_aaaaaaaaaaaa",
+        "live": f"staging_{tag}_1_bbbbbbbbbbbb",
+        "other_host": f"staging_00000000_{dead.pid}_cccccccccccc",
+    }
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        for name in names.values():
+            conn.execute(f"CREATE UNLOGGED TABLE agentcap.{name} (x int)")
+    writer = EventWriter(pool)
+    try:
+        writer.write(Batch((ev("r", "agent-0", 1),)))
+    finally:
+        writer.close()
+    with psycopg.connect(pg_dsn) as conn:
+        left = {
+            r[0]
+            for r in conn.execute(
+                "SELECT tablename FROM pg_tables WHERE schemaname = 'agentcap' "
+                "AND tablename LIKE 'staging%%'"
+            )
+        }
+    assert names["dead"] not in left
+    assert {names["live"], names["other_host"]} <= left

@@ -16,9 +16,11 @@ retried, a bounded number of times, so the next classification sees that row.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import re
+import socket
 import threading
 import time
 import uuid
@@ -189,8 +191,41 @@ class _ConcurrentInsert(Exception):
     """A concurrent writer stored one of our new event ids first: classify again."""
 
 
+def _host_tag() -> str:
+    return hashlib.sha1(socket.gethostname().encode(), usedforsecurity=False).hexdigest()[:8]
+
+
 def default_staging_name() -> str:
-    return f"staging_{os.getpid()}_{uuid.uuid4().hex[:12]}"
+    """``staging_<host>_<pid>_<random>``: host and pid let a later writer on the same host find
+    the tables of processes that died without dropping theirs."""
+    return f"staging_{_host_tag()}_{os.getpid()}_{uuid.uuid4().hex[:12]}"
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by someone else
+    return True
+
+
+def orphaned_staging_tables(names: list[str]) -> list[str]:
+    """The staging tables among ``names`` left by dead processes of this host (pure, testable)."""
+    prefix = f"staging_{_host_tag()}_"
+    orphans = []
+    for name in names:
+        if not name.startswith(prefix):
+            continue  # another host's, or a name given by the user: not ours to judge
+        pid_text = name[len(prefix) :].split("_", 1)[0]
+        if (
+            pid_text.isdigit()
+            and int(pid_text) != os.getpid()
+            and not _process_alive(int(pid_text))
+        ):
+            orphans.append(name)
+    return orphans
 
 
 class EventWriter:
@@ -259,6 +294,28 @@ class EventWriter:
             with conn.transaction():
                 conn.execute(stmt)
             self._staging_ready = True
+            self._drop_orphans(conn)
+
+    def _drop_orphans(self, conn: psycopg.Connection[Any]) -> None:
+        """Best effort: drop staging tables that dead processes of this host left behind, never
+        waiting on a lock (a table in use is not an orphan's)."""
+        try:
+            rows = conn.execute(
+                "SELECT tablename FROM pg_tables WHERE schemaname = 'agentcap' "
+                "AND tablename LIKE 'staging\\_%'"
+            ).fetchall()
+            conn.rollback()
+            for name in orphaned_staging_tables([str(r[0]) for r in rows]):
+                with conn.transaction():
+                    conn.execute("SET LOCAL lock_timeout = '100ms'")
+                    conn.execute(
+                        sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier("agentcap", name))
+                    )
+                _log.info("agentcap: dropped staging table %s left by a dead process", name)
+        except psycopg.Error as exc:
+            _log.debug("agentcap: staging clean-up skipped: %s", exc)
+            if not conn.closed:
+                conn.rollback()
 
     def _write_once(
         self, conn: psycopg.Connection[Any], batch: PreparedBatch, *, full: bool
