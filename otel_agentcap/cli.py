@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import sys
 import time
 from collections import Counter
@@ -17,7 +16,7 @@ from typing import Any
 import psycopg
 
 from otel_agentcap.exporters.postgres import embedded, store
-from otel_agentcap.exporters.postgres.database import ENV_DSN
+from otel_agentcap.exporters.postgres.database import ENV_DSN, resolve_dsn
 from otel_agentcap.exporters.postgres.errors import AgentCapStorageError, RunNotFound
 from otel_agentcap.exporters.postgres.migrate import migrate
 from otel_agentcap.timeline import layout, summary
@@ -45,15 +44,8 @@ def _console() -> Any:
     return Console(highlight=False, soft_wrap=True)
 
 
-def _dsn(args: argparse.Namespace, *, start_embedded: bool = True) -> str:
-    if args.dsn:
-        return str(args.dsn)
-    env = os.environ.get(ENV_DSN)
-    if env:
-        return env
-    if not start_embedded:
-        raise CliError(f"no database given: pass --dsn or set {ENV_DSN}")
-    return embedded.start()
+def _dsn(args: argparse.Namespace) -> str:
+    return resolve_dsn(args.dsn, announce=False)
 
 
 def _connect(dsn: str) -> psycopg.Connection[Any]:

@@ -18,6 +18,7 @@ from opentelemetry.trace import Link, Span, SpanContext
 
 from otel_agentcap import attributes as attr
 from otel_agentcap.capture import _telemetry as tel
+from otel_agentcap.clock import clocks
 from otel_agentcap.context import (
     AgentContext,
     RunContext,
@@ -458,7 +459,7 @@ def _spawn(parent: AgentContext, name: str, *, key: str | None, agent_id: str | 
                 parent_agent_id=parent.agent_id,
                 spawned_at=recovered.spawned_at,
             )
-            new_agent_context(parent.run_id, child_id, name).clock.observe(recovered.spawned_at.seq)
+            clocks.get(parent.run_id, child_id).observe(recovered.spawned_at.seq)
             _agents[(parent.run_id, child_id)] = child
             return child
         spawn_stamp = stamp(parent, EventType.AGENT_SPAWN, key=f"spawn:{child_id}")
@@ -479,8 +480,7 @@ def _spawn(parent: AgentContext, name: str, *, key: str | None, agent_id: str | 
             spawn_span_context=span.get_span_context(),
         )
         # The child's first event must come after the spawn, whatever thread runs it.
-        child_clock_owner = new_agent_context(parent.run_id, child_id, name)
-        child_clock_owner.clock.observe(spawn_stamp.seq)
+        clocks.get(parent.run_id, child_id).observe(spawn_stamp.seq)
         _agents[(parent.run_id, child_id)] = child
         return child
 

@@ -24,7 +24,6 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Final
 
-from opentelemetry import context as otel_context
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
@@ -37,7 +36,6 @@ from otel_agentcap.exporters.postgres.database import Database, resolve_dsn
 from otel_agentcap.exporters.postgres.errors import AgentCapStorageError
 from otel_agentcap.exporters.postgres.exporter import write_spans
 from otel_agentcap.exporters.postgres.writer import EventWriter, WriteResult
-from otel_agentcap.mapping import batch_from_spans
 
 _logger = logging.getLogger(__name__)
 
@@ -51,7 +49,6 @@ MAX_BODY_BYTES: Final = 64 * 1024 * 1024
 _PROTOBUF: Final = "application/x-protobuf"
 # google.protobuf ships no type stubs; its DecodeError is all this module needs of it directly.
 _DecodeError: type[Exception] = importlib.import_module("google.protobuf.message").DecodeError
-_SUPPRESS_KEY = otel_context._SUPPRESS_INSTRUMENTATION_KEY
 
 # OTLP span kinds are the API's plus one (0 is SPAN_KIND_UNSPECIFIED, read as INTERNAL).
 _KINDS: Final = {
@@ -423,15 +420,7 @@ class OtlpIngestServer:
     def ingest(self, data: bytes | ExportTraceServiceRequest) -> WriteResult:
         """Map one OTLP request and store it (no HTTP); raises ``DecodeError`` on an undecodable
         body and ``AgentCapStorageError`` when the write fails."""
-        spans = list(iter_spans(data))
-        batch = batch_from_spans(spans, raw_payloads=True)
-        if not batch.events and not batch.agents:
-            return WriteResult(0, 0, 0, 0)
-        token = otel_context.attach(otel_context.set_value(_SUPPRESS_KEY, True))
-        try:
-            return write_spans(self._database, self._writer, spans, batch)
-        finally:
-            otel_context.detach(token)
+        return write_spans(self._database, self._writer, list(iter_spans(data)))
 
     def handle(self, body: bytes) -> tuple[HTTPStatus, bytes]:
         """The HTTP status and body answering a request whose (decompressed) body is ``body``."""

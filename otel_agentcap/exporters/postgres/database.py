@@ -44,6 +44,19 @@ def resolve_dsn(dsn: str | None = None, *, announce: bool = True) -> str:
     return resolved
 
 
+@contextmanager
+def instrumentation_suppressed() -> Iterator[None]:
+    """Run storage I/O without tracing it (an instrumented psycopg would otherwise feed the
+    exporter spans of its own writes)."""
+    token = otel_context.attach(
+        otel_context.set_value(otel_context._SUPPRESS_INSTRUMENTATION_KEY, True)
+    )
+    try:
+        yield
+    finally:
+        otel_context.detach(token)
+
+
 class Database:
     """A pool on ``dsn`` whose schema is migrated before first use."""
 
@@ -73,18 +86,14 @@ class Database:
         """
         if time.monotonic() < self._down_until:
             raise ConnectionFailed("PostgreSQL was unreachable moments ago")
-        token = otel_context.attach(
-            otel_context.set_value(otel_context._SUPPRESS_INSTRUMENTATION_KEY, True)
-        )
         try:
-            self.ensure_schema()
-            with self.pool.connection(timeout=timeout) as conn:
-                yield conn
+            with instrumentation_suppressed():
+                self.ensure_schema()
+                with self.pool.connection(timeout=timeout) as conn:
+                    yield conn
         except Exception:
             self._down_until = time.monotonic() + cooldown
             raise
-        finally:
-            otel_context.detach(token)
 
     def ensure_schema(self) -> None:
         """Migrate once per process; raises ConnectionFailed while the server is unreachable."""

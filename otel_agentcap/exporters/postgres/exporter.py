@@ -8,19 +8,20 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-from opentelemetry import context as otel_context
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from otel_agentcap.exporters.postgres.database import Database, resolve_dsn
+from otel_agentcap.exporters.postgres.database import (
+    Database,
+    instrumentation_suppressed,
+    resolve_dsn,
+)
 from otel_agentcap.exporters.postgres.errors import AgentCapStorageError, InvalidPayload
 from otel_agentcap.exporters.postgres.writer import EventWriter, WriteResult
 from otel_agentcap.mapping import SpanLike, batch_from_spans
 from otel_agentcap.model import Batch
 
 _logger = logging.getLogger(__name__)
-
-_SUPPRESS_KEY = otel_context._SUPPRESS_INSTRUMENTATION_KEY
 
 
 def write_spans(
@@ -31,16 +32,19 @@ def write_spans(
     Payloads go to PostgreSQL as the JSON text they are on the spans, unparsed (parsing costs
     more than the write); if the server rejects one (text cut by an attribute length limit, say),
     the batch is mapped again with every payload parsed and made safe, which cannot be rejected.
-    ``batch`` is the raw-payload mapping of ``spans`` when the caller has it already. Raises
-    ``AgentCapStorageError``; the caller runs it with instrumentation suppressed.
+    ``batch`` is the raw-payload mapping of ``spans`` when the caller has it already. Runs with
+    instrumentation suppressed; raises ``AgentCapStorageError``.
     """
     if batch is None:
         batch = batch_from_spans(spans, raw_payloads=True)
-    database.ensure_schema()
-    try:
-        return writer.write(batch)
-    except InvalidPayload:
-        return writer.write(batch_from_spans(spans))
+    if not batch.events and not batch.agents:
+        return WriteResult(0, 0, 0, 0)
+    with instrumentation_suppressed():
+        database.ensure_schema()
+        try:
+            return writer.write(batch)
+        except InvalidPayload:
+            return writer.write(batch_from_spans(spans))
 
 
 @dataclass
@@ -96,14 +100,11 @@ class PostgresSpanExporter(SpanExporter):
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         if self._shutdown.is_set():
             return SpanExportResult.FAILURE
-        token = otel_context.attach(otel_context.set_value(_SUPPRESS_KEY, True))
         try:
             return self._export(spans)
         except Exception:  # a bug of ours must not reach the BatchSpanProcessor's thread
             _logger.exception("agentcap: export failed unexpectedly")
             return SpanExportResult.FAILURE
-        finally:
-            otel_context.detach(token)
 
     def _export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         batch = batch_from_spans(spans, raw_payloads=True)
