@@ -48,10 +48,16 @@ CHILD_AGENT_NAME: Final = "agentcap.child.name"
 PARENT_AGENT_ID: Final = "agentcap.parent.agent_id"
 SPAWNED_AT_EVENT_ID: Final = "agentcap.spawned_at_event_id"
 
-# Span events (OpenTelemetry "events" inside a span) that carry a further agentcap event of the
-# same operation, e.g. the tool_result of an execute_tool span, are named with this prefix and
-# hold the whole event in one JSON attribute (one attribute is much cheaper to record than six):
-# {"id": event id, "type": event type, "seq": n, "key": idempotency key, "parents": [ids],
-#  "payload": payload}. Run and agent are the span's.
+# The closing event of an operation (the tool_result or agent_error of an execute_tool span, the
+# agent_end or agent_error of an invoke_agent span), set on the span just before it ends as one
+# JSON attribute: {"id": event id, "type": event type, "seq": n, "key": idempotency key,
+# "parents": [ids], "payload": payload}. Run and agent are the span's, its time the span's end.
+# An attribute rather than a span event: OpenTelemetry is deprecating the Span Event API
+# (OTEP 4430), and one attribute costs a fraction of a span event.
+OUTCOME: Final = "agentcap.outcome"
+
+# Earlier versions recorded the closing event as a span event named SPAN_EVENT_PREFIX + type that
+# holds the same record in SPAN_EVENT_RECORD; the mapping still reads those (e.g. from a collector
+# replaying old spans).
 SPAN_EVENT_PREFIX: Final = "agentcap."
 SPAN_EVENT_RECORD: Final = "agentcap.event"

@@ -1,7 +1,8 @@
 """Pure mapping from finished spans to event-log records (no I/O).
 
-A span stamped by agentcap holds one event (its start) and, as span events named ``agentcap.*``,
-any further events of the same operation (``tool_result``, ``agent_end``, ``agent_error``).
+A span stamped by agentcap holds one event (its start) and, in the ``agentcap.outcome`` attribute,
+the closing event of the same operation (``tool_result``, ``agent_end``, ``agent_error``); span
+events named ``agentcap.*`` holding such a record (what earlier versions wrote) are read too.
 Spans without stamps are ignored.
 """
 
@@ -126,14 +127,14 @@ def _salvage_record(raw: str) -> dict[str, Any] | None:
     return header
 
 
-def _span_event(
-    span_event: _SpanEventLike,
+def _record_event(
+    raw: AttributeValue | None,
     owner: Mapping[str, AttributeValue],
+    timestamp: int | None,
     trace_id: str | None,
     span_id: str | None,
 ) -> Event | None:
-    """A further event of a span, recorded as one JSON attribute; run and agent are the span's."""
-    raw = (span_event.attributes or {}).get(attr.SPAN_EVENT_RECORD)
+    """A further event of a span, recorded as one JSON record; run and agent are the span's."""
     if not isinstance(raw, str):
         return None
     record = jsonsafe.loads(raw)
@@ -149,7 +150,7 @@ def _span_event(
             seq=int(record.get("seq", 0)),
             event_type=str(record.get("type", "")),
             idempotency_key=str(record.get("key", "")),
-            wall_time=_time(span_event.timestamp),
+            wall_time=_time(timestamp),
             causal_parent_ids=tuple(str(p) for p in record.get("parents") or ()),
             payload=record.get("payload"),
             trace_id=trace_id,
@@ -195,9 +196,15 @@ def _events(
     main = _event(attributes, span.start_time, trace_id, span_id, payload)
     if main is not None:
         events.append(main)
+    outcome = attributes.get(attr.OUTCOME)
+    if outcome is not None:
+        closing = _record_event(outcome, attributes, span.end_time, trace_id, span_id)
+        if closing is not None:
+            events.append(closing)
     for span_event in span.events:
         if span_event.name.startswith(attr.SPAN_EVENT_PREFIX):
-            extra = _span_event(span_event, attributes, trace_id, span_id)
+            raw = (span_event.attributes or {}).get(attr.SPAN_EVENT_RECORD)
+            extra = _record_event(raw, attributes, span_event.timestamp, trace_id, span_id)
             if extra is not None:
                 events.append(extra)
     return events

@@ -332,7 +332,7 @@ def test_content_stripped_for_the_collector_kept_in_the_log(server, captured, in
     assert "content" in captured.of_type("model_call")[0].payload
 
 
-def test_strip_payloads_removes_tool_results_from_span_events_too(captured):
+def test_strip_payloads_removes_tool_results_from_outcome_records_too(captured):
     """With strip_payloads, tool arguments and results leave no trace in forwarded spans."""
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 

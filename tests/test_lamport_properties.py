@@ -9,7 +9,7 @@ thread) and nested agents. Over the captured events of each program:
 * every causal parent of every event was captured and has a smaller sequence.
 
 Program order is observed by a span processor that runs on the thread doing the work: a span's
-primary event is recorded in ``on_start`` and its further events (span events) in ``on_end``,
+primary event is recorded in ``on_start`` and its closing event (``agentcap.outcome``) in ``on_end``,
 both immediately after the sequence was allocated on that thread.
 """
 
@@ -60,12 +60,10 @@ class ProgramOrder(SpanProcessor):
             self._add(a[attr.RUN_ID], a[attr.AGENT_ID], a[attr.EVENT_SEQ])
 
     def on_end(self, span: ReadableSpan) -> None:
-        owner = span.attributes or {}  # span events take run and agent from their span
-        for event in span.events:
-            a = event.attributes or {}
-            if event.name.startswith(attr.SPAN_EVENT_PREFIX) and attr.SPAN_EVENT_RECORD in a:
-                record = json.loads(str(a[attr.SPAN_EVENT_RECORD]))
-                self._add(owner[attr.RUN_ID], owner[attr.AGENT_ID], record["seq"])
+        owner = span.attributes or {}  # a closing event takes run and agent from its span
+        if attr.OUTCOME in owner:
+            record = json.loads(str(owner[attr.OUTCOME]))
+            self._add(owner[attr.RUN_ID], owner[attr.AGENT_ID], record["seq"])
 
 
 _order = ProgramOrder()

@@ -80,8 +80,49 @@ def _record(event_id, seq, payload_json):
     return {attr.SPAN_EVENT_RECORD: f'{head},"payload":{payload_json}}}'}
 
 
-def test_span_events_with_prefix_become_events():
-    """agentcap.* span events become further events of the span's agent; others are ignored."""
+def test_outcome_attribute_becomes_the_closing_event():
+    """agentcap.outcome is a further event of the span's agent, timed at the span's end."""
+    outcome = _record("e2", 9, '{"result":[1,2]}')[attr.SPAN_EVENT_RECORD]
+    span = _span(_stamped("e1", 8, '{"a":1}', **{attr.OUTCOME: outcome}))
+    events = events_from_span(span)
+    assert [e.event_id for e in events] == ["e1", "e2"]
+    closing = events[1]
+    assert (closing.run_id, closing.agent_id) == ("run-1", "agent-1")
+    assert (closing.seq, closing.event_type, closing.idempotency_key) == (9, "tool_result", "k9")
+    assert closing.causal_parent_ids == ("e1",)
+    assert closing.payload == {"result": [1, 2]}
+    assert closing.wall_time.timestamp() == 3.0
+    assert closing.span_id == events[0].span_id
+
+
+def test_cut_outcome_keeps_the_event():
+    """An outcome record cut short by an attribute length limit still yields its event."""
+    whole = _record("e2", 9, '{"result": "' + "x" * 100 + '"}')[attr.SPAN_EVENT_RECORD]
+    events = events_from_span(_span(_stamped("e1", 8, None, **{attr.OUTCOME: whole[:120]})))
+    assert [e.event_id for e in events] == ["e1", "e2"]
+    assert "$agentcap.unparsed" in events[1].payload
+
+
+def test_captured_tool_call_records_its_result_as_outcome():
+    """A captured tool call ends its span with the tool_result in agentcap.outcome, and the
+    mapping gives back both events of the call."""
+
+    @oa.tool
+    def double(x: int) -> int:
+        return 2 * x
+
+    with capture_events() as captured, oa.run("r-outcome"), oa.agent("a"):
+        double.invoke("c1", 21)
+    [span] = [s for s in captured.spans if s.name == "execute_tool double"]
+    assert not span.events
+    types = [e.event_type for e in events_from_span(span)]
+    assert types == ["tool_invocation", "tool_result"]
+    assert captured.of_type("tool_result")[0].payload["result"] == 42
+
+
+def test_span_events_with_prefix_from_earlier_versions_become_events():
+    """agentcap.* span events (how earlier versions recorded closing events) become further
+    events of the span's agent; others are ignored."""
     extra = SpanEvent("agentcap.tool_result", _record("e2", 9, '"r"'), timestamp=2_000_000_000)
     other = SpanEvent("exception", {"exception.type": "X"}, timestamp=2_500_000_000)
     events = events_from_span(_span(_stamped("e1", 8, None), events=[extra, other]))

@@ -59,23 +59,27 @@ def start_event_span(
         return trace.INVALID_SPAN
 
 
-def add_event(span: Span, stamp: Stamp, payload: Any) -> None:
-    """Record a further event of the operation ``span`` covers, as a span event of the same
-    agent holding the event as one JSON attribute (see ``attributes.SPAN_EVENT_RECORD``).
-    Never raises."""
+def outcome_record(stamp: Stamp, payload: Any) -> str:
+    """The closing event ``stamp`` of an operation as the JSON record of ``attributes.OUTCOME``.
+
+    Built by hand: event and parent ids are UUID strings and the type is ours, so only the key
+    needs escaping; the payload is encoded once, here, and embedded."""
+    parents = '","'.join(stamp.causal_parent_ids)
+    return (
+        f'{{"id":"{stamp.event_id}","type":"{stamp.event_type}","seq":{stamp.seq},'
+        f'"key":{_escape(stamp.idempotency_key)},'
+        f'"parents":{f"""["{parents}"]""" if parents else "[]"},'
+        f'"payload":{jsonsafe.dumps(payload)}}}'
+    )
+
+
+def finish_span(span: Span, stamp: Stamp, payload: Any, error: BaseException | None = None) -> None:
+    """End ``span`` with its closing event ``stamp`` (see ``attributes.OUTCOME``). Never raises."""
     try:
-        # Built by hand: event and parent ids are UUID strings and the type is ours, so only the
-        # key needs escaping; the payload is JSON text already and is embedded, not re-encoded.
-        parents = '","'.join(stamp.causal_parent_ids)
-        record = (
-            f'{{"id":"{stamp.event_id}","type":"{stamp.event_type}","seq":{stamp.seq},'
-            f'"key":{_escape(stamp.idempotency_key)},'
-            f'"parents":{f"""["{parents}"]""" if parents else "[]"},'
-            f'"payload":{jsonsafe.dumps(payload)}}}'
-        )
-        span.add_event(attr.SPAN_EVENT_PREFIX + stamp.event_type, {attr.SPAN_EVENT_RECORD: record})
+        span.set_attribute(attr.OUTCOME, outcome_record(stamp, payload))
     except Exception:
         _logger.exception("agentcap: could not record %s", stamp.event_type)
+    end_span(span, error)
 
 
 def error_payload(error: BaseException, **fields: Any) -> dict[str, Any]:

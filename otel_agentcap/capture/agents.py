@@ -167,11 +167,9 @@ class AgentExecution:
             self._finished = True
         ctx = self.context
         if error is None:
-            tel.add_event(
-                self.span, stamp(ctx, EventType.AGENT_END, key=None), {"state_committed": True}
-            )
+            end = stamp(ctx, EventType.AGENT_END, key=None)
             self.agent._commit(self.state)
-            tel.end_span(self.span)
+            tel.finish_span(self.span, end, {"state_committed": True})
             return True
         ctx.cancelled_reason = "timed out" if isinstance(error, TimeoutError) else "failed"
         rolled_back = sorted(str(k) for k in self.state)
@@ -182,8 +180,7 @@ class AgentExecution:
             state_rolled_back=True,
             discarded_state_keys=rolled_back,
         )
-        tel.add_event(self.span, stamp(ctx, EventType.AGENT_ERROR), payload)
-        tel.end_span(self.span, error)
+        tel.finish_span(self.span, stamp(ctx, EventType.AGENT_ERROR), payload, error)
         return True
 
 

@@ -297,10 +297,9 @@ class _Finisher:
             key=None if self.key is None else f"{self.key}:result",
             parents=(self.invocation,),
         )
-        tel.add_event(
+        tel.finish_span(
             self.span, done, {"tool": self.tool, "invocation_id": self.call_id, "result": result}
         )
-        tel.end_span(self.span)
         if self.claim is not None:
             key, entry = self.claim
             entry.result = result
@@ -315,8 +314,7 @@ class _Finisher:
             parents=(self.invocation,),
         )
         payload = tel.error_payload(error, tool=self.tool, invocation_id=self.call_id)
-        tel.add_event(self.span, failed, payload)
-        tel.end_span(self.span, error)
+        tel.finish_span(self.span, failed, payload, error)
         if self.claim is None:
             return
         key, entry = self.claim

@@ -11,7 +11,8 @@ Removes the attributes that :func:`otel_agentcap.model_calls.is_content_attribut
 and output messages, system instructions, tool definitions, tool call arguments and results, the
 ``gen_ai.prompt.*`` / ``gen_ai.completion.*`` attributes of add-on instrumentations) from spans
 and span events, and with ``strip_payloads=True`` also agentcap's own payloads (``agentcap.event.payload`` and the
-payload inside span-event records: tool arguments and results, memory values).
+payload inside ``agentcap.outcome`` and span-event records: tool arguments and results, memory
+values).
 """
 
 from __future__ import annotations
@@ -29,9 +30,13 @@ from otel_agentcap.model_calls import is_content_attribute
 
 __all__ = ["ContentStrippingExporter"]
 
+#: Attributes holding a whole event record, payload included.
+_RECORDS = (attr.OUTCOME, attr.SPAN_EVENT_RECORD)
+
 
 def _without_payload(record: str) -> str:
-    """A span-event record (see ``attributes.SPAN_EVENT_RECORD``) with its payload removed."""
+    """An event record (``attributes.OUTCOME``, ``attributes.SPAN_EVENT_RECORD``) with its payload
+    removed."""
     parsed = jsonsafe.loads(record)
     if not isinstance(parsed, dict) or "payload" not in parsed:
         return record if "payload" not in record else "{}"
@@ -53,15 +58,17 @@ class ContentStrippingExporter(SpanExporter):
 
     def _filter(self, attributes: Mapping[str, AttributeValue] | None) -> dict[str, AttributeValue]:
         kept = {k: v for k, v in (attributes or {}).items() if self._keep(k)}
-        record = kept.get(attr.SPAN_EVENT_RECORD)
-        if self._strip_payloads and isinstance(record, str):
-            kept[attr.SPAN_EVENT_RECORD] = _without_payload(record)
+        if self._strip_payloads:
+            for key in _RECORDS:
+                record = kept.get(key)
+                if isinstance(record, str):
+                    kept[key] = _without_payload(record)
         return kept
 
     def _changes(self, attributes: Mapping[str, AttributeValue] | None) -> bool:
         keys = (attributes or {}).keys()
         return not all(self._keep(k) for k in keys) or (
-            self._strip_payloads and attr.SPAN_EVENT_RECORD in keys
+            self._strip_payloads and any(key in keys for key in _RECORDS)
         )
 
     def _strip(self, span: ReadableSpan) -> ReadableSpan:
