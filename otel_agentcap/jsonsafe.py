@@ -121,8 +121,30 @@ def to_jsonable(value: Any, _depth: int = 0) -> Any:
     return _repr(value)
 
 
-# One encoder for every call: json.dumps with non-default options builds a new one each time.
-_encode = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode
+def _not_json(value: Any) -> Any:
+    raise TypeError(f"{type(value).__name__} is not JSON")
+
+
+# json's C encoder, built once: ``JSONEncoder.encode`` builds one on every call, which costs as much
+# as encoding a small payload. Arguments: markers, default, string encoder, indent, key and item
+# separators, sort_keys, skipkeys, allow_nan. Without markers there is no cycle check; a cycle ends
+# in RecursionError, which sends the value to the general path (to_jsonable bounds the depth).
+_c_make_encoder: Any = getattr(json.encoder, "c_make_encoder", None)
+_c_encoder: Any = (
+    _c_make_encoder(
+        None, _not_json, json.encoder.encode_basestring, None, ":", ",", False, False, False
+    )
+    if _c_make_encoder is not None
+    else None
+)
+_py_encode = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode
+
+
+def _encode(value: Any) -> str:
+    """``json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))``."""
+    if _c_encoder is None:
+        return _py_encode(value)
+    return "".join(_c_encoder(value, 0))
 
 
 def _json_key(key: Any) -> str:

@@ -260,3 +260,13 @@ def test_truncated_marker_stays_within_the_limit_even_when_escaping_grows_it():
     text = jsonsafe.dumps({"s": "\x01" * 10_000}, max_chars=1_000)
     assert len(text) <= 1_000
     assert json.loads(text)["$agentcap.truncated"]
+
+
+def test_cyclic_value_is_recorded_bounded():
+    """A value that contains itself is encoded to a bounded depth, never raising or looping."""
+    items: list[object] = [1]
+    items.append(items)
+    text = jsonsafe.dumps({"k": items})
+    value = _jsonb_safe(text)
+    assert isinstance(value, dict) and value["k"][0] == 1
+    assert "$agentcap.repr" in text
