@@ -18,6 +18,7 @@ from otel_agentcap import attributes as attr
 from otel_agentcap import jsonsafe
 from otel_agentcap.model import AgentRecord, Batch, Event, EventType, RunRecord
 from otel_agentcap.model_calls import SUPERSEDED, model_call_payload
+from otel_agentcap.span_attributes import attributes_of
 
 
 class _SpanContextLike(Protocol):
@@ -161,13 +162,8 @@ def _record_event(
 
 
 def _attributes_of(span: SpanLike) -> dict[str, AttributeValue]:
-    """A plain copy of the span's attributes. The SDK hands them out behind a mapping proxy over
-    ``BoundedAttributes``, whose Python-level ``__getitem__`` dominates the cost of mapping; its
-    inner dict is copied directly when present (the public path is the fallback)."""
-    inner = getattr(getattr(span, "_attributes", None), "_dict", None)
-    if isinstance(inner, dict):
-        return dict(inner)
-    return dict(span.attributes or {})
+    """A plain copy of the span's attributes (see :mod:`otel_agentcap.span_attributes`)."""
+    return dict(attributes_of(span))
 
 
 def events_from_span(span: SpanLike, *, raw_payloads: bool = False) -> list[Event]:

@@ -32,6 +32,7 @@ from otel_agentcap import causal_links
 from otel_agentcap.context import AgentContext, current_agent
 from otel_agentcap.model import EventRef, EventType
 from otel_agentcap.model_calls import SDK_SCOPE, SUPERSEDED, TOOL_USE_IDS
+from otel_agentcap.span_attributes import attributes_of
 from otel_agentcap.stamping import stamp
 
 _logger = logging.getLogger(__name__)
@@ -57,10 +58,9 @@ def _is_sdk_scope(scope: str | None) -> bool:
 
 def _task_key() -> tuple[int, int]:
     """The thread and asyncio task a span starts in: spans of one call start in one of each."""
-    try:
-        task = asyncio.current_task()
-    except RuntimeError:
-        task = None
+    # _get_running_loop returns None outside a loop, where current_task() would raise.
+    loop = asyncio._get_running_loop()
+    task = asyncio.current_task(loop) if loop is not None else None
     return threading.get_ident(), id(task) if task is not None else 0
 
 
@@ -99,7 +99,7 @@ class AgentCapSpanProcessor(SpanProcessor):
             _logger.exception("agentcap: could not stamp span %s", getattr(span, "name", "?"))
 
     def _stamp(self, span: Span, parent_context: Context | None = None) -> None:
-        attributes = span.attributes or {}
+        attributes = attributes_of(span)
         if attr.EVENT_ID in attributes:
             return  # a capture-API span, stamped when it was created
         ctx = current_agent()
@@ -144,10 +144,10 @@ class AgentCapSpanProcessor(SpanProcessor):
         if (
             isinstance(parent, Span)
             and parent.is_recording()
-            and (parent.attributes or {}).get(attr.EVENT_TYPE) == EventType.MODEL_CALL
+            and attributes_of(parent).get(attr.EVENT_TYPE) == EventType.MODEL_CALL
         ):
             other = parent
-        elif sdk:
+        elif sdk and self._open:
             key = _task_key()
             parent_id = parent.get_span_context().span_id
             with self._open_lock:
@@ -161,7 +161,7 @@ class AgentCapSpanProcessor(SpanProcessor):
                     other = candidate.span
         if other is None:
             return False
-        theirs = other.attributes or {}
+        theirs = dict(attributes_of(other))  # a copy: the other span may be changing
         if theirs.get(attr.AGENT_ID) != ctx.agent_id or theirs.get(attr.RUN_ID) != ctx.run_id:
             return False
         if theirs.get(SUPERSEDED):
@@ -192,13 +192,14 @@ class AgentCapSpanProcessor(SpanProcessor):
     def _remember(self, span: ReadableSpan) -> None:
         """Index a finished model call by its response and request ids and the tool_use ids it
         asked for, so tool runs and later requests can name it as a causal parent."""
-        attributes = span.attributes or {}
+        attributes = attributes_of(span)
         if attributes.get(attr.EVENT_TYPE) != EventType.MODEL_CALL:
             return
-        with self._open_lock:
-            for key, entry in list(self._open.items()):
-                if entry.span_id == span.context.span_id:
-                    del self._open[key]
+        if self._open:
+            with self._open_lock:
+                for key, entry in list(self._open.items()):
+                    if entry.span_id == span.context.span_id:
+                        del self._open[key]
         if attributes.get(SUPERSEDED):
             return
         event_id = attributes.get(attr.EVENT_ID)
