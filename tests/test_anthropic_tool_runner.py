@@ -331,3 +331,33 @@ def test_runner_chain_stored_in_postgres(
         asyncio.run(main())
     check_tool_chain(stored_events(pg_dsn, "r-pg-arunner"))
     assert conflict_count(pg_dsn) == 0
+
+
+def test_memory_tool_chain(
+    server: MessagesServer,
+    client: anthropic.Anthropic,
+    captured: InMemoryEventExporter,
+    instrumented: AnthropicInstrumentor,
+    tmp_path: Any,
+) -> None:
+    """The SDK's memory tool (a builtin function tool) runs through the same hook."""
+    from anthropic.lib.tools._beta_builtin_memory_tool import BetaLocalFilesystemMemoryTool
+
+    inputs = {
+        "toolu_w": {"command": "create", "path": "/memories/plan.txt", "file_text": "clocks"},
+        "toolu_b": {"command": "view", "path": "/memories/missing.txt"},
+    }
+    server.enqueue(
+        tool_use_reply(
+            [
+                ToolCall("memory", inputs["toolu_w"], id="toolu_w"),
+                ToolCall("memory", inputs["toolu_b"], id="toolu_b"),
+            ]
+        ),
+        text_reply("Noted."),
+    )
+    memory = BetaLocalFilesystemMemoryTool(base_path=str(tmp_path))
+    with ac.run("r-runner-memory"), ac.agent("assistant"):
+        client.beta.messages.tool_runner(**_runner_kwargs([memory])).until_done()
+    assert (tmp_path / "memories" / "plan.txt").read_text() == "clocks"
+    check_tool_chain(runner_events(captured, "r-runner-memory"), inputs, "does not exist")
