@@ -310,3 +310,27 @@ def test_toolset_chain_stored_in_postgres(
         client.beta.messages.tool_runner(**_kwargs(Browser())).until_done()
     check_tool_chain(stored_events(pg_dsn, "r-pg-toolset"), INPUTS, "no element #missing")
     assert conflict_count(pg_dsn) == 0
+
+
+def test_a_member_capture_cannot_take_runs_unchanged(
+    server: MessagesServer,
+    client: anthropic.Anthropic,
+    captured: InMemoryEventExporter,
+    instrumented: AnthropicInstrumentor,
+) -> None:
+    """A tool_use id that cannot be an invocation id (it holds U+001F): the member runs as the
+    SDK runs it, uncaptured, and the runner goes on."""
+    server.enqueue(
+        tool_use_reply(
+            [ToolCall("navigate", INPUTS["toolu_w"], id="toolu_\x1fw", toolset_name="browser")]
+        ),
+        text_reply("The page is open."),
+    )
+    browser = Browser()
+    with ac.run("r-toolset-odd"), ac.agent("assistant"):
+        final = client.beta.messages.tool_runner(**_kwargs(browser)).until_done()
+    assert final.content[0].text == "The page is open."  # type: ignore[union-attr]
+    assert browser.runs == ["navigate"]
+    blocks = server.requests[1].body["messages"][-1]["content"]
+    assert blocks[0]["content"] == "opened https://example.com"
+    assert not [e for e in captured.events if e.event_type == "tool_invocation"]

@@ -43,7 +43,7 @@ import wrapt
 from otel_agentcap import attributes as attr
 from otel_agentcap.capture.tools import Tool
 from otel_agentcap.context import current_agent
-from otel_agentcap.model import EventRef, EventType
+from otel_agentcap.model import EventRef, EventType, validate_id
 from otel_agentcap.tool_uses import remember_tool_result, tool_use_scope
 
 __all__ = [
@@ -127,7 +127,11 @@ class _CapturedToolset(wrapt.ObjectProxy[Any]):
         def run(arguments: dict[str, Any]) -> Any:
             return toolset.call(context, name, arguments)
 
-        captured = _captured_tool(name, input, run, is_async=self._self_is_async)
+        try:
+            captured = _captured_tool(name, input, run, is_async=self._self_is_async)
+        except Exception:
+            _logger.debug("agentcap: could not capture toolset member %r", name, exc_info=True)
+            return toolset.call(context, name, input)
         return captured.invoke(tool_use.id, **input)
 
 
@@ -255,6 +259,7 @@ def _prepare_tool(
         or not isinstance(tool_input, Mapping)
     ):
         return None
+    validate_id(tool_use_id, "invocation_id")
     if is_async is None:
         is_async = inspect.iscoroutinefunction(call)
     captured = _captured_tool(name, tool_input, sdk_tool.call, is_async=is_async)
@@ -371,6 +376,7 @@ def toolset_result_wrapper(*, is_async: bool) -> Wrapper:
                 or not isinstance(tool_input, Mapping)
             ):
                 return None
+            validate_id(tool_use_id, "invocation_id")
             proxy = _CapturedToolset(toolset, tool_use, is_async=is_async)
             return _Call(
                 (proxy, *args),
