@@ -118,3 +118,54 @@ def conflict_count(dsn: str) -> int:
         cur.execute("SELECT count(*) FROM agentcap.conflicts")
         row = cur.fetchone()
         return int(row[0]) if row else 0
+
+
+def runner_events(sink: InMemoryEventExporter, run_id: str) -> list[dict[str, Any]]:
+    """The captured events of ``run_id`` as dicts shaped like :func:`stored_events` rows."""
+    return [
+        {
+            "event_id": e.event_id,
+            "agent_id": e.agent_id,
+            "seq": e.seq,
+            "event_type": e.event_type,
+            "parents": list(e.causal_parent_ids),
+            "payload": e.payload,
+        }
+        for e in sink.events
+        if e.run_id == run_id
+    ]
+
+
+def check_tool_chain(
+    events: list[dict[str, Any]],
+    inputs: dict[str, dict[str, Any]] | None = None,
+    error_text: str = "no data for X",
+) -> None:
+    """model_call -> tool_invocation (invocation id = tool_use id) -> tool_result / agent_error
+    -> next model_call, for a reply asking for ``toolu_w`` (succeeds) and ``toolu_b`` (fails with
+    ``error_text``) with ``inputs`` by tool_use id; events are dicts with event_id, agent_id,
+    seq, event_type, parents and payload (as stored)."""
+    inputs = inputs or {"toolu_w": {"city": "Oslo"}, "toolu_b": {"city": "X"}}
+    by_id = {e["event_id"]: e for e in events}
+    calls = sorted((e for e in events if e["event_type"] == "model_call"), key=lambda e: e["seq"])
+    assert len(calls) == 2, [c["payload"] for c in calls]
+    first, second = calls
+    assert first["payload"]["tool_use_ids"] == ["toolu_w", "toolu_b"]
+    invocations = [e for e in events if e["event_type"] == "tool_invocation"]
+    assert sorted(e["payload"]["invocation_id"] for e in invocations) == ["toolu_b", "toolu_w"]
+    for invocation in invocations:
+        assert invocation["payload"]["arguments"] == inputs[invocation["payload"]["invocation_id"]]
+        assert first["event_id"] in invocation["parents"]
+        assert invocation["seq"] > first["seq"]
+    outcomes = [e for e in events if e["event_type"] in ("tool_result", "agent_error")]
+    assert sorted(e["event_type"] for e in outcomes) == ["agent_error", "tool_result"]
+    for outcome in outcomes:
+        assert outcome["payload"]["invocation_id"] in ("toolu_w", "toolu_b")
+        assert any(by_id[p]["event_type"] == "tool_invocation" for p in outcome["parents"])
+    error = next(e for e in outcomes if e["event_type"] == "agent_error")
+    assert error["payload"]["invocation_id"] == "toolu_b"
+    assert error_text in error["payload"]["message"]
+    # The runner's next call names the result of each tool_use (the error event of the broken one).
+    assert sorted(second["parents"]) == sorted(e["event_id"] for e in outcomes)
+    for outcome in outcomes:
+        assert second["seq"] > outcome["seq"]

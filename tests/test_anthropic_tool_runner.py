@@ -16,9 +16,11 @@ from anthropic_support import (  # noqa: F401 (fixtures)
     USER,
     aclient,
     captured,
+    check_tool_chain,
     client,
     conflict_count,
     instrumented,
+    runner_events,
     server,
     stored,
     stored_events,
@@ -91,50 +93,6 @@ def _runner_kwargs(tools: list[Any]) -> dict[str, Any]:
     return {"model": MODEL, "max_tokens": 64, "messages": USER, "tools": tools}
 
 
-def _events(sink: InMemoryEventExporter, run_id: str) -> list[dict[str, Any]]:
-    return [
-        {
-            "event_id": e.event_id,
-            "agent_id": e.agent_id,
-            "seq": e.seq,
-            "event_type": e.event_type,
-            "parents": list(e.causal_parent_ids),
-            "payload": e.payload,
-        }
-        for e in sink.events
-        if e.run_id == run_id
-    ]
-
-
-def _check_chain(events: list[dict[str, Any]]) -> None:
-    """model_call -> tool_invocation (invocation id = tool_use id) -> tool_result / agent_error
-    -> next model_call; events are dicts with event_id, agent_id, seq, event_type, parents and
-    payload (as stored)."""
-    by_id = {e["event_id"]: e for e in events}
-    calls = sorted((e for e in events if e["event_type"] == "model_call"), key=lambda e: e["seq"])
-    assert len(calls) == 2, [c["payload"] for c in calls]
-    first, second = calls
-    assert first["payload"]["tool_use_ids"] == ["toolu_w", "toolu_b"]
-    invocations = [e for e in events if e["event_type"] == "tool_invocation"]
-    assert sorted(e["payload"]["invocation_id"] for e in invocations) == ["toolu_b", "toolu_w"]
-    assert {e["payload"]["arguments"]["city"] for e in invocations} == {"Oslo", "X"}
-    for invocation in invocations:
-        assert first["event_id"] in invocation["parents"]
-        assert invocation["seq"] > first["seq"]
-    outcomes = [e for e in events if e["event_type"] in ("tool_result", "agent_error")]
-    assert sorted(e["event_type"] for e in outcomes) == ["agent_error", "tool_result"]
-    for outcome in outcomes:
-        assert outcome["payload"]["invocation_id"] in ("toolu_w", "toolu_b")
-        assert any(by_id[p]["event_type"] == "tool_invocation" for p in outcome["parents"])
-    error = next(e for e in outcomes if e["event_type"] == "agent_error")
-    assert error["payload"]["invocation_id"] == "toolu_b"
-    assert "no data for X" in error["payload"]["message"]
-    # The runner's next call names the result of each tool_use (the error event of the broken one).
-    assert sorted(second["parents"]) == sorted(e["event_id"] for e in outcomes)
-    for outcome in outcomes:
-        assert second["seq"] > outcome["seq"]
-
-
 def _check_sent_results(server: MessagesServer) -> None:
     """The runner sent back the SDK's own tool_result blocks and went on after the failure."""
     second = server.requests[1].body
@@ -190,7 +148,7 @@ def test_sync_runner_chain(
     assert final.content[0].text == "It is sunny in Oslo."  # type: ignore[union-attr]
     assert RUNS == {"weather": 1, "broken": 1}
     _check_sent_results(server)
-    _check_chain(_events(captured, f"r-runner-{stream}"))
+    check_tool_chain(runner_events(captured, f"r-runner-{stream}"))
     _check_spans(captured)
 
 
@@ -212,7 +170,7 @@ def test_sync_runner_eager_tools(
                 pass
     assert RUNS == {"weather": 1, "broken": 1}
     _check_sent_results(server)
-    _check_chain(_events(captured, "r-runner-eager"))
+    check_tool_chain(runner_events(captured, "r-runner-eager"))
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["create", "stream"])
@@ -237,7 +195,7 @@ def test_async_runner_chain(
     assert final.content[0].text == "It is sunny in Oslo."
     assert RUNS == {"aweather": 1, "abroken": 1}
     _check_sent_results(server)
-    _check_chain(_events(captured, f"r-arunner-{stream}"))
+    check_tool_chain(runner_events(captured, f"r-arunner-{stream}"))
     _check_spans(captured)
 
 
@@ -261,7 +219,7 @@ def test_async_runner_eager_tools(
     with ac.run("r-arunner-eager"), ac.agent("assistant"):
         asyncio.run(main())
     assert RUNS == {"aweather": 1, "abroken": 1}
-    _check_chain(_events(captured, "r-arunner-eager"))
+    check_tool_chain(runner_events(captured, "r-arunner-eager"))
 
 
 def test_tool_runs_in_another_agent(
@@ -279,8 +237,8 @@ def test_tool_runs_in_another_agent(
                 **_runner_kwargs([weather, broken])
             ).until_done()
         )
-    events = _events(captured, "r-runner-worker")
-    _check_chain(events)
+    events = runner_events(captured, "r-runner-worker")
+    check_tool_chain(events)
     agents = {e["agent_id"] for e in events if e["event_type"] != "agent_start"}
     assert worker.agent_id in agents
     tool_agents = {e["agent_id"] for e in events if e["event_type"] == "tool_invocation"}
@@ -305,7 +263,7 @@ def test_exactly_once_per_tool_use_id(
     assert RUNS == {"weather": 1, "broken": 1}
     assert again[0]["content"] == "sunny in Oslo"
     assert again[1]["is_error"] is True and "no data for X" in str(again[1]["content"])
-    events = _events(captured, "r-runner-once")
+    events = runner_events(captured, "r-runner-once")
     assert len([e for e in events if e["event_type"] == "tool_invocation"]) == 2
 
 
@@ -357,7 +315,7 @@ def test_runner_chain_stored_in_postgres(
             client.beta.messages.tool_runner(
                 **_runner_kwargs([weather, broken]), stream=stream
             ).until_done()
-        _check_chain(stored_events(pg_dsn, f"r-pg-runner-{stream}"))
+        check_tool_chain(stored_events(pg_dsn, f"r-pg-runner-{stream}"))
 
     _script(server, "aweather", "abroken")
 
@@ -371,5 +329,35 @@ def test_runner_chain_stored_in_postgres(
 
     with ac.run("r-pg-arunner"), ac.agent("assistant"):
         asyncio.run(main())
-    _check_chain(stored_events(pg_dsn, "r-pg-arunner"))
+    check_tool_chain(stored_events(pg_dsn, "r-pg-arunner"))
     assert conflict_count(pg_dsn) == 0
+
+
+def test_memory_tool_chain(
+    server: MessagesServer,
+    client: anthropic.Anthropic,
+    captured: InMemoryEventExporter,
+    instrumented: AnthropicInstrumentor,
+    tmp_path: Any,
+) -> None:
+    """The SDK's memory tool (a builtin function tool) runs through the same hook."""
+    from anthropic.lib.tools._beta_builtin_memory_tool import BetaLocalFilesystemMemoryTool
+
+    inputs = {
+        "toolu_w": {"command": "create", "path": "/memories/plan.txt", "file_text": "clocks"},
+        "toolu_b": {"command": "view", "path": "/memories/missing.txt"},
+    }
+    server.enqueue(
+        tool_use_reply(
+            [
+                ToolCall("memory", inputs["toolu_w"], id="toolu_w"),
+                ToolCall("memory", inputs["toolu_b"], id="toolu_b"),
+            ]
+        ),
+        text_reply("Noted."),
+    )
+    memory = BetaLocalFilesystemMemoryTool(base_path=str(tmp_path))
+    with ac.run("r-runner-memory"), ac.agent("assistant"):
+        client.beta.messages.tool_runner(**_runner_kwargs([memory])).until_done()
+    assert (tmp_path / "memories" / "plan.txt").read_text() == "clocks"
+    check_tool_chain(runner_events(captured, "r-runner-memory"), inputs, "does not exist")

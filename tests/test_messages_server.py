@@ -21,6 +21,7 @@ from otel_agentcap.testing.messages_server import (
     MessagesServer,
     ToolCall,
     error_reply,
+    session_event,
     text_reply,
     tool_use_reply,
 )
@@ -522,3 +523,50 @@ def test_reply_builders_validate_arguments():
     with pytest.raises(ValueError):
         error_reply(200)
     assert error_reply(529).error_type == "overloaded_error"
+
+
+# --------------------------------------------------------------------------- sessions
+
+
+def test_session_events_list_send_and_stream(server: MessagesServer) -> None:
+    """The sessions endpoints through the SDK: the history pages, a send appends the sent
+    events and the responder's, and the stream delivers what is appended after it opened and
+    ends after the session terminates."""
+    sid = server.add_session(
+        [session_event("session.status_running"), session_event("agent.message", content=[])],
+        on_send=lambda sent: [session_event("session.status_terminated")],
+    )
+
+    async def main() -> tuple[list[Any], list[Any], Any]:
+        async with anthropic.AsyncAnthropic(
+            base_url=server.base_url, api_key="test", max_retries=0
+        ) as client:
+            events = client.beta.sessions.events
+            listed = [e async for e in events.list(sid, limit=1)]
+            stream = await events.stream(sid)
+            sent = await events.send(
+                sid, events=[{"type": "user.message", "content": [{"type": "text", "text": "hi"}]}]
+            )
+            streamed = [e async for e in stream]
+            return listed, streamed, sent
+
+    listed, streamed, sent = asyncio.run(main())
+    assert [e.type for e in listed] == ["session.status_running", "agent.message"]
+    assert [e.type for e in streamed] == ["user.message", "session.status_terminated"]
+    assert sent.data is not None and sent.data[0].id.startswith("sevt_")
+    assert [e["type"] for e in server.session_events(sid)][-2:] == [
+        "user.message",
+        "session.status_terminated",
+    ]
+    pages = [r.query.get("page") for r in server.requests if r.method == "GET"]
+    assert pages[:2] == [None, ["1"]]
+
+
+def test_session_refusal_and_unknown_session(server: MessagesServer) -> None:
+    sid = server.add_session(on_send=lambda sent: error_reply(409, message="busy"))
+    with anthropic.Anthropic(base_url=server.base_url, api_key="test", max_retries=0) as client:
+        with pytest.raises(anthropic.ConflictError):
+            client.beta.sessions.events.send(sid, events=[{"type": "user.interrupt"}])
+        with pytest.raises(anthropic.NotFoundError):
+            client.beta.sessions.events.send("sesn_missing", events=[{"type": "user.interrupt"}])
+    assert server.session_events(sid) == []

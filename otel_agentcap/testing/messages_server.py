@@ -32,6 +32,16 @@ the terminating chunk, which clients see as a protocol error. With
 ``sse_framing="close"`` streams are sent with ``Connection: close`` and end at
 EOF, so a cut-off stream looks like a clean end of body.
 
+Sessions (the managed-agents event log, enough to drive the SDK's Sessions tool
+runner, ``client.beta.sessions.events.tool_runner``): `MessagesServer.add_session`
+creates a session with a scripted history; ``GET /v1/sessions/{id}/events`` lists
+it (``limit`` / ``page`` cursor), ``GET /v1/sessions/{id}/events/stream`` streams
+the events appended after the stream opened (server-sent events named by their
+type; the stream ends after ``session.status_terminated`` / ``session.deleted``, or
+on `MessagesServer.drop_session_streams`), and ``POST /v1/sessions/{id}/events``
+appends the sent events, then whatever the session's ``on_send`` responder returns
+for them (the agent's next events), or refuses them with its `ErrorReply`.
+
 The module depends on the standard library only; it never imports the SDK.
 """
 
@@ -41,6 +51,8 @@ import contextlib
 import json
 import logging
 import random
+import re
+import select
 import socket
 import string
 import threading
@@ -48,6 +60,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import MappingProxyType, TracebackType
 from typing import Any, Literal, TypeAlias
@@ -63,9 +76,11 @@ __all__ = [
     "Reply",
     "Responder",
     "Script",
+    "SessionResponder",
     "TextContent",
     "ToolCall",
     "error_reply",
+    "session_event",
     "text_reply",
     "tool_use_reply",
 ]
@@ -85,6 +100,8 @@ MAX_REQUEST_BYTES = 32 * 1024 * 1024
 """Bodies larger than this are refused with a 413 ``request_too_large`` error."""
 
 _MESSAGES_PATH = "/v1/messages"
+_SESSION_EVENTS_PATH = re.compile(r"^/v1/sessions/([^/]+)/events(/stream)?$")
+_SESSION_END_EVENTS = frozenset({"session.status_terminated", "session.deleted"})
 
 _DEFAULT_ERROR_TYPES: Mapping[int, tuple[str, str]] = MappingProxyType(
     {
@@ -117,12 +134,14 @@ class ToolCall:
     """A ``tool_use`` content block of a scripted reply.
 
     ``id`` fixes the block's ``toolu_...`` id; when None the server generates a
-    fresh unique one each time the reply is served.
+    fresh unique one each time the reply is served. ``toolset_name`` makes the
+    block a toolset member call (``"browser"``, ``"computer"``).
     """
 
     name: str
     input: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     id: str | None = None
+    toolset_name: str | None = None
 
 
 ContentSpec: TypeAlias = TextContent | ToolCall
@@ -234,6 +253,11 @@ Reply: TypeAlias = MessageReply | ErrorReply
 Responder: TypeAlias = Callable[[dict[str, Any]], Reply]
 """A function of the parsed JSON request body returning the reply to serve."""
 Script: TypeAlias = Reply | Responder
+SessionResponder: TypeAlias = Callable[
+    [list[dict[str, Any]]], Sequence[Mapping[str, Any]] | ErrorReply
+]
+"""A function of the events a client sent to a session (with their ids) returning the events
+the session appends after them, or an `ErrorReply` that refuses them."""
 
 
 def _check_delay(delay: float) -> None:
@@ -358,6 +382,12 @@ def error_reply(
     )
 
 
+def session_event(event_type: str, /, **fields: Any) -> dict[str, Any]:
+    """A session event of ``event_type`` with ``fields``; the server gives it an ``id``
+    (``sevt_...``) and a ``processed_at`` when it is added, unless ``fields`` has them."""
+    return {"type": event_type, **fields}
+
+
 # --------------------------------------------------------------------------- records
 
 
@@ -470,12 +500,15 @@ class _Resolved:
         spec = self.reply.content[index]
         if isinstance(spec, TextContent):
             return {"type": "text", "text": spec.text if complete else ""}
-        return {
+        block = {
             "type": "tool_use",
             "id": self.tool_ids[index],
             "name": spec.name,
             "input": dict(spec.input) if complete else {},
         }
+        if spec.toolset_name is not None:
+            block["toolset_name"] = spec.toolset_name
+        return block
 
     def message(self, *, complete: bool) -> dict[str, Any]:
         return {
@@ -551,6 +584,17 @@ def _encode_event(name: str, data: Mapping[str, Any]) -> bytes:
 
 class _StreamAborted(Exception):
     """The server is closing or the stream exceeded its time budget."""
+
+
+@dataclass
+class _Session:
+    """One session's event log; guarded by the server's lock."""
+
+    session_id: str
+    on_send: SessionResponder | None
+    events: list[dict[str, Any]] = field(default_factory=list)
+    #: Bumped by drop_session_streams: open streams of an older generation end.
+    generation: int = 0
 
 
 # --------------------------------------------------------------------------- HTTP
@@ -653,10 +697,16 @@ class _Handler(BaseHTTPRequestHandler):
             except ValueError:
                 body = None
 
+        route = urlsplit(self.path).path.rstrip("/")
+        session_route = _SESSION_EVENTS_PATH.match(route)
+        if session_route is not None and raw is not None:
+            self._serve_session(session_route, raw, body, headers, received_at)
+            return
+
         reply: Reply
         if raw is None:
             reply = error_reply(413)
-        elif urlsplit(self.path).path.rstrip("/") != _MESSAGES_PATH:
+        elif route != _MESSAGES_PATH:
             reply = error_reply(404, message=f"Not found: {self.command} {self.path}")
         elif self.command != "POST":
             reply = error_reply(405, "invalid_request_error", f"Method {self.command} not allowed")
@@ -696,6 +746,108 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send_json(200, resolved.message(complete=True), request_id)
         except (BrokenPipeError, ConnectionResetError, _StreamAborted):
             self.close_connection = True
+
+    # -- sessions
+
+    def _serve_session(
+        self,
+        route: re.Match[str],
+        raw: bytes,
+        body: Any,
+        headers: dict[str, str],
+        received_at: float,
+    ) -> None:
+        owner = self.server.owner
+        session = owner._session(route.group(1))
+        stream = route.group(2) is not None
+        reply: ErrorReply | None = None
+        payload: dict[str, Any] = {}
+        if session is None:
+            reply = error_reply(404, message=f"session {route.group(1)} not found")
+        elif self.command == "GET" and not stream:
+            payload = owner._list_session_events(session, self.path)
+        elif self.command == "POST" and not stream:
+            events = body.get("events") if isinstance(body, dict) else None
+            if not isinstance(events, list) or not all(
+                isinstance(e, dict) and isinstance(e.get("type"), str) for e in events
+            ):
+                reply = error_reply(400, message="events: a list of events with a type")
+            else:
+                sent = owner._send_session_events(session, events)
+                if isinstance(sent, ErrorReply):
+                    reply = sent
+                else:
+                    payload = {"data": sent}
+        elif self.command != "GET":
+            reply = error_reply(405, "invalid_request_error", f"Method {self.command} not allowed")
+        request_id = (reply.request_id if reply is not None else None) or owner._ids.new("req")
+        owner._record(
+            RecordedRequest(
+                method=self.command,
+                path=self.path,
+                headers=MappingProxyType(headers),
+                body=body,
+                raw_body=raw,
+                request_id=request_id,
+                received_at=received_at,
+            )
+        )
+        try:
+            if reply is not None:
+                self._send_error_reply(reply, request_id)
+            elif stream and session is not None:
+                self._send_session_stream(session, request_id)
+            else:
+                self._send_json(200, payload, request_id)
+        except (BrokenPipeError, ConnectionResetError, _StreamAborted):
+            self.close_connection = True
+
+    def _client_gone(self) -> bool:
+        """Whether the client closed its end of the connection."""
+        try:
+            readable, _, _ = select.select([self.connection], [], [], 0)
+            return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
+        except OSError:
+            return True
+
+    def _send_session_stream(self, session: _Session, request_id: str) -> None:
+        """Stream the events appended from now on until the session ends, its streams are
+        dropped, the server closes, the client leaves or ``max_stream_seconds`` pass."""
+        owner = self.server.owner
+        deadline = time.monotonic() + owner.max_stream_seconds
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("request-id", request_id)
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        self.wfile.flush()
+        with owner._lock:
+            start = len(session.events)
+            generation = session.generation
+
+        def write(data: bytes) -> None:
+            self.wfile.write(b"%X\r\n%s\r\n" % (len(data), data))
+            self.wfile.flush()
+
+        while time.monotonic() < deadline and not owner._closing.is_set():
+            with owner._changed:
+                if len(session.events) == start and session.generation == generation:
+                    owner._changed.wait(0.05)
+                new = session.events[start:]
+                start = len(session.events)
+                dropped = session.generation != generation
+            ended = False
+            for event in new:
+                write(_encode_event(str(event["type"]), event))
+                ended = ended or event["type"] in _SESSION_END_EVENTS
+            if ended or dropped:
+                break
+            if not new and self._client_gone():
+                self.close_connection = True
+                return
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
 
     # -- responses
 
@@ -850,6 +1002,7 @@ class MessagesServer:
         self._changed = threading.Condition(self._lock)
         self._queue: deque[Script] = deque()
         self._requests: list[RecordedRequest] = []
+        self._sessions: dict[str, _Session] = {}
         self._closing = threading.Event()
         self._closed = False
         self._httpd = _HTTPServer(self, (host, port))
@@ -894,6 +1047,86 @@ class MessagesServer:
         with self._lock:
             self._queue.clear()
             self._requests.clear()
+
+    # -- sessions
+
+    def add_session(
+        self,
+        events: Sequence[Mapping[str, Any]] = (),
+        *,
+        session_id: str | None = None,
+        on_send: SessionResponder | None = None,
+    ) -> str:
+        """Create a session whose log starts with ``events`` (see `session_event`); returns its
+        id. ``on_send`` answers the events a client sends (see `SessionResponder`)."""
+        sid = session_id or self._ids.new("sesn")
+        with self._changed:
+            if sid in self._sessions:
+                raise ValueError(f"session {sid} exists")
+            session = _Session(sid, on_send)
+            session.events.extend(self._stamp_events(events))
+            self._sessions[sid] = session
+            self._changed.notify_all()
+        return sid
+
+    def append_session_events(self, session_id: str, *events: Mapping[str, Any]) -> None:
+        """Append ``events`` to a session's log (and to its open streams)."""
+        with self._changed:
+            self._sessions[session_id].events.extend(self._stamp_events(events))
+            self._changed.notify_all()
+
+    def session_events(self, session_id: str) -> list[dict[str, Any]]:
+        """A snapshot of a session's log, the events clients sent included."""
+        with self._lock:
+            return [dict(e) for e in self._sessions[session_id].events]
+
+    def drop_session_streams(self, session_id: str) -> None:
+        """End every open stream of the session (cleanly), as a server restart would; clients
+        reconnect."""
+        with self._changed:
+            self._sessions[session_id].generation += 1
+            self._changed.notify_all()
+
+    def _stamp_events(self, events: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        now = datetime.now(UTC).isoformat().replace("+00:00", "Z")
+        return [
+            {"id": self._ids.new("sevt"), "processed_at": now, **dict(event)} for event in events
+        ]
+
+    def _session(self, session_id: str) -> _Session | None:
+        with self._lock:
+            return self._sessions.get(session_id)
+
+    def _list_session_events(self, session: _Session, path: str) -> dict[str, Any]:
+        query = parse_qs(urlsplit(path).query)
+        try:
+            limit = max(1, min(1000, int(query.get("limit", ["1000"])[0])))
+            first = max(0, int(query.get("page", ["0"])[0]))
+        except ValueError:
+            limit, first = 1000, 0
+        with self._lock:
+            page = [dict(e) for e in session.events[first : first + limit]]
+            more = len(session.events) > first + limit
+        return {"data": page, "next_page": str(first + limit) if more else None}
+
+    def _send_session_events(
+        self, session: _Session, events: list[dict[str, Any]]
+    ) -> list[dict[str, Any]] | ErrorReply:
+        sent = self._stamp_events(events)
+        follow: Sequence[Mapping[str, Any]] | ErrorReply = ()
+        if session.on_send is not None:
+            try:
+                follow = session.on_send([dict(e) for e in sent])
+            except Exception as exc:
+                _log.warning("session responder raised", exc_info=True)
+                return error_reply(500, "api_error", f"session responder raised {exc!r}")
+        if isinstance(follow, ErrorReply):
+            return follow
+        with self._changed:
+            session.events.extend(sent)
+            session.events.extend(self._stamp_events(follow))
+            self._changed.notify_all()
+        return sent
 
     # -- recording
 

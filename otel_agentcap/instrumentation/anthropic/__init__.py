@@ -15,7 +15,7 @@ What it does depends on the installed SDK (range in :mod:`.package`):
   causal parents of a request (the tool_result events of the ``tool_result`` blocks it carries),
   and adds the requested ``tool_use`` ids (``agentcap.model_call.tool_use_ids``) to the SDK's span.
   Content follows the SDK's own content mode (``ANTHROPIC_OPEN_TELEMETRY_TRACES_CONTENT_MODE``).
-  The SDK's beta tool runner runs each function tool through a captured
+  The SDK's tool runners (Messages, its toolsets, Sessions) run each tool through a captured
   :class:`~otel_agentcap.Tool` (see :mod:`.tool_runner`).
 * An SDK without tracing: one ``chat {model}`` CLIENT span per ``messages.create`` (sync, async,
   ``stream=True``) and ``messages.stream(...)`` call, with the SDK's attribute names, ended exactly
@@ -123,13 +123,7 @@ class AnthropicInstrumentor(BaseInstrumentor):  # type: ignore[misc]
 
     def _instrument(self, **kwargs: Any) -> None:
         ensure_agentcap_processor()
-        for cls_name, is_async in tool_runner.RUNNERS:
-            self._wrap(
-                tool_runner.RUNNER_MODULE,
-                cls_name,
-                "_run_tool",
-                tool_runner.run_tool_wrapper(is_async=is_async),
-            )
+        self._wrap_tool_runners()
         if sdk_traces_itself():
             for module_name, cls_name, is_async in _RESOURCES:
                 create = patch.causal_acreate() if is_async else patch.causal_create()
@@ -149,6 +143,35 @@ class AnthropicInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             self._wrap(
                 module_name, cls_name, "stream", patch.span_stream(tracer, is_async=is_async)
             )
+
+    def _wrap_tool_runners(self) -> None:
+        """The SDK's tool-running paths (see :mod:`.tool_runner`)."""
+        for cls_name, is_async in tool_runner.RUNNERS:
+            self._wrap(
+                tool_runner.RUNNER_MODULE,
+                cls_name,
+                "_run_tool",
+                tool_runner.run_tool_wrapper(is_async=is_async),
+            )
+            self._wrap(
+                tool_runner.RUNNER_MODULE,
+                cls_name,
+                "_run_toolset_member",
+                tool_runner.toolset_member_wrapper(is_async=is_async),
+            )
+        for cls_name, is_async in tool_runner.TOOLSETS:
+            self._wrap(
+                tool_runner.TOOLSET_MODULE,
+                cls_name,
+                "tool_result",
+                tool_runner.toolset_result_wrapper(is_async=is_async),
+            )
+        self._wrap(
+            tool_runner.SESSION_RUNNER_MODULE,
+            tool_runner.SESSION_RUNNER,
+            "_call_tool",
+            tool_runner.session_call_tool_wrapper(),
+        )
 
     def _wrap_function(self, module_name: str, name: str) -> None:
         try:

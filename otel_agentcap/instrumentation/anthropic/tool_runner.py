@@ -1,20 +1,32 @@
-"""The SDK's beta tool runner (``client.beta.messages.tool_runner(...)``) through captured tools.
+"""The SDK's tool-running paths through captured tools: the Messages tool runner
+(``client.beta.messages.tool_runner(...)``), its toolsets, and the Sessions tool runner
+(``client.beta.sessions.events.tool_runner(...)``).
 
-The runner executes each function tool (``@beta_tool`` / ``@beta_async_tool``) in
-``_run_tool(tool, tool_use)`` of ``BaseSyncToolRunner`` / ``BaseAsyncToolRunner`` (the plain and the
-streaming runners, also the eager ``run_tools_eagerly`` path), inside the SDK's own
-``anthropic.custom_tool_use {name}`` span. :func:`run_tool_wrapper` wraps that method: inside an
-agent it hands the runner a stand-in of the SDK tool whose ``call(input)`` runs the tool as
+Each hook hands the SDK a stand-in whose ``call`` runs the tool as
 :meth:`otel_agentcap.Tool.invoke` with the tool_use id as invocation id, under ``caused_by(<the
-model call that asked for it>)``, and afterwards indexes the result (or error) event under the
-tool_use id, exactly as :func:`~otel_agentcap.run_tool_uses` does. The runner's next request
-carries the tool_result blocks, and the request wrapper names those events as its causal parents.
+model call that asked for it>)`` when that call is in the log, and afterwards indexes the result
+(or error) event under the tool_use id, exactly as :func:`~otel_agentcap.run_tool_uses` does, so
+the request that carries the tool_result block names it. The hooks:
 
-The SDK's span stays (a plain span with the agent's identity); the captured ``execute_tool`` span
-is its child and the only carrier of the tool_invocation / tool_result (or agent_error) events. The
-SDK still turns a raised error into an ``is_error`` tool_result block, and a repeated call with
-the same tool_use id in the same agent returns the recorded outcome without running the tool.
-Outside an agent, or for anything it does not recognise, the wrapper calls the SDK unchanged.
+* ``_run_tool(tool, tool_use)`` of ``BaseSyncToolRunner`` / ``BaseAsyncToolRunner``
+  (``anthropic.lib.tools._beta_runner``): every function tool (``@beta_tool``, the memory tool,
+  MCP tools) the Messages runner runs, plain, streaming and eager;
+* ``tool_result(tool_use)`` of ``BetaRunnableToolset`` / ``BetaAsyncRunnableToolset``: the one
+  place a toolset member runs, for the Messages runner (``_run_toolset_member`` calls it) and for
+  a loop of the user's own; the member's ``call(context, name, input)`` becomes the captured body;
+* ``_run_toolset_member(tool_use)`` of the two runners only binds the model call that asked for the
+  member (the runner knows it also while the reply still streams, with ``run_tools_eagerly``);
+* ``_call_tool(tool, event, input)`` of ``SessionToolRunner``
+  (``anthropic.lib.tools._beta_session_runner``): every tool the Sessions runner runs for an
+  ``agent.tool_use`` / ``agent.custom_tool_use`` event; the invocation id is the event's id. The
+  model call that asked for it ran on the server, so no event of the local log stands for it.
+
+The SDK's tool spans stay (plain spans with the agent's identity); each captured ``execute_tool``
+span is a child of one and the only carrier of the tool_invocation / tool_result (or agent_error)
+events. The SDK still turns a raised error into an ``is_error`` result, and a repeated run of the
+same tool_use id in the same agent returns the recorded outcome without running the tool. Outside
+an agent, or for anything a hook does not recognise, the SDK runs unchanged; capture failures are
+logged, never raised.
 """
 
 from __future__ import annotations
@@ -31,10 +43,21 @@ import wrapt
 from otel_agentcap import attributes as attr
 from otel_agentcap.capture.tools import Tool
 from otel_agentcap.context import current_agent
-from otel_agentcap.model import EventRef, EventType
+from otel_agentcap.model import EventRef, EventType, validate_id
 from otel_agentcap.tool_uses import remember_tool_result, tool_use_scope
 
-__all__ = ["RUNNERS", "RUNNER_MODULE", "run_tool_wrapper"]
+__all__ = [
+    "RUNNERS",
+    "RUNNER_MODULE",
+    "SESSION_RUNNER",
+    "SESSION_RUNNER_MODULE",
+    "TOOLSETS",
+    "TOOLSET_MODULE",
+    "run_tool_wrapper",
+    "session_call_tool_wrapper",
+    "toolset_member_wrapper",
+    "toolset_result_wrapper",
+]
 
 _logger = logging.getLogger(__name__)
 
@@ -44,21 +67,32 @@ RUNNERS: tuple[tuple[str, bool], ...] = (
     ("BaseSyncToolRunner", False),
     ("BaseAsyncToolRunner", True),
 )
+#: Where the SDK exports its runnable toolset base classes (name, is_async).
+TOOLSET_MODULE = "anthropic.lib.tools"
+TOOLSETS: tuple[tuple[str, bool], ...] = (
+    ("BetaRunnableToolset", False),
+    ("BetaAsyncRunnableToolset", True),
+)
+#: The Sessions tool runner (async only).
+SESSION_RUNNER_MODULE = "anthropic.lib.tools._beta_session_runner"
+SESSION_RUNNER = "SessionToolRunner"
 
 Wrapper = Callable[[Callable[..., Any], Any, tuple[Any, ...], dict[str, Any]], Any]
+Scope = Callable[[], AbstractContextManager[None]]
 
 
 class _Call(NamedTuple):
-    """One tool run of the runner, prepared for capture."""
+    """One tool run, prepared for capture: the arguments to call the SDK with."""
 
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
     tool_use_id: str
-    scope: Callable[[], AbstractContextManager[None]]
+    scope: Scope
 
 
 class _CapturedRunnable(wrapt.ObjectProxy[Any]):
-    """The SDK tool as the runner sees it, whose ``call`` goes through a captured :class:`Tool`."""
+    """The SDK tool as its runner sees it, whose ``call(input)`` goes through a captured
+    :class:`Tool` (``isinstance`` checks still see the SDK tool)."""
 
     def __init__(self, wrapped: Any, captured: Tool[..., Any], tool_use_id: str) -> None:
         super().__init__(wrapped)
@@ -69,6 +103,36 @@ class _CapturedRunnable(wrapt.ObjectProxy[Any]):
         if not isinstance(input, Mapping):
             return self.__wrapped__.call(input)
         return self._self_captured.invoke(self._self_tool_use_id, **input)
+
+
+class _CapturedToolset(wrapt.ObjectProxy[Any]):
+    """A toolset as its own ``tool_result`` sees it, whose ``call(context, name, input)`` for the
+    one member tool_use goes through a captured :class:`Tool` around the toolset's ``call``."""
+
+    def __init__(self, wrapped: Any, tool_use: Any, *, is_async: bool) -> None:
+        super().__init__(wrapped)
+        self._self_tool_use = tool_use
+        self._self_is_async = is_async
+
+    def call(self, context: Any, name: Any, input: Any) -> Any:
+        tool_use = self._self_tool_use
+        toolset = self.__wrapped__
+        if (
+            getattr(getattr(context, "tool_use", None), "id", None) != tool_use.id
+            or name != tool_use.name
+            or not isinstance(input, Mapping)
+        ):
+            return toolset.call(context, name, input)
+
+        def run(arguments: dict[str, Any]) -> Any:
+            return toolset.call(context, name, arguments)
+
+        try:
+            captured = _captured_tool(name, input, run, is_async=self._self_is_async)
+        except Exception:
+            _logger.debug("agentcap: could not capture toolset member %r", name, exc_info=True)
+            return toolset.call(context, name, input)
+        return captured.invoke(tool_use.id, **input)
 
 
 def _signature(tool_input: Mapping[str, Any]) -> inspect.Signature:
@@ -84,22 +148,26 @@ def _signature(tool_input: Mapping[str, Any]) -> inspect.Signature:
 
 
 def _captured_tool(
-    sdk_tool: Any, name: str, tool_input: Mapping[str, Any], *, is_async: bool
+    name: str,
+    tool_input: Mapping[str, Any],
+    run: Callable[[dict[str, Any]], Any],
+    *,
+    is_async: bool,
 ) -> Tool[..., Any]:
-    """A :class:`Tool` named ``name`` whose body is the SDK tool's own ``call`` (its validation
-    and the user's function)."""
+    """A :class:`Tool` named ``name`` whose body is ``run(arguments)`` (the SDK's own call: its
+    input validation and the user's function)."""
     if is_async:
 
         async def run_async(**arguments: Any) -> Any:
-            return await sdk_tool.call(arguments)
+            return await run(arguments)
 
         body: Callable[..., Any] = run_async
     else:
 
-        def run(**arguments: Any) -> Any:
-            return sdk_tool.call(arguments)
+        def run_sync(**arguments: Any) -> Any:
+            return run(arguments)
 
-        body = run
+        body = run_sync
     body.__name__ = name
     body.__qualname__ = name
     body.__doc__ = None
@@ -143,72 +211,215 @@ def _streaming_model_call(runner: Any) -> Callable[[], EventRef | None]:
     return find
 
 
-def _prepare(
-    runner: Any, args: tuple[Any, ...], kwargs: dict[str, Any], *, is_async: bool
-) -> _Call | None:
-    """The arguments that run the tool through capture, or None to call the SDK unchanged."""
-    try:
-        if current_agent() is None:
-            return None
-        in_kwargs = "tool" in kwargs
-        sdk_tool = kwargs["tool"] if in_kwargs else (args[0] if args else None)
-        tool_use = kwargs.get("tool_use", args[1] if len(args) > 1 else None)
-        tool_use_id = getattr(tool_use, "id", None)
-        tool_input = getattr(tool_use, "input", None)
-        name = getattr(sdk_tool, "name", None) or getattr(tool_use, "name", None)
-        if (
-            sdk_tool is None
-            or not callable(getattr(sdk_tool, "call", None))
-            or not isinstance(tool_use_id, str)
-            or not isinstance(name, str)
-            or not isinstance(tool_input, Mapping)
-        ):
-            return None
-        captured = _captured_tool(sdk_tool, name, tool_input, is_async=is_async)
-        proxy = _CapturedRunnable(sdk_tool, captured, tool_use_id)
-        if in_kwargs:
-            kwargs = {**kwargs, "tool": proxy}
-        else:
-            args = (proxy, *args[1:])
-        last = getattr(runner, "_last_message", None)
-        message = None if callable(last) else last
-        pending = _streaming_model_call(runner) if callable(last) else None
-        return _Call(
-            args, kwargs, tool_use_id, lambda: tool_use_scope(tool_use_id, message, pending)
-        )
-    except Exception:
-        _logger.debug("agentcap: could not capture a tool run of the tool runner", exc_info=True)
+def _runner_scope(runner: Any, tool_use_id: str) -> Scope:
+    """``caused_by(<the model call of the runner's last reply>)``, for a tool_use of that reply:
+    found by the reply's response id, or from its still open span while it streams."""
+    last = getattr(runner, "_last_message", None)
+    message = None if callable(last) else last
+    pending = _streaming_model_call(runner) if callable(last) else None
+    return lambda: tool_use_scope(tool_use_id, message, pending)
+
+
+def _argument(args: tuple[Any, ...], kwargs: dict[str, Any], index: int, name: str) -> Any:
+    if name in kwargs:
+        return kwargs[name]
+    return args[index] if len(args) > index else None
+
+
+def _replace(
+    args: tuple[Any, ...], kwargs: dict[str, Any], index: int, name: str, value: Any
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    if name in kwargs:
+        return args, {**kwargs, name: value}
+    return (*args[:index], value, *args[index + 1 :]), kwargs
+
+
+def _prepare_tool(
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    *,
+    tool_name: str,
+    use_name: str,
+    is_async: bool | None,
+) -> tuple[tuple[Any, ...], dict[str, Any], str] | None:
+    """Arguments of a ``(tool, tool_use-or-event, ...)`` method with the SDK tool replaced by a
+    captured stand-in, and the tool_use id; None for anything not recognised. ``is_async`` None:
+    read it off the tool's ``call``."""
+    sdk_tool = _argument(args, kwargs, 0, tool_name)
+    tool_use = _argument(args, kwargs, 1, use_name)
+    tool_use_id = getattr(tool_use, "id", None)
+    tool_input = getattr(tool_use, "input", None)
+    call = getattr(sdk_tool, "call", None)
+    name = getattr(sdk_tool, "name", None) or getattr(tool_use, "name", None)
+    if (
+        sdk_tool is None
+        or not callable(call)
+        or not isinstance(tool_use_id, str)
+        or not isinstance(name, str)
+        or not isinstance(tool_input, Mapping)
+    ):
         return None
+    validate_id(tool_use_id, "invocation_id")
+    if is_async is None:
+        is_async = inspect.iscoroutinefunction(call)
+    captured = _captured_tool(name, tool_input, sdk_tool.call, is_async=is_async)
+    args, kwargs = _replace(
+        args, kwargs, 0, tool_name, _CapturedRunnable(sdk_tool, captured, tool_use_id)
+    )
+    return args, kwargs, tool_use_id
+
+
+def _run_captured(
+    wrapped: Callable[..., Any], call: _Call | None, args: Any, kwargs: Any, *, is_async: bool
+) -> Any:
+    """Call ``wrapped`` with the prepared arguments inside the model call's scope, then index the
+    result event; without a prepared call, call it unchanged."""
+    if call is None:
+        return wrapped(*args, **kwargs)
+    if is_async:
+
+        async def run() -> Any:
+            with call.scope():
+                result = await wrapped(*call.args, **call.kwargs)
+            remember_tool_result(call.tool_use_id)
+            return result
+
+        return run()
+    with call.scope():
+        result = wrapped(*call.args, **call.kwargs)
+    remember_tool_result(call.tool_use_id)
+    return result
+
+
+# ----------------------------------------------------------------- Messages tool runner
 
 
 def run_tool_wrapper(*, is_async: bool) -> Wrapper:
-    """Wraps a tool runner's ``_run_tool(tool, tool_use)`` (see the module documentation)."""
-    if is_async:
+    """Wraps a Messages tool runner's ``_run_tool(tool, tool_use)``."""
 
-        def async_wrapper(
-            wrapped: Callable[..., Any], instance: Any, args: Any, kwargs: Any
-        ) -> Any:
-            call = _prepare(instance, args, kwargs, is_async=True)
-            if call is None:
-                return wrapped(*args, **kwargs)
-
-            async def run() -> Any:
-                with call.scope():
-                    result = await wrapped(*call.args, **call.kwargs)
-                remember_tool_result(call.tool_use_id)
-                return result
-
-            return run()
-
-        return async_wrapper
+    def prepare(runner: Any, args: Any, kwargs: Any) -> _Call | None:
+        try:
+            if current_agent() is None:
+                return None
+            prepared = _prepare_tool(
+                args, kwargs, tool_name="tool", use_name="tool_use", is_async=is_async
+            )
+            if prepared is None:
+                return None
+            new_args, new_kwargs, tool_use_id = prepared
+            return _Call(new_args, new_kwargs, tool_use_id, _runner_scope(runner, tool_use_id))
+        except Exception:
+            _logger.debug("agentcap: could not capture a tool run of the runner", exc_info=True)
+            return None
 
     def wrapper(wrapped: Callable[..., Any], instance: Any, args: Any, kwargs: Any) -> Any:
-        call = _prepare(instance, args, kwargs, is_async=False)
+        call = prepare(instance, args, kwargs)
+        return _run_captured(wrapped, call, args, kwargs, is_async=is_async)
+
+    return wrapper
+
+
+def toolset_member_wrapper(*, is_async: bool) -> Wrapper:
+    """Wraps a Messages tool runner's ``_run_toolset_member(tool_use)``: binds the model call of
+    the runner's reply (the member itself is captured by :func:`toolset_result_wrapper`)."""
+
+    def scope(runner: Any, args: Any, kwargs: Any) -> Scope | None:
+        try:
+            if current_agent() is None:
+                return None
+            tool_use_id = getattr(_argument(args, kwargs, 0, "tool_use"), "id", None)
+            if not isinstance(tool_use_id, str):
+                return None
+            return _runner_scope(runner, tool_use_id)
+        except Exception:
+            _logger.debug("agentcap: could not find the model call of a member", exc_info=True)
+            return None
+
+    def wrapper(wrapped: Callable[..., Any], instance: Any, args: Any, kwargs: Any) -> Any:
+        bound = scope(instance, args, kwargs)
+        if bound is None:
+            return wrapped(*args, **kwargs)
+        if is_async:
+
+            async def run() -> Any:
+                with bound():
+                    return await wrapped(*args, **kwargs)
+
+            return run()
+        with bound():
+            return wrapped(*args, **kwargs)
+
+    return wrapper
+
+
+# ----------------------------------------------------------------- toolsets
+
+
+def toolset_result_wrapper(*, is_async: bool) -> Wrapper:
+    """Wraps ``tool_result(tool_use)`` of a runnable toolset: the toolset's own method runs with
+    a stand-in of the toolset whose ``call`` for this member runs through a captured Tool."""
+
+    def prepare(toolset: Any, wrapped: Any, args: Any, kwargs: Any) -> _Call | None:
+        try:
+            if current_agent() is None:
+                return None
+            function = getattr(wrapped, "__func__", None)
+            tool_use = _argument(args, kwargs, 0, "tool_use")
+            tool_use_id = getattr(tool_use, "id", None)
+            name = getattr(tool_use, "name", None)
+            tool_input = getattr(tool_use, "input", None)
+            if (
+                function is None
+                or toolset is None
+                or not isinstance(tool_use_id, str)
+                or not isinstance(name, str)
+                or not isinstance(tool_input, Mapping)
+            ):
+                return None
+            validate_id(tool_use_id, "invocation_id")
+            proxy = _CapturedToolset(toolset, tool_use, is_async=is_async)
+            return _Call(
+                (proxy, *args),
+                dict(kwargs),
+                tool_use_id,
+                lambda: tool_use_scope(tool_use_id),
+            )
+        except Exception:
+            _logger.debug("agentcap: could not capture a toolset member", exc_info=True)
+            return None
+
+    def wrapper(wrapped: Callable[..., Any], instance: Any, args: Any, kwargs: Any) -> Any:
+        call = prepare(instance, wrapped, args, kwargs)
         if call is None:
             return wrapped(*args, **kwargs)
-        with call.scope():
-            result = wrapped(*call.args, **call.kwargs)
-        remember_tool_result(call.tool_use_id)
-        return result
+        function: Callable[..., Any] = wrapped.__func__  # type: ignore[attr-defined]
+        return _run_captured(function, call, args, kwargs, is_async=is_async)
+
+    return wrapper
+
+
+# ----------------------------------------------------------------- Sessions tool runner
+
+
+def session_call_tool_wrapper() -> Wrapper:
+    """Wraps ``SessionToolRunner._call_tool(tool, event, input)`` (a coroutine): the tool runs
+    as ``Tool.invoke(<event id>, **input)``, awaited or on the SDK's worker thread as before."""
+
+    def prepare(args: Any, kwargs: Any) -> _Call | None:
+        try:
+            if current_agent() is None:
+                return None
+            prepared = _prepare_tool(args, kwargs, tool_name="tool", use_name="ev", is_async=None)
+            if prepared is None:
+                return None
+            new_args, new_kwargs, tool_use_id = prepared
+            return _Call(new_args, new_kwargs, tool_use_id, lambda: tool_use_scope(tool_use_id))
+        except Exception:
+            _logger.debug("agentcap: could not capture a tool run of a session", exc_info=True)
+            return None
+
+    def wrapper(wrapped: Callable[..., Any], instance: Any, args: Any, kwargs: Any) -> Any:
+        call = prepare(args, kwargs)
+        return _run_captured(wrapped, call, args, kwargs, is_async=True)
 
     return wrapper

@@ -1,0 +1,301 @@
+# ruff: noqa: F811  (pytest fixtures imported from anthropic_support)
+"""The Sessions tool runner (``client.beta.sessions.events.tool_runner``, async only) runs each
+tool of an ``agent.custom_tool_use`` / ``agent.tool_use`` event through a captured tool: the
+invocation id is the session event's id, a tool runs once per event id even when the runner
+dispatches the event again after a failed post, and the results reach the session unchanged.
+Driven over real HTTP against the local server's sessions endpoints."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import pytest
+from anthropic import beta_async_tool, beta_tool
+from anthropic.lib.tools.agent_toolset import AgentToolContext, beta_agent_toolset_20260401
+from anthropic_support import (  # noqa: F401 (fixtures)
+    aclient,
+    captured,
+    conflict_count,
+    instrumented,
+    runner_events,
+    server,
+    stored,
+    stored_events,
+)
+
+import otel_agentcap as ac
+from otel_agentcap.instrumentation.anthropic import AnthropicInstrumentor
+from otel_agentcap.testing import InMemoryEventExporter
+from otel_agentcap.testing.messages_server import (
+    MessagesServer,
+    error_reply,
+    session_event,
+)
+
+pytestmark = pytest.mark.timeout(120)
+
+RUNS: dict[str, int] = {}
+
+
+@beta_tool
+def weather(city: str) -> str:
+    """The weather in a city (sync: the runner calls it on a worker thread)."""
+    RUNS["weather"] = RUNS.get("weather", 0) + 1
+    return f"sunny in {city}"
+
+
+@beta_async_tool
+async def forecast(city: str) -> str:
+    """A forecast that fails (async)."""
+    RUNS["forecast"] = RUNS.get("forecast", 0) + 1
+    await asyncio.sleep(0)
+    raise RuntimeError(f"no data for {city}")
+
+
+@pytest.fixture(autouse=True)
+def _reset_runs() -> None:
+    RUNS.clear()
+
+
+def _end_of_turn(results: set[str], expected: set[str]) -> list[dict[str, Any]]:
+    """The agent's next events once every expected result has arrived."""
+    if not expected <= results:
+        return []
+    return [
+        session_event("session.status_running"),
+        session_event("agent.message", content=[{"type": "text", "text": "Done."}]),
+        session_event("session.status_idle", stop_reason={"type": "end_turn"}),
+    ]
+
+
+def _result_id(event: dict[str, Any]) -> str:
+    return str(event.get("custom_tool_use_id") or event.get("tool_use_id"))
+
+
+def _session(
+    server: MessagesServer, calls: list[dict[str, Any]], *, refuse_first_post: bool = False
+) -> str:
+    """A session whose agent asked for ``calls`` and waits for their results. With
+    ``refuse_first_post`` the first post of each result is refused (400) and the session's streams
+    drop, so the runner reconnects, reads the history and dispatches the call again."""
+    expected = {c["id"] for c in calls}
+    received: set[str] = set()
+    refused: set[str] = set()
+    sid = ""
+
+    def on_send(sent: list[dict[str, Any]]) -> Any:
+        ids = {_result_id(e) for e in sent}
+        if refuse_first_post and not ids <= refused:
+            refused.update(ids)
+            server.drop_session_streams(sid)
+            return error_reply(400, message="result refused once")
+        received.update(ids)
+        return _end_of_turn(received, expected)
+
+    sid = server.add_session(
+        [
+            session_event("session.status_running"),
+            *calls,
+            session_event(
+                "session.status_idle",
+                stop_reason={"type": "requires_action", "event_ids": sorted(expected)},
+            ),
+        ],
+        on_send=on_send,
+    )
+    return sid
+
+
+CUSTOM_CALLS = [
+    session_event("agent.custom_tool_use", id="sevt_w", name="weather", input={"city": "Oslo"}),
+    session_event("agent.custom_tool_use", id="sevt_b", name="forecast", input={"city": "X"}),
+]
+
+
+def _run(
+    aclient: anthropic.AsyncAnthropic, sid: str, tools: list[Any]
+) -> list[anthropic.lib.tools._beta_session_runner.DispatchedToolCall]:
+    async def main() -> list[Any]:
+        async with aclient:
+            runner = aclient.beta.sessions.events.tool_runner(sid, tools=tools, max_idle=0.3)
+            return [call async for call in runner]
+
+    return asyncio.run(main())
+
+
+def _posted(server: MessagesServer, sid: str) -> dict[str, dict[str, Any]]:
+    return {
+        _result_id(e): e
+        for e in server.session_events(sid)
+        if e["type"] in ("user.custom_tool_result", "user.tool_result")
+    }
+
+
+def check_session_chain(events: list[dict[str, Any]], inputs: dict[str, Any], error: str) -> None:
+    """tool_invocation (invocation id = the session event id, arguments = its input) ->
+    tool_result / agent_error, once per event; no model call of the log is a parent (the model
+    ran on the server)."""
+    by_id = {e["event_id"]: e for e in events}
+    assert not [e for e in events if e["event_type"] == "model_call"]
+    invocations = [e for e in events if e["event_type"] == "tool_invocation"]
+    assert sorted(e["payload"]["invocation_id"] for e in invocations) == sorted(inputs)
+    for invocation in invocations:
+        assert invocation["payload"]["arguments"] == inputs[invocation["payload"]["invocation_id"]]
+        assert all(by_id[p]["event_type"] != "model_call" for p in invocation["parents"])
+    outcomes = {
+        e["payload"]["invocation_id"]: e
+        for e in events
+        if e["event_type"] in ("tool_result", "agent_error")
+    }
+    assert sorted(outcomes) == sorted(inputs)
+    for outcome in outcomes.values():
+        invocation = next(
+            i
+            for i in invocations
+            if i["payload"]["invocation_id"] == outcome["payload"]["invocation_id"]
+        )
+        assert outcome["parents"] == [invocation["event_id"]]
+        assert outcome["seq"] > invocation["seq"]
+    errors = [e for e in outcomes.values() if e["event_type"] == "agent_error"]
+    assert len(errors) == 1 and error in errors[0]["payload"]["message"]
+
+
+def test_session_runner_chain(
+    server: MessagesServer,
+    aclient: anthropic.AsyncAnthropic,
+    captured: InMemoryEventExporter,
+    instrumented: AnthropicInstrumentor,
+) -> None:
+    sid = _session(server, CUSTOM_CALLS)
+    with ac.run("r-session"), ac.agent("worker"):
+        calls = _run(aclient, sid, [weather, forecast])
+    assert RUNS == {"weather": 1, "forecast": 1}
+    assert [(c.tool_use_id, c.is_error, c.posted) for c in calls] == [
+        ("sevt_w", False, True),
+        ("sevt_b", True, True),
+    ]
+    posted = _posted(server, sid)
+    assert posted["sevt_w"]["content"] == [{"type": "text", "text": "sunny in Oslo"}]
+    assert posted["sevt_b"]["is_error"] is True
+    assert "no data for X" in posted["sevt_b"]["content"][0]["text"]
+    inputs = {"sevt_w": {"city": "Oslo"}, "sevt_b": {"city": "X"}}
+    check_session_chain(runner_events(captured, "r-session"), inputs, "no data for X")
+    # Each captured execute_tool span is the child of the SDK's tool span of the session.
+    sdk = {s.context.span_id: s for s in captured.spans if s.name.startswith("anthropic.custom")}
+    ours = [s for s in captured.spans if s.name.startswith("execute_tool")]
+    assert len(sdk) == 2 and len(ours) == 2
+    for span in ours:
+        assert span.parent is not None and span.parent.span_id in sdk
+    for span in sdk.values():
+        assert (span.attributes or {}).get("anthropic.session.id") == sid
+
+
+def test_session_runner_runs_a_tool_once_per_event(
+    server: MessagesServer,
+    aclient: anthropic.AsyncAnthropic,
+    captured: InMemoryEventExporter,
+    instrumented: AnthropicInstrumentor,
+) -> None:
+    """A post the session refuses leaves the call unanswered; after reconnecting, the runner
+    dispatches it again. The tool does not run again: the recorded result (and the recorded
+    error) is posted."""
+    sid = _session(server, CUSTOM_CALLS, refuse_first_post=True)
+    with ac.run("r-session-once"), ac.agent("worker"):
+        calls = _run(aclient, sid, [weather, forecast])
+    assert RUNS == {"weather": 1, "forecast": 1}
+    dispatched = [(c.tool_use_id, c.posted) for c in calls]
+    assert dispatched[:2] == [("sevt_w", False), ("sevt_b", False)]
+    assert {tool_use_id for tool_use_id, posted in dispatched if posted} == {"sevt_w", "sevt_b"}
+    posted = _posted(server, sid)
+    assert posted["sevt_w"]["content"] == [{"type": "text", "text": "sunny in Oslo"}]
+    assert posted["sevt_b"]["is_error"] is True
+    inputs = {"sevt_w": {"city": "Oslo"}, "sevt_b": {"city": "X"}}
+    check_session_chain(runner_events(captured, "r-session-once"), inputs, "no data for X")
+
+
+def test_session_runner_agent_toolset(
+    server: MessagesServer,
+    aclient: anthropic.AsyncAnthropic,
+    captured: InMemoryEventExporter,
+    instrumented: AnthropicInstrumentor,
+    tmp_path: Path,
+) -> None:
+    """The agent toolset's tools (``agent.tool_use`` events, answered with ``user.tool_result``)."""
+    (tmp_path / "notes.txt").write_text("clocks and logs\n")
+    calls = [
+        session_event("agent.tool_use", id="sevt_r", name="read", input={"file_path": "notes.txt"}),
+        session_event("agent.tool_use", id="sevt_m", name="read", input={"file_path": "gone.txt"}),
+    ]
+    sid = _session(server, calls)
+
+    async def main() -> None:
+        async with aclient, AgentToolContext(workdir=tmp_path) as env:
+            runner = aclient.beta.sessions.events.tool_runner(
+                sid, tools=beta_agent_toolset_20260401(env), max_idle=0.3
+            )
+            await runner.until_done()
+
+    with ac.run("r-session-toolset"), ac.agent("worker"):
+        asyncio.run(main())
+    posted = _posted(server, sid)
+    assert posted["sevt_r"]["content"] == [{"type": "text", "text": "clocks and logs\n"}]
+    assert posted["sevt_m"]["is_error"] is True
+    inputs = {"sevt_r": {"file_path": "notes.txt"}, "sevt_m": {"file_path": "gone.txt"}}
+    check_session_chain(runner_events(captured, "r-session-toolset"), inputs, "gone.txt")
+
+
+def test_outside_an_agent_the_session_runner_is_left_alone(
+    server: MessagesServer,
+    aclient: anthropic.AsyncAnthropic,
+    captured: InMemoryEventExporter,
+    instrumented: AnthropicInstrumentor,
+) -> None:
+    sid = _session(server, CUSTOM_CALLS, refuse_first_post=True)
+    calls = _run(aclient, sid, [weather, forecast])
+    # Uncaptured, a dispatch after a refused post runs the tool again, as the SDK does.
+    assert RUNS["weather"] >= 2 and RUNS["forecast"] >= 2
+    assert {c.tool_use_id for c in calls if c.posted} == {"sevt_w", "sevt_b"}
+    assert _posted(server, sid)["sevt_w"]["content"] == [{"type": "text", "text": "sunny in Oslo"}]
+    assert captured.events == []
+
+
+def test_uninstrument_restores_the_session_runner(
+    server: MessagesServer, aclient: anthropic.AsyncAnthropic, captured: InMemoryEventExporter
+) -> None:
+    from anthropic.lib.tools._beta_session_runner import SessionToolRunner
+
+    original = SessionToolRunner._call_tool
+    instrumentor = AnthropicInstrumentor()
+    instrumentor.instrument()
+    try:
+        assert SessionToolRunner._call_tool is not original
+    finally:
+        instrumentor.uninstrument()
+    assert SessionToolRunner._call_tool is original
+    sid = _session(server, CUSTOM_CALLS)
+    with ac.run("r-session-plain"), ac.agent("worker"):
+        _run(aclient, sid, [weather, forecast])
+    assert RUNS == {"weather": 1, "forecast": 1}
+    assert not [e for e in captured.events if e.event_type == "tool_invocation"]
+
+
+@pytest.mark.storage
+def test_session_chain_stored_in_postgres(
+    server: MessagesServer,
+    instrumented: AnthropicInstrumentor,
+    stored: Any,
+    pg_dsn: str,
+) -> None:
+    sid = _session(server, CUSTOM_CALLS, refuse_first_post=True)
+    client = anthropic.AsyncAnthropic(
+        base_url=server.base_url, api_key="sk-ant-test", max_retries=0
+    )
+    with ac.run("r-pg-session"), ac.agent("worker"):
+        _run(client, sid, [weather, forecast])
+    assert RUNS == {"weather": 1, "forecast": 1}
+    inputs = {"sevt_w": {"city": "Oslo"}, "sevt_b": {"city": "X"}}
+    check_session_chain(stored_events(pg_dsn, "r-pg-session"), inputs, "no data for X")
+    assert conflict_count(pg_dsn) == 0
