@@ -5,6 +5,10 @@ same rows (16 agents, ~600-byte payloads, batches of 2,000, one transaction per 
 same, freshly truncated events table; rounds alternate and the medians are reported.
 
     .venv/bin/python bench/bench_pg_ingest.py [--events 60000] [--batch 2000] [--rounds 5]
+        [--call-ids]
+
+``--call-ids`` gives every model_call payload a response id and a request id, as real calls
+have, so both methods also maintain the log's model-call indexes and the writer probes them.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ RUN_ID = "bench-run"
 COLUMNS = STAGING_COLUMNS[:11]
 
 
-def make_payload(i: int) -> dict[str, object]:
+def make_payload(i: int, call_ids: bool = False) -> dict[str, object]:
     payload: dict[str, object] = {
         "gen_ai.request.model": "claude-sonnet-4-5",
         "messages": [
@@ -48,12 +52,15 @@ def make_payload(i: int) -> dict[str, object]:
         "usage": {"input_tokens": 1200 + i % 97, "output_tokens": 180 + i % 13},
         "stop_reason": "end_turn",
     }
+    if call_ids:
+        payload["response_id"] = f"msg_{i:024d}"
+        payload["request_id"] = f"req_{i:024d}"
     size = len(json.dumps(payload))
     payload["pad"] = "x" * max(0, 600 - size - 10)
     return payload
 
 
-def make_batches(total: int, batch_size: int) -> list[Batch]:
+def make_batches(total: int, batch_size: int, call_ids: bool = False) -> list[Batch]:
     start = datetime(2025, 1, 1, tzinfo=UTC)
     events: list[Event] = []
     for i in range(total):
@@ -71,7 +78,7 @@ def make_batches(total: int, batch_size: int) -> list[Batch]:
                 idempotency_key=key,
                 wall_time=start + timedelta(milliseconds=i),
                 causal_parent_ids=parents,
-                payload=make_payload(i),
+                payload=make_payload(i, call_ids),
                 trace_id="0af7651916cd43dd8448eb211c80319c",
                 span_id=f"{i:016x}",
             )
@@ -184,9 +191,10 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=60_000)
     parser.add_argument("--batch", type=int, default=2_000)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--call-ids", action="store_true", help="response and request ids")
     args = parser.parse_args()
 
-    batches = make_batches(args.events, args.batch)
+    batches = make_batches(args.events, args.batch, args.call_ids)
     from otel_agentcap.mapping import batch_from_spans
 
     spans = make_spans(args.events)
@@ -215,7 +223,10 @@ def main() -> None:
                 exporter_rates.append(run_exporter(dsn, spans, args.batch))
         copy_rate = statistics.median(copy_rates)
         writer_rate = statistics.median(writer_rates)
-        print(f"events={args.events} batch={args.batch} agents={AGENTS} rounds={args.rounds}")
+        print(
+            f"events={args.events} batch={args.batch} agents={AGENTS} rounds={args.rounds}"
+            f" call_ids={args.call_ids}"
+        )
         print(
             f"raw binary COPY (ceiling): {copy_rate:>10,.0f} events/s  samples={[round(r) for r in copy_rates]}"
         )

@@ -4,12 +4,18 @@ A span stamped by agentcap holds one event (its start) and, in the ``agentcap.ou
 the closing event of the same operation (``tool_result``, ``agent_end``, ``agent_error``); span
 events named ``agentcap.*`` holding such a record (what earlier versions wrote) are read too.
 Spans without stamps are ignored.
+
+One model call is one event: of two ``model_call`` events of a batch that record the same API call
+under different event ids (same run, and the same response id or request id, see
+:func:`otel_agentcap.model_calls.call_ids`), the one from the anthropic SDK's own span is kept,
+else the first; the other goes to ``Batch.superseded``, which storage keeps as a conflict.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
+from itertools import chain
 from typing import Any, Protocol
 
 from opentelemetry.util.types import AttributeValue
@@ -17,7 +23,7 @@ from opentelemetry.util.types import AttributeValue
 from otel_agentcap import attributes as attr
 from otel_agentcap import jsonsafe
 from otel_agentcap.model import AgentRecord, Batch, Event, EventType, RunRecord
-from otel_agentcap.model_calls import SUPERSEDED, model_call_payload
+from otel_agentcap.model_calls import SUPERSEDED, call_ids, is_sdk_scope, model_call_payload
 from otel_agentcap.span_attributes import attributes_of
 
 
@@ -66,17 +72,21 @@ def _time(ns: int | None) -> datetime:
     return datetime.fromtimestamp((ns or 0) / 1e9, tz=UTC)
 
 
+def _scope_name(span: SpanLike) -> str | None:
+    name = getattr(getattr(span, "instrumentation_scope", None), "name", None)
+    return name if isinstance(name, str) else None
+
+
 def _model_call_payload(span: SpanLike, attributes: Mapping[str, AttributeValue]) -> dict[str, Any]:
     """A model-call span as the event payload (see :mod:`otel_agentcap.model_calls` for the keys;
     content only where present, which is only when the user opted in to content capture)."""
-    scope = getattr(span, "instrumentation_scope", None)
     return model_call_payload(
         span.name,
         attributes,
         start_time=span.start_time,
         end_time=span.end_time,
         status=getattr(span, "status", None),
-        scope=getattr(scope, "name", None),
+        scope=_scope_name(span),
     )
 
 
@@ -254,15 +264,59 @@ _AGENT_KEYS = (
 )
 
 
+class _ModelCalls:
+    """The model calls of one batch, by (run, response id) and (run, request id): keeps one event
+    per call in ``events`` and moves the others to ``superseded``."""
+
+    __slots__ = ("by_id", "events", "sdk", "superseded")
+
+    def __init__(self, events: list[Event]) -> None:
+        self.events = events
+        self.superseded: list[Event] = []
+        self.by_id: dict[tuple[str, str, str], int] = {}
+        self.sdk: set[int] = set()
+
+    def add(self, event: Event, sdk: bool) -> None:
+        response_id, request_id = call_ids(event.payload)
+        keys = []
+        if response_id is not None:
+            keys.append(("response", event.run_id, response_id))
+        if request_id is not None:
+            keys.append(("request", event.run_id, request_id))
+        matched = [self.by_id[k] for k in keys if k in self.by_id]
+        if not matched:
+            index = len(self.events)
+            self.events.append(event)
+        elif sdk and matched[0] not in self.sdk and all(i == matched[0] for i in matched):
+            # Takes the place of the non-SDK record. Not when its ids name two kept events:
+            # it would then share an id with the other one.
+            index = matched[0]
+            self.superseded.append(self.events[index])
+            self.events[index] = event
+        else:
+            index = matched[0]
+            self.superseded.append(event)
+        if sdk and self.events[index] is event:
+            self.sdk.add(index)
+        for key in keys:
+            self.by_id.setdefault(key, index)
+
+
 def batch_from_spans(spans: Iterable[SpanLike], *, raw_payloads: bool = False) -> Batch:
     """All events, agents and runs recorded by ``spans``; unstamped spans are skipped.
-    Agent rows that repeat one another exactly are given once."""
+    Agent rows that repeat one another exactly are given once; a model call recorded by several
+    spans under different event ids is one event (the others in ``Batch.superseded``)."""
     events: list[Event] = []
+    calls = _ModelCalls(events)
     agents: dict[AgentRecord, None] = {}
     seen: set[tuple[object, ...]] = set()
     for span in spans:
         attributes = _attributes_of(span)
-        events.extend(_events(span, attributes, raw_payloads))
+        for event in _events(span, attributes, raw_payloads):
+            if event.event_type == EventType.MODEL_CALL:
+                calls.add(event, is_sdk_scope(_scope_name(span)))
+            else:
+                events.append(event)
         # Most spans name the same agent again: build its record only once.
         identity = tuple(attributes.get(key) for key in _AGENT_KEYS)
         if identity in seen:
@@ -271,9 +325,9 @@ def batch_from_spans(spans: Iterable[SpanLike], *, raw_payloads: bool = False) -
         for record in _agents(attributes):
             agents[record] = None
     started: dict[str, datetime] = {}
-    for event in events:
+    for event in chain(events, calls.superseded):
         first = started.get(event.run_id)
         if first is None or event.wall_time < first:
             started[event.run_id] = event.wall_time
     runs = tuple(RunRecord(run_id, at) for run_id, at in started.items())
-    return Batch(tuple(events), tuple(agents), runs)
+    return Batch(tuple(events), tuple(agents), runs, tuple(calls.superseded))

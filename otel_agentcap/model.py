@@ -138,8 +138,13 @@ class RunRecord:
 
 @dataclass(frozen=True, slots=True)
 class Batch:
-    """What one export writes: events plus the agent and run rows they imply."""
+    """What one export writes: events plus the agent and run rows they imply.
+
+    ``superseded`` holds ``model_call`` events that record the same API call as an event in
+    ``events`` (same run, and the same response id or request id) under another event id: the log
+    keeps one event per call and stores these in ``agentcap.conflicts``, never in ``events``."""
 
     events: tuple[Event, ...] = ()
     agents: tuple[AgentRecord, ...] = ()
     runs: tuple[RunRecord, ...] = ()
+    superseded: tuple[Event, ...] = ()

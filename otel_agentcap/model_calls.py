@@ -44,6 +44,7 @@ from typing import Any, Final
 from opentelemetry.util.types import AttributeValue
 
 from otel_agentcap import attributes as attr
+from otel_agentcap.jsonsafe import RawJson
 
 PAYLOAD_SCHEMA: Final = 1
 
@@ -90,6 +91,33 @@ _CONTENT_KEYS: Final = {
     "gen_ai.output.messages": "output_messages",
     "gen_ai.tool.definitions": "tool_definitions",
 }
+
+
+def is_sdk_scope(scope: str | None) -> bool:
+    """Whether ``scope`` is the anthropic SDK's own instrumentation scope (any platform suffix)."""
+    return scope is not None and scope.startswith(SDK_SCOPE)
+
+
+def call_ids(payload: Any) -> tuple[str | None, str | None]:
+    """The response id and the request id a ``model_call`` payload records (``None`` when absent).
+
+    They identify the API call: two ``model_call`` events of one run with the same response id,
+    or the same request id, record the same call. Only string values count, as in the log's
+    unique indexes (``jsonb_typeof(...) = 'string'``). A payload still in its JSON text form
+    (``jsonsafe.RawJson``) is parsed for this."""
+    if isinstance(payload, RawJson):
+        try:
+            payload = json.loads(payload)
+        except ValueError:
+            return None, None
+    if not isinstance(payload, dict):
+        return None, None
+    response_id = payload.get("response_id")
+    request_id = payload.get("request_id")
+    return (
+        response_id if isinstance(response_id, str) else None,
+        request_id if isinstance(request_id, str) else None,
+    )
 
 
 def is_content_attribute(key: str) -> bool:

@@ -31,7 +31,7 @@ from otel_agentcap import attributes as attr
 from otel_agentcap import causal_links
 from otel_agentcap.context import AgentContext, current_agent
 from otel_agentcap.model import EventRef, EventType
-from otel_agentcap.model_calls import SDK_SCOPE, SUPERSEDED, TOOL_USE_IDS
+from otel_agentcap.model_calls import SUPERSEDED, TOOL_USE_IDS, is_sdk_scope
 from otel_agentcap.span_attributes import attributes_of
 from otel_agentcap.stamping import stamp
 
@@ -50,10 +50,6 @@ def classify_genai_span(
     if attributes.get(attr.GEN_AI_OPERATION_NAME) in MODEL_OPERATIONS:
         return EventType.MODEL_CALL.value
     return None
-
-
-def _is_sdk_scope(scope: str | None) -> bool:
-    return scope is not None and scope.startswith(SDK_SCOPE)
 
 
 def _task_key() -> tuple[int, int]:
@@ -126,7 +122,7 @@ class AgentCapSpanProcessor(SpanProcessor):
         ):
             return
         span.set_attributes(stamp(ctx, event_type).attributes())
-        if event_type == EventType.MODEL_CALL and not _is_sdk_scope(scope):
+        if event_type == EventType.MODEL_CALL and not is_sdk_scope(scope):
             parent = trace.get_current_span(parent_context)
             with self._open_lock:
                 if len(self._open) > 10_000:
@@ -138,7 +134,7 @@ class AgentCapSpanProcessor(SpanProcessor):
     ) -> bool:
         """Give ``span`` the stamp of another span of the same model call, if there is one, and
         mark whichever of the two loses as superseded. Returns whether it did."""
-        sdk = _is_sdk_scope(scope)
+        sdk = is_sdk_scope(scope)
         parent = trace.get_current_span(parent_context)
         other: Span | None = None
         if (
@@ -171,11 +167,11 @@ class AgentCapSpanProcessor(SpanProcessor):
         copied[attr.GEN_AI_AGENT_NAME] = ctx.name
         other_scope = other.instrumentation_scope.name if other.instrumentation_scope else None
         span.set_attributes(copied)
-        if sdk and not _is_sdk_scope(other_scope):
+        if sdk and not is_sdk_scope(other_scope):
             other.set_attribute(SUPERSEDED, True)
         elif other is parent:
             # The inner span wins unless the outer one is the SDK's.
-            if _is_sdk_scope(other_scope):
+            if is_sdk_scope(other_scope):
                 span.set_attribute(SUPERSEDED, True)
             else:
                 other.set_attribute(SUPERSEDED, True)

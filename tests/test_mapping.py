@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import uuid
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from opentelemetry import trace
 from opentelemetry.sdk.trace import Event as SpanEvent
 from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.trace import SpanContext
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import SpanContext, Status, StatusCode
 
 import otel_agentcap as oa
 from otel_agentcap import attributes as attr
@@ -215,3 +219,159 @@ def test_captured_payload_round_trips_through_mapping():
     result = captured.of_type("tool_result")[0].payload["result"]
     assert result == jsonsafe.to_jsonable(value)
     assert result["t"] == [1, None]
+
+
+SDK = "com.anthropic.sdk.python"
+ADDON = "opentelemetry.instrumentation.anthropic"
+
+
+def _call_span(
+    event_id: str,
+    seq: int,
+    *,
+    run: str = "run-1",
+    response_id: str | None = None,
+    request_id: str | None = None,
+    scope: str | None = None,
+    error: bool = False,
+) -> ReadableSpan:
+    """A stamped model-call span recorded by the instrumentation ``scope``."""
+    a = _stamped(event_id, seq, None, **{attr.EVENT_TYPE: "model_call", attr.RUN_ID: run})
+    if response_id is not None:
+        a[attr.GEN_AI_RESPONSE_ID] = response_id
+    if request_id is not None:
+        a["anthropic.request.id"] = request_id
+    if error:
+        a[attr.ERROR_TYPE] = "overloaded_error"
+    return ReadableSpan(
+        name="chat m",
+        context=SpanContext(trace_id=0xABC, span_id=seq + 1, is_remote=False),
+        attributes=a,
+        start_time=1_000_000_000 + seq * 1_000_000,
+        end_time=3_000_000_000,
+        status=Status(StatusCode.ERROR if error else StatusCode.OK),
+        instrumentation_scope=InstrumentationScope(scope) if scope is not None else None,
+    )
+
+
+def test_model_call_recorded_by_two_spans_is_one_event_the_sdks():
+    """Two model-call spans with different event ids and one response id map to one event, the
+    SDK's even when the add-on's span comes first; the other is kept aside, not lost."""
+    spans = [
+        _call_span("addon", 1, response_id="msg_1", request_id="req_1", scope=ADDON),
+        _call_span("sdk", 2, response_id="msg_1", request_id="req_1", scope=SDK),
+        _call_span("other", 3, response_id="msg_2", request_id="req_2", scope=SDK),
+    ]
+    batch = batch_from_spans(spans)
+    assert [e.event_id for e in batch.events] == ["sdk", "other"]
+    assert [e.event_id for e in batch.superseded] == ["addon"]
+    assert batch.runs[0].started_at == batch.superseded[0].wall_time  # the earliest record
+
+
+def test_model_call_recorded_twice_without_the_sdk_keeps_the_first():
+    """Without an SDK span among them, the first span of a call keeps the event."""
+    spans = [
+        _call_span("first", 1, response_id="msg_1", scope=ADDON),
+        _call_span("second", 2, response_id="msg_1", scope="another.instrumentation"),
+    ]
+    batch = batch_from_spans(spans, raw_payloads=True)
+    assert [e.event_id for e in batch.events] == ["first"]
+    assert [e.event_id for e in batch.superseded] == ["second"]
+
+
+def test_failed_model_call_without_response_id_is_matched_by_request_id():
+    """An error response has no response id: two records of it share the request id and map to
+    one event; another failed call with its own request id stays an event of its own."""
+    spans = [
+        _call_span("sdk", 1, request_id="req_err", scope=SDK, error=True),
+        _call_span("addon", 2, request_id="req_err", scope=ADDON, error=True),
+        _call_span("retry", 3, request_id="req_err2", scope=SDK, error=True),
+    ]
+    batch = batch_from_spans(spans)
+    assert [e.event_id for e in batch.events] == ["sdk", "retry"]
+    assert [e.event_id for e in batch.superseded] == ["addon"]
+    assert batch.events[0].payload["status"] == "error"
+
+
+def test_same_response_id_in_two_runs_is_two_events():
+    """Call identity is per run: the same response id in two runs is two events."""
+    spans = [
+        _call_span("a", 1, run="run-a", response_id="msg_1", request_id="req_1", scope=SDK),
+        _call_span("b", 2, run="run-b", response_id="msg_1", request_id="req_1", scope=SDK),
+    ]
+    batch = batch_from_spans(spans)
+    assert [e.event_id for e in batch.events] == ["a", "b"]
+    assert batch.superseded == ()
+
+
+def test_capture_events_shows_one_event_per_model_call():
+    """Spans of one call that the processor could not join at start (the add-on's span ended
+    before the SDK's began) are one model_call event for capture_events, as in the log."""
+    with capture_events() as captured, oa.run("run-unjoined"), oa.agent("a"):
+        for scope in (ADDON, SDK):
+            tracer = trace.get_tracer(scope)
+            with tracer.start_as_current_span(
+                "chat m", attributes={attr.GEN_AI_OPERATION_NAME: "chat"}
+            ) as span:
+                span.set_attributes(
+                    {attr.GEN_AI_RESPONSE_ID: "msg_1", "anthropic.request.id": "req_1"}
+                )
+    calls = [s for s in captured.spans if s.name == "chat m"]
+    assert len({s.attributes[attr.EVENT_ID] for s in calls}) == 2
+    [event] = captured.of_type("model_call")
+    assert event.payload["instrumentation"] == SDK
+
+
+_CALL_IDS = st.tuples(
+    st.sampled_from(["run-a", "run-b"]),
+    st.sampled_from([None, "msg_1", "msg_2"]),
+    st.sampled_from([None, "req_1", "req_2"]),
+    st.booleans(),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(_CALL_IDS, max_size=12))
+def test_model_call_dedup_properties(calls):
+    """For any model-call spans: every event is kept or superseded, exactly once; no two kept
+    events of a run share a response id or a request id; each superseded event shares one with
+    another event of its run."""
+    spans = [
+        _call_span(
+            f"e{i}", i, run=run, response_id=rid, request_id=qid, scope=SDK if sdk else ADDON
+        )
+        for i, (run, rid, qid, sdk) in enumerate(calls)
+    ]
+    batch = batch_from_spans(spans)
+    ids = [e.event_id for e in batch.events] + [e.event_id for e in batch.superseded]
+    assert sorted(ids) == sorted(f"e{i}" for i in range(len(calls)))
+
+    def keys(event):
+        p = event.payload
+        found = {
+            ("r", event.run_id, p.get("response_id")),
+            ("q", event.run_id, p.get("request_id")),
+        }
+        return {k for k in found if k[2] is not None}
+
+    seen: set[tuple[str, str, str]] = set()
+    for event in batch.events:
+        assert not keys(event) & seen
+        seen |= keys(event)
+    everything = [*batch.events, *batch.superseded]
+    for event in batch.superseded:
+        assert any(keys(event) & keys(o) for o in everything if o is not event)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.booleans(), min_size=1, max_size=8))
+def test_one_call_recorded_many_times_keeps_the_first_sdk_span(sdk_flags):
+    """Spans of one call in any order: one event, the first SDK span's if any, else the first."""
+    spans = [
+        _call_span(f"e{i}", i, response_id="msg_1", scope=SDK if sdk else ADDON)
+        for i, sdk in enumerate(sdk_flags)
+    ]
+    batch = batch_from_spans(spans)
+    winner = sdk_flags.index(True) if True in sdk_flags else 0
+    assert [e.event_id for e in batch.events] == [f"e{winner}"]
+    assert len(batch.superseded) == len(sdk_flags) - 1

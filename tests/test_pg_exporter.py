@@ -177,3 +177,104 @@ def test_payload_cut_by_a_length_limit_is_stored_safely_with_the_rest(pg_dsn):
             "AND event_type = 'memory_write'"
         ).fetchone()
     assert row is not None and "$agentcap.unparsed" in row[0]
+
+
+SDK_SCOPE = "com.anthropic.sdk.python"
+ADDON_SCOPE = "opentelemetry.instrumentation.anthropic"
+
+
+def _unjoined_model_call(run_id: str, **ids: str) -> dict[str, object]:
+    """One model call recorded by an add-on instrumentation and by the SDK, in spans the processor
+    could not join at start (the add-on's ended first): two stamps, two event ids. Returns the
+    finished spans by scope."""
+    from opentelemetry import trace
+
+    from otel_agentcap import attributes as attr
+
+    recorded = {
+        k: v
+        for k, v in {
+            attr.GEN_AI_RESPONSE_ID: ids.get("response_id"),
+            "anthropic.request.id": ids.get("request_id"),
+        }.items()
+        if v is not None
+    }
+    with capture_events() as captured, ac.run(run_id), ac.agent("planner"):
+        for scope in (ADDON_SCOPE, SDK_SCOPE):
+            tracer = trace.get_tracer(scope)
+            with tracer.start_as_current_span(
+                "chat m", attributes={attr.GEN_AI_OPERATION_NAME: "chat"}
+            ) as span:
+                span.set_attributes(recorded)
+    spans = {
+        s.instrumentation_scope.name: s
+        for s in captured.spans
+        if s.name == "chat m" and s.instrumentation_scope is not None
+    }
+    assert len({(s.attributes or {})[attr.EVENT_ID] for s in spans.values()}) == 2
+    return spans
+
+
+def _conflict_reasons(dsn: str, run_id: str) -> list[str]:
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute(
+            "SELECT reason FROM agentcap.conflicts WHERE run_id = %s", (run_id,)
+        ).fetchall()
+    return [str(r[0]) for r in rows]
+
+
+def test_model_call_recorded_twice_in_one_export_is_one_event(pg_dsn):
+    """Two spans of one call with different event ids in one export: one model_call event (the
+    SDK's), the other kept as a conflict and counted."""
+    spans = _unjoined_model_call("run-one-batch", response_id="msg_1", request_id="req_1")
+    exporter = PostgresSpanExporter(pg_dsn)
+    try:
+        assert exporter.export(list(spans.values())) is SpanExportResult.SUCCESS
+        stats = exporter.stats()
+    finally:
+        exporter.shutdown()
+    query = "SELECT count(*) FROM agentcap.events WHERE event_type = 'model_call'"
+    assert _count(pg_dsn, query) == 1
+    assert _count(pg_dsn, query + " AND payload->>'instrumentation' = %s", SDK_SCOPE) == 1
+    assert _conflict_reasons(pg_dsn, "run-one-batch") == ["model_call_response_id"]
+    assert stats.conflicts == 1
+
+
+@pytest.mark.parametrize("first", [SDK_SCOPE, ADDON_SCOPE])
+def test_model_call_through_exporter_and_ingest_is_one_event(pg_dsn, first):
+    """One record of a call through the exporter, the other through the OTLP ingest (either
+    first): one model_call event, one conflict with reason model_call_response_id."""
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+    from otel_agentcap.ingest import OtlpIngestServer
+
+    run_id = f"run-paths-{first}"
+    spans = _unjoined_model_call(run_id, response_id="msg_1", request_id="req_1")
+    later = ADDON_SCOPE if first == SDK_SCOPE else SDK_SCOPE
+    exporter = PostgresSpanExporter(pg_dsn)
+    try:
+        assert exporter.export([spans[first]]) is SpanExportResult.SUCCESS
+    finally:
+        exporter.shutdown()
+    with OtlpIngestServer(pg_dsn, port=0) as server:
+        result = server.ingest(encode_spans([spans[later]]).SerializeToString())
+    assert (result.inserted, result.conflicts) == (0, 1)
+    query = "SELECT count(*) FROM agentcap.events WHERE run_id = %s AND event_type = 'model_call'"
+    assert _count(pg_dsn, query, run_id) == 1
+    assert _conflict_reasons(pg_dsn, run_id) == ["model_call_response_id"]
+
+
+def test_failed_model_call_recorded_twice_is_one_event_by_request_id(pg_dsn):
+    """An error response (no response id) recorded by two spans in two exports: one event, the
+    other a conflict found by the request id."""
+    spans = _unjoined_model_call("run-error", request_id="req_err")
+    exporter = PostgresSpanExporter(pg_dsn)
+    try:
+        for span in spans.values():
+            assert exporter.export([span]) is SpanExportResult.SUCCESS
+        stats = exporter.stats()
+    finally:
+        exporter.shutdown()
+    assert _count(pg_dsn, "SELECT count(*) FROM agentcap.events WHERE run_id = 'run-error'") == 1
+    assert _conflict_reasons(pg_dsn, "run-error") == ["model_call_request_id"]
+    assert (stats.events_inserted, stats.conflicts) == (1, 1)

@@ -72,3 +72,64 @@ def test_concurrent_migrate_from_processes(pg_empty_dsn: str) -> None:
         results = pool.map(_migrate_in_child, [pg_empty_dsn] * 4)
     applied = [v for r in results for v in r]
     assert sorted(applied) == [m.version for m in available_migrations()]
+
+
+def test_migration_0002_moves_existing_second_records_of_a_model_call(pg_empty_dsn: str) -> None:
+    """A log written before 0002 may hold a call twice: the SDK's record (else the earliest) stays,
+    the others move to agentcap.conflicts in full, and the unique indexes then exist."""
+    first = available_migrations()[0]
+    assert first.version == 1
+    with psycopg.connect(pg_empty_dsn, autocommit=True) as conn:
+        conn.execute("CREATE SCHEMA agentcap")
+        conn.execute(
+            "CREATE TABLE agentcap.schema_version (version integer PRIMARY KEY, name text NOT NULL,"
+            " applied_at timestamptz NOT NULL DEFAULT now())"
+        )
+        conn.execute(first.sql_text.encode())
+        conn.execute("INSERT INTO agentcap.schema_version VALUES (1, %s)", (first.name,))
+        rows = [
+            # (event id suffix, agent, seconds, payload)
+            (
+                "01",
+                "a",
+                1,
+                '{"response_id": "msg_1", "request_id": "req_1", "instrumentation": "x"}',
+            ),
+            (
+                "02",
+                "b",
+                2,
+                '{"response_id": "msg_1", "instrumentation": "com.anthropic.sdk.python"}',
+            ),
+            ("03", "c", 3, '{"request_id": "req_9"}'),
+            ("04", "d", 4, '{"request_id": "req_9"}'),
+            ("05", "e", 5, '{"response_id": 7}'),
+            ("06", "f", 6, '{"response_id": 7}'),
+        ]
+        for suffix, agent, seconds, payload in rows:
+            conn.execute(
+                "INSERT INTO agentcap.events (event_id, run_id, agent_id, logical_seq, wall_time,"
+                " event_type, idempotency_key, payload) VALUES (%s, 'r', %s, 1,"
+                " '2025-01-01'::timestamptz + %s * interval '1 second', 'model_call', 'k', %s)",
+                (f"00000000-0000-0000-0000-0000000000{suffix}", agent, seconds, payload),
+            )
+    assert migrate(pg_empty_dsn) == [m.version for m in available_migrations()][1:]
+    with psycopg.connect(pg_empty_dsn) as conn:
+        kept = [r[0] for r in conn.execute("SELECT agent_id FROM agentcap.events ORDER BY 1")]
+        moved = conn.execute(
+            "SELECT agent_id, reason, existing_event_id::text FROM agentcap.conflicts ORDER BY 1"
+        ).fetchall()
+        indexes = {
+            r[0]
+            for r in conn.execute(
+                "SELECT indexname FROM pg_indexes WHERE schemaname = 'agentcap'"
+                " AND indexname LIKE 'events_model_call_%'"
+            )
+        }
+    # Non-string ids (7) do not identify a call.
+    assert kept == ["b", "c", "e", "f"]
+    assert moved == [
+        ("a", "model_call_response_id", "00000000-0000-0000-0000-000000000002"),
+        ("d", "model_call_request_id", "00000000-0000-0000-0000-000000000003"),
+    ]
+    assert indexes == {"events_model_call_response_id_key", "events_model_call_request_id_key"}

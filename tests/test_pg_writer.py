@@ -406,3 +406,137 @@ def test_staging_tables_of_dead_processes_are_dropped(pool, pg_dsn):
         }
     assert names["dead"] not in left
     assert {names["live"], names["other_host"]} <= left
+
+
+def call(
+    run: str, agent: str, seq: int, response_id: str | None = None, request_id: str | None = None
+) -> Event:
+    """A model_call event with the ids its payload records (absent when None)."""
+    payload: dict[str, Any] = {"schema": 1, "status": "ok" if response_id else "error"}
+    if response_id is not None:
+        payload["response_id"] = response_id
+    if request_id is not None:
+        payload["request_id"] = request_id
+    return ev(run, agent, seq, key=f"seq:{seq}", payload=payload)
+
+
+def conflict_rows(pool: ConnectionPool[Any]) -> list[tuple[str, str, str | None]]:
+    with pool.connection() as conn:
+        rows = conn.execute(
+            "SELECT event_id::text, reason, existing_event_id::text FROM agentcap.conflicts"
+            " ORDER BY conflict_id"
+        ).fetchall()
+    return [(str(r[0]), str(r[1]), r[2]) for r in rows]
+
+
+def test_model_call_stored_under_another_event_id_is_a_conflict(pool):
+    """A second model_call event of a stored call (same run and response id, another event id) is
+    refused as an event and kept in agentcap.conflicts; re-sending it records it once."""
+    writer = EventWriter(pool)
+    first = call("r", "a", 1, "msg_1", "req_1")
+    second = call("r", "b", 7, "msg_1", "req_1")
+    assert writer.write(Batch((first,))).inserted == 1
+    result = writer.write(Batch((second, call("r", "a", 2, "msg_2", "req_2"))))
+    assert (result.inserted, result.duplicates, result.conflicts) == (1, 0, 1)
+    assert writer.write(Batch((second,))).conflicts == 1
+    assert count(pool, "events") == 2
+    assert conflict_rows(pool) == [(second.event_id, "model_call_response_id", first.event_id)]
+
+
+def test_model_call_without_response_id_is_matched_by_request_id(pool):
+    """Error responses have no response id: a second record of one is found by its request id,
+    while another failed call (another request id) is an event of its own."""
+    writer = EventWriter(pool)
+    first = call("r", "a", 1, request_id="req_err")
+    writer.write(Batch((first,)))
+    result = writer.write(Batch((call("r", "b", 1, request_id="req_err"),)))
+    assert (result.inserted, result.conflicts) == (0, 1)
+    assert writer.write(Batch((call("r", "a", 2, request_id="req_err2"),))).inserted == 1
+    assert [row[1:] for row in conflict_rows(pool)] == [("model_call_request_id", first.event_id)]
+
+
+def test_same_response_id_in_another_run_is_another_event(pool):
+    """Call identity is per run: the same response id in two runs is stored twice."""
+    writer = EventWriter(pool)
+    writer.write(Batch((call("r1", "a", 1, "msg_1", "req_1"),)))
+    result = writer.write(Batch((call("r2", "a", 1, "msg_1", "req_1"),)))
+    assert (result.inserted, result.conflicts) == (1, 0)
+    assert count(pool, "conflicts") == 0
+
+
+def test_model_call_twice_in_one_batch_is_one_event(pool):
+    """Two events of one call in one batch (as a Batch built by hand has them, and as the
+    mapping's superseded events are) store one event and one conflict; the batch never fails."""
+    writer = EventWriter(pool)
+    a, b = call("r", "a", 1, "msg_1", "req_1"), call("r", "b", 1, "msg_1")
+    c = call("r", "c", 1, None, "req_1")
+    result = writer.write(Batch((a, b)))
+    assert (result.inserted, result.conflicts) == (1, 1)
+    result = writer.write(Batch((), superseded=(c,)))
+    assert (result.inserted, result.conflicts) == (0, 1)
+    reasons = {row[0]: row[1:] for row in conflict_rows(pool)}
+    assert reasons == {
+        b.event_id: ("model_call_response_id", a.event_id),
+        c.event_id: ("model_call_request_id", a.event_id),
+    }
+
+
+def test_concurrent_writers_store_one_event_per_model_call(pg_dsn):
+    """Writers racing to store records of one call under different event ids: one event, the
+    others conflicts, no failed batch (a unique violation is classified again)."""
+    barrier = threading.Barrier(4)
+    results: list[Any] = []
+
+    def write(agent: str) -> None:
+        with ConnectionPool(pg_dsn, min_size=1, max_size=1, open=True) as p:
+            writer = EventWriter(p)
+            writer.write(Batch())
+            barrier.wait()
+            results.append(writer.write(Batch((call("r", agent, 1, "msg_1", "req_1"),))))
+            writer.close()
+
+    threads = [threading.Thread(target=write, args=(f"agent-{i}",)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(results) == 4
+    assert sum(r.inserted for r in results) == 1
+    assert sum(r.conflicts for r in results) == 3
+    with psycopg.connect(pg_dsn) as conn:
+        row = conn.execute("SELECT count(*) FROM agentcap.events").fetchone()
+    assert row == (1,)
+
+
+call_strategy = st.builds(
+    call,
+    st.sampled_from(["r1", "r2"]),
+    st.sampled_from(["a", "b"]),
+    st.integers(0, 5),
+    st.sampled_from([None, "msg_1", "msg_2"]),
+    st.sampled_from([None, "req_1", "req_2"]),
+)
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(st.lists(st.lists(call_strategy, max_size=8), min_size=1, max_size=4))
+def test_model_call_dedup_invariant(pool: ConnectionPool[Any], batches: list[list[Event]]) -> None:
+    """Any batches of model calls: every write succeeds, no two stored events of a run share a
+    response id or a request id, and every distinct event is stored, a conflict or a duplicate."""
+    with pool.connection() as conn:
+        conn.execute("TRUNCATE agentcap.events, agentcap.conflicts, agentcap.agents, agentcap.runs")
+    writer = EventWriter(pool, staging_name="staging_hypothesis_calls")
+    for batch in batches + batches[:1]:
+        writer.write(Batch(tuple(batch)))
+    with pool.connection() as conn:
+        stored = conn.execute(
+            "SELECT run_id, payload->>'response_id', payload->>'request_id' FROM agentcap.events"
+        ).fetchall()
+        stored_ids = {str(r[0]) for r in conn.execute("SELECT event_id FROM agentcap.events")}
+        conflict_ids = {str(r[0]) for r in conn.execute("SELECT event_id FROM agentcap.conflicts")}
+    for column in (1, 2):
+        keys = [(r[0], r[column]) for r in stored if r[column] is not None]
+        assert len(keys) == len(set(keys))
+    assert {e.event_id for b in batches for e in b} <= stored_ids | conflict_ids

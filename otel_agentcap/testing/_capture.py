@@ -11,7 +11,7 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from otel_agentcap.mapping import agents_from_span, events_from_span
+from otel_agentcap.mapping import agents_from_span, batch_from_spans
 from otel_agentcap.model import AgentRecord, Event
 from otel_agentcap.processor import AgentCapSpanProcessor
 
@@ -39,8 +39,9 @@ class InMemoryEventExporter(SpanExporter):
 
     @property
     def events(self) -> list[Event]:
-        """Every captured event, ordered by (run, agent, sequence)."""
-        events = [event for span in self.spans for event in events_from_span(span)]
+        """Every captured event, ordered by (run, agent, sequence); a model call recorded by several
+        spans is one event, as in the event log."""
+        events = batch_from_spans(self.spans).events
         return sorted(events, key=lambda e: (e.run_id, e.agent_id, e.seq))
 
     @property

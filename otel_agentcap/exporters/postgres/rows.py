@@ -21,7 +21,8 @@ from psycopg.pq import Format
 from psycopg.types.json import Jsonb
 
 from otel_agentcap import jsonsafe
-from otel_agentcap.model import AgentRecord, Batch, Event
+from otel_agentcap.model import AgentRecord, Batch, Event, EventType
+from otel_agentcap.model_calls import call_ids
 
 from .errors import InvalidBatch
 
@@ -33,6 +34,8 @@ UUID_ARRAY_OID: Final = 2951
 _ARRAY_HEAD: Final = struct.Struct("!iiI")
 _DIM: Final = struct.Struct("!ii")
 _UUID_LEN: Final = struct.pack("!i", 16)
+
+_MODEL_CALL: Final = EventType.MODEL_CALL.value
 
 #: Column order of the staging table and of the binary COPY, with the COPY types.
 STAGING_COLUMNS: Final = (
@@ -206,17 +209,30 @@ def _same_content(a: EventRow, b: EventRow, dumps: Callable[[Any], bytes]) -> bo
     return _same_payload(pa, pb, dumps)
 
 
-def resolve_events(
-    events: Iterable[Event], dumps: Callable[[Any], bytes]
-) -> tuple[list[EventRow], int]:
-    """Rows sorted by (run, agent, seq); exact repeats dropped (and counted); rows colliding with an
-    earlier row of the same batch marked with ``batch_reason`` and the id they collided with."""
-    rows = sorted(
+def _sorted_rows(events: Iterable[Event], dumps: Callable[[Any], bytes]) -> list[EventRow]:
+    return sorted(
         (_row(e, dumps) for e in events), key=lambda r: (r.run_id, r.agent_id, r.logical_seq)
     )
+
+
+def resolve_events(
+    events: Iterable[Event], dumps: Callable[[Any], bytes], superseded: Iterable[Event] = ()
+) -> tuple[list[EventRow], int]:
+    """Rows sorted by (run, agent, seq); exact repeats dropped (and counted); rows colliding with an
+    earlier row of the same batch marked with ``batch_reason`` and the id they collided with.
+
+    Two ``model_call`` rows of one run with the same response id, or the same request id, collide
+    too (``model_call_response_id`` / ``model_call_request_id``). ``superseded`` rows (model calls
+    the mapping found recorded twice) come after all of ``events``, so they collide with the event
+    the mapping kept."""
+    rows = _sorted_rows(events, dumps)
+    if superseded:
+        rows.extend(_sorted_rows(superseded, dumps))
     by_id: dict[bytes, EventRow] = {}
     by_seq: dict[tuple[str, str, int], bytes] = {}
     by_key: dict[tuple[str, str, str], bytes] = {}
+    by_response: dict[tuple[str, str], bytes] = {}
+    by_request: dict[tuple[str, str], bytes] = {}
     out: list[EventRow] = []
     duplicates = 0
     # A row colliding with an earlier row of the same batch gets the reason it would get against
@@ -245,6 +261,34 @@ def resolve_events(
                 row._replace(batch_reason="run_agent_key", batch_conflict_with=by_key[idem_key])
             )
             continue
+        if row.event_type == _MODEL_CALL and row.payload is not None:
+            # Broader than the SQL test (a Python str may be stored as an encoded object), never
+            # narrower: two rows the log's unique indexes would refuse never both reach the INSERT.
+            response_id, request_id = call_ids(row.payload.obj)
+            response_key = None if response_id is None else (row.run_id, response_id)
+            request_key = None if request_id is None else (row.run_id, request_id)
+            # A row of a call already in the batch also lends the call its other id (as the
+            # mapping does), so a third record that shares only that id is found too.
+            if response_key is not None and response_key in by_response:
+                kept = by_response[response_key]
+                if request_key is not None:
+                    by_request.setdefault(request_key, kept)
+                out.append(
+                    row._replace(batch_reason="model_call_response_id", batch_conflict_with=kept)
+                )
+                continue
+            if request_key is not None and request_key in by_request:
+                kept = by_request[request_key]
+                if response_key is not None:
+                    by_response.setdefault(response_key, kept)
+                out.append(
+                    row._replace(batch_reason="model_call_request_id", batch_conflict_with=kept)
+                )
+                continue
+            if response_key is not None:
+                by_response[response_key] = row.event_id
+            if request_key is not None:
+                by_request[request_key] = row.event_id
         by_id[row.event_id] = row
         by_seq[seq_key] = row.event_id
         by_key[idem_key] = row.event_id
@@ -304,7 +348,7 @@ def merge_runs(
 def prepare(batch: Batch, max_payload_chars: int = DEFAULT_MAX_PAYLOAD_CHARS) -> PreparedBatch:
     """Everything the writer sends for ``batch``; raises ``InvalidBatch`` for unstorable ids."""
     dumps = payload_dumps(max_payload_chars)
-    events, duplicates = resolve_events(batch.events, dumps)
+    events, duplicates = resolve_events(batch.events, dumps, batch.superseded)
     return PreparedBatch(
         events, duplicates, merge_runs(batch, events, dumps), merge_agents(batch.agents, events)
     )

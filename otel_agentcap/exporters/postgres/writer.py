@@ -7,7 +7,9 @@ One batch is one transaction on a pooled connection:
 2. binary COPY of the events into this writer's UNLOGGED staging table (truncated first);
 3. one statement classifies every staged row against ``agentcap.events`` and inserts the new ones
    (``ON CONFLICT (event_id) DO NOTHING``, sorted by run, agent, seq) and the colliding ones into
-   ``agentcap.conflicts``. Exact repeats are counted as duplicates.
+   ``agentcap.conflicts``. Exact repeats are counted as duplicates. A ``model_call`` row recording
+   an API call the log already holds under another event id (same run, same response id or
+   request id) is a conflict too (``model_call_response_id`` / ``model_call_request_id``).
 
 A concurrent writer may insert a colliding row between classification and insert: a unique
 violation (or fewer inserted rows than classified new) rolls the transaction back and the batch is
@@ -116,12 +118,32 @@ _FAST_PROBES: Final = """
         NULL::uuid AS q_id,
         NULL::uuid AS k_id
 """
+# Both variants probe for the same model call stored under another event id (same run, and the
+# same response id, else the same request id; migration 0002's partial unique indexes), only for
+# model_call rows that carry such an id. The WHERE clauses repeat the index predicates verbatim so
+# the planner uses those indexes.
+_CALL_PROBE: Final = """
+        CASE WHEN e.event_id IS NULL AND s.batch_reason IS NULL AND s.event_type = 'model_call'
+                  AND jsonb_typeof(s.payload -> '{key}') = 'string' THEN (
+            SELECT x.event_id FROM agentcap.events x
+            WHERE x.run_id = s.run_id AND x.event_type = 'model_call'
+              AND jsonb_typeof(x.payload -> '{key}') = 'string'
+              AND (x.payload ->> '{key}') = (s.payload ->> '{key}')
+            LIMIT 1
+        ) END AS {alias}"""
+_CALL_PROBES: Final = ",".join(
+    (
+        _CALL_PROBE.format(key="response_id", alias="r_id"),
+        _CALL_PROBE.format(key="request_id", alias="t_id"),
+    )
+)
 _CLASSIFY_AND_INSERT: Final = """
 WITH p AS MATERIALIZED (
     SELECT s.*,
         e.event_id AS e_id,
         ({e_content}) IS NOT DISTINCT FROM ({s_content}) AS e_same,
-{probes}
+{probes},
+{call_probes}
     FROM {staging} s
     LEFT JOIN LATERAL (
         SELECT x.* FROM agentcap.events x WHERE x.event_id = s.event_id LIMIT 1
@@ -138,10 +160,12 @@ c AS MATERIALIZED (
             WHEN e_id IS NOT NULL THEN CASE WHEN e_same THEN 'duplicate' ELSE 'event_id_content' END
             WHEN q_id IS NOT NULL THEN 'run_agent_seq'
             WHEN k_id IS NOT NULL THEN 'run_agent_key'
+            WHEN r_id IS NOT NULL THEN 'model_call_response_id'
+            WHEN t_id IS NOT NULL THEN 'model_call_request_id'
             ELSE 'new'
         END AS verdict,
         CASE WHEN batch_reason IS NOT NULL THEN batch_conflict_with
-             ELSE COALESCE(e_id, q_id, k_id) END AS existing_event_id
+             ELSE COALESCE(e_id, q_id, k_id, r_id, t_id) END AS existing_event_id
     FROM p
 ),
 ins AS (
@@ -279,6 +303,7 @@ class EventWriter:
             staging=self._staging,
             columns=columns,
             probes=sql.SQL(probes),
+            call_probes=sql.SQL(_CALL_PROBES),
         )
 
     def _ensure_staging(self, conn: psycopg.Connection[Any]) -> None:
