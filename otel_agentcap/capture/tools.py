@@ -4,7 +4,6 @@ exactly-once execution per (run, agent, invocation id)."""
 from __future__ import annotations
 
 import asyncio
-import collections
 import copy
 import functools
 import inspect
@@ -56,10 +55,10 @@ class InvocationRegistry:
     def __init__(self, max_completed: int = DEFAULT_MAX_COMPLETED) -> None:
         self._lock = threading.Lock()
         self._finished = threading.Condition(self._lock)
+        self._waiting = 0  # threads in wait(): completions notify only when there are some
         self._entries: dict[tuple[str, str, str], _Invocation] = {}
-        self._completed: collections.OrderedDict[tuple[str, str, str], None] = (
-            collections.OrderedDict()
-        )
+        # Finished keys, oldest first (dicts keep insertion order).
+        self._completed: dict[tuple[str, str, str], None] = {}
         self._interruptions: dict[tuple[str, str, str], int] = {}
         self.max_completed = max_completed
 
@@ -68,17 +67,24 @@ class InvocationRegistry:
         with self._lock:
             entry.done = True
             if self._entries.get(key) is entry:
-                self._completed[key] = None
-                while len(self._completed) > self.max_completed:
-                    old, _ = self._completed.popitem(last=False)
+                completed = self._completed
+                completed[key] = None
+                while len(completed) > self.max_completed:
+                    old = next(iter(completed))
+                    del completed[old]
                     self._entries.pop(old, None)
-            self._finished.notify_all()
+            if self._waiting:
+                self._finished.notify_all()
 
     def wait(self, entry: _Invocation, timeout: float | None = None) -> bool:
         """Wait until ``entry`` is done; returns whether it is."""
         with self._lock:
             if not entry.done:
-                self._finished.wait_for(lambda: entry.done, timeout)
+                self._waiting += 1
+                try:
+                    self._finished.wait_for(lambda: entry.done, timeout)
+                finally:
+                    self._waiting -= 1
             return entry.done
 
     def claim(self, key: tuple[str, str, str]) -> tuple[_Invocation, bool]:
@@ -99,7 +105,8 @@ class InvocationRegistry:
             if self._entries.get(key) is entry:
                 del self._entries[key]
                 self._interruptions[key] = entry.attempt
-            self._finished.notify_all()
+            if self._waiting:
+                self._finished.notify_all()
 
     def lookup(self, key: tuple[str, str, str]) -> _Invocation | None:
         with self._lock:
@@ -249,9 +256,10 @@ class Tool(Generic[P, R]):
             "arguments": self._arguments(args, kwargs),
         }
         span = tel.start_event_span(self._span_name, start, payload, extra)
+        invocation = start.ref
         if entry is not None:
-            entry.invocation_event = start.ref
-        finisher = _Finisher(ctx, self.name, call_id, key, span, start.ref, claim)
+            entry.invocation_event = invocation
+        finisher = _Finisher(ctx, self.name, call_id, key, span, invocation, claim)
         if self.is_async:
             return cast(R, self._run_async(finisher, span, args, kwargs))
         token = otel_context.attach(trace.set_span_in_context(span))
