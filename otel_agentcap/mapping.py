@@ -207,13 +207,20 @@ def _events(
         closing = _record_event(outcome, attributes, span.end_time, trace_id, span_id)
         if closing is not None:
             events.append(closing)
-    for span_event in span.events:
+    # Span events (how earlier versions recorded closing events): read only when the span has
+    # some, as the SDK's ``events`` property copies them.
+    for span_event in span.events if _has_events(span) else ():
         if span_event.name.startswith(attr.SPAN_EVENT_PREFIX):
             raw = (span_event.attributes or {}).get(attr.SPAN_EVENT_RECORD)
             extra = _record_event(raw, attributes, span_event.timestamp, trace_id, span_id)
             if extra is not None:
                 events.append(extra)
     return events
+
+
+def _has_events(span: SpanLike) -> bool:
+    inner = getattr(span, "_events", None)
+    return bool(inner) if inner is not None else bool(span.events)
 
 
 def agents_from_span(span: SpanLike) -> list[AgentRecord]:
@@ -318,7 +325,7 @@ def batch_from_spans(spans: Iterable[SpanLike], *, raw_payloads: bool = False) -
             else:
                 events.append(event)
         # Most spans name the same agent again: build its record only once.
-        identity = tuple(attributes.get(key) for key in _AGENT_KEYS)
+        identity = tuple(map(attributes.get, _AGENT_KEYS))
         if identity in seen:
             continue
         seen.add(identity)

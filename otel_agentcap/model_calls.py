@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from opentelemetry.util.types import AttributeValue
 
@@ -125,14 +125,6 @@ def is_content_attribute(key: str) -> bool:
     return key in CONTENT_ATTRIBUTES or key.startswith(CONTENT_PREFIXES)
 
 
-def _first(attributes: Mapping[str, AttributeValue], names: tuple[str, ...]) -> Any:
-    for name in names:
-        value = attributes.get(name)
-        if value is not None:
-            return value
-    return None
-
-
 def _int(value: Any) -> int | None:
     if isinstance(value, bool):
         return None
@@ -154,23 +146,34 @@ def _json_or_text(value: AttributeValue) -> Any:
 
 def usage_of(attributes: Mapping[str, AttributeValue]) -> dict[str, int]:
     """The token usage recorded on a model-call span; unknown counts are left out."""
+    get = attributes.get
     usage: dict[str, int] = {}
-    for key, names in (
-        ("input_tokens", _INPUT_TOKENS),
-        ("output_tokens", _OUTPUT_TOKENS),
-        ("cache_read_input_tokens", _CACHE_READ),
-        ("cache_creation_input_tokens", _CACHE_CREATION),
-    ):
-        count = _int(_first(attributes, names))
+    for key, names in _USAGE:
+        value = None
+        for name in names:
+            value = get(name)
+            if value is not None:
+                break
+        count = _int(value)
         if count is not None:
             usage[key] = count
     return usage
 
 
+_USAGE: Final = (
+    ("input_tokens", _INPUT_TOKENS),
+    ("output_tokens", _OUTPUT_TOKENS),
+    ("cache_read_input_tokens", _CACHE_READ),
+    ("cache_creation_input_tokens", _CACHE_CREATION),
+)
+_STATUS_NAMES: Final = {"OK": "ok", "ERROR": "error"}
+_SEQUENCE = (tuple, list)
+
+
 def status_of(status: Any) -> str:
     """``ok``, ``error`` or ``unset`` from an OpenTelemetry ``Status`` (or anything else)."""
     code = getattr(getattr(status, "status_code", None), "name", None)
-    return {"OK": "ok", "ERROR": "error"}.get(str(code), "unset")
+    return _STATUS_NAMES.get(code, "unset") if isinstance(code, str) else "unset"
 
 
 def model_call_payload(
@@ -182,15 +185,18 @@ def model_call_payload(
     status: Any = None,
     scope: str | None = None,
 ) -> dict[str, Any]:
-    """The ``model_call`` payload of a finished model-call span (keys in the module doc)."""
+    """The ``model_call`` payload of a finished model-call span (keys in the module doc).
+
+    Runs for every model call on the export path, so lookups are done once each."""
+    get = attributes.get
     payload: dict[str, Any] = {"schema": PAYLOAD_SCHEMA, "span_name": span_name}
     if scope:
         payload["instrumentation"] = scope
-    provider = attributes.get(attr.GEN_AI_PROVIDER_NAME) or attributes.get(attr.GEN_AI_SYSTEM)
+    provider = get(attr.GEN_AI_PROVIDER_NAME) or get(attr.GEN_AI_SYSTEM)
     if provider is not None:
         payload["provider"] = str(provider)
-    request_model = attributes.get(attr.GEN_AI_REQUEST_MODEL)
-    response_model = attributes.get(attr.GEN_AI_RESPONSE_MODEL)
+    request_model = get(attr.GEN_AI_REQUEST_MODEL)
+    response_model = get(attr.GEN_AI_RESPONSE_MODEL)
     model = response_model or request_model
     if model is not None:
         payload["model"] = str(model)
@@ -198,41 +204,44 @@ def model_call_payload(
         payload["request_model"] = str(request_model)
     if response_model is not None:
         payload["response_model"] = str(response_model)
-    stream = attributes.get("gen_ai.request.stream")
-    payload["stream"] = bool(stream) if stream is not None else False
-    response_id = attributes.get(attr.GEN_AI_RESPONSE_ID)
+    payload["stream"] = bool(get("gen_ai.request.stream"))
+    response_id = get(attr.GEN_AI_RESPONSE_ID)
     if response_id is not None:
         payload["response_id"] = str(response_id)
-    request_id = _first(attributes, _REQUEST_ID)
+    request_id = get(_REQUEST_ID[0])
+    if request_id is None:
+        request_id = get(_REQUEST_ID[1])
     if request_id is not None:
         payload["request_id"] = str(request_id)
-    stop = _first(attributes, _STOP_REASON)
-    if isinstance(stop, tuple | list):
+    stop = get(_STOP_REASON[0])
+    if stop is None:
+        stop = get(_STOP_REASON[1])
+    if isinstance(stop, _SEQUENCE):
         stop = stop[0] if stop else None
     if stop is not None:
         payload["stop_reason"] = str(stop)
     payload["usage"] = usage_of(attributes)
-    tool_ids = attributes.get(TOOL_USE_IDS)
-    payload["tool_use_ids"] = (
-        [str(i) for i in tool_ids] if isinstance(tool_ids, tuple | list) else []
-    )
+    tool_ids = get(TOOL_USE_IDS)
+    payload["tool_use_ids"] = [str(i) for i in tool_ids] if isinstance(tool_ids, _SEQUENCE) else []
     if start_time is not None and end_time is not None:
         payload["latency_ms"] = round((end_time - start_time) / 1e6, 3)
-    ttfc = attributes.get("gen_ai.response.time_to_first_chunk")
-    if isinstance(ttfc, int | float) and not isinstance(ttfc, bool):
-        payload["time_to_first_chunk_ms"] = round(float(ttfc) * 1000.0, 3)
+    ttfc = get("gen_ai.response.time_to_first_chunk")
+    if type(ttfc) is float or type(ttfc) is int:
+        payload["time_to_first_chunk_ms"] = round(float(cast(float, ttfc)) * 1000.0, 3)
     payload["status"] = status_of(status)
-    error_type = attributes.get(attr.ERROR_TYPE)
+    error_type = get(attr.ERROR_TYPE)
     if error_type is not None:
         payload["error_type"] = str(error_type)
-    http_status = _int(attributes.get("http.response.status_code"))
+    http_status = _int(get("http.response.status_code"))
     if http_status is not None:
         payload["http_status_code"] = http_status
-    content = {
-        key: _json_or_text(attributes[name])
-        for name, key in _CONTENT_KEYS.items()
-        if name in attributes
-    }
+    content = None
+    for name, key in _CONTENT_KEYS.items():
+        value = get(name)
+        if value is not None:
+            if content is None:
+                content = {}
+            content[key] = _json_or_text(value)
     if content:
         payload["content"] = content
     return payload
