@@ -9,12 +9,14 @@ instrumented minus bare (same client setup, tracing off):
       (mapping.batch_from_spans) on every exported span,
   (c) OpenLLMetry's opentelemetry-instrumentation-anthropic alone (SDK tracing off).
 
-Method: the overheads are a few hundred microseconds on calls of one to two milliseconds, on a
-machine whose speed drifts. So every round times one short block of calls of each configuration
-(bare, a, b, c, in an order that rotates from round to round), each configuration's overhead in a
-round is its block minus that round's bare block, and the figure is the median over rounds. Time
-is this process's CPU time: everything here (client, transport, span processors, exporter) runs
-synchronously in this process, and CPU time is not inflated by other processes on the machine.
+Method: each configuration runs in a process of its own, set up once and warmed up, so every
+instrumentor stays installed and the interpreter's specialised bytecode stays warm (installing and
+removing instrumentors between blocks in one process would charge re-specialisation to them). A
+coordinator then times short blocks of calls in each process, one process at a time, in an order
+that rotates from round to round; a configuration's overhead in a round is its block minus that
+round's bare block, and the figure is the median over rounds. Time is the worker's CPU time:
+client, transport, span processors and exporter all run synchronously in it, and CPU time is not
+inflated by other processes on the machine.
 
 Targets: (b) <= 1.3 x (a) and (b) <= 0.5 x (c).  Run: .venv/bin/python bench/bench_anthropic.py
 """
@@ -22,11 +24,15 @@ Targets: (b) <= 1.3 x (a) and (b) <= 0.5 x (c).  Run: .venv/bin/python bench/ben
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import multiprocessing
 import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
+from multiprocessing.connection import Connection
+from typing import Any
 
 import anthropic
 import httpx2
@@ -165,81 +171,103 @@ def _streamed(client: anthropic.Anthropic) -> None:
 
 
 def _per_call_us(fn: Callable[[anthropic.Anthropic], None], client: anthropic.Anthropic) -> float:
-    for _ in range(3):
-        fn(client)
     start = time.process_time_ns()
     for _ in range(CALLS):
         fn(client)
     return (time.process_time_ns() - start) / CALLS / 1000
 
 
+CONFIGS = ("bare", "a", "b", "c")
+KINDS: dict[str, Callable[[anthropic.Anthropic], None]] = {"create": _plain, "stream": _streamed}
+
+
+def _setup(config: str) -> tuple[anthropic.Anthropic, Callable[[], int], contextlib.ExitStack]:
+    """The client of ``config``, a count of the events it mapped, and the scope to run it in."""
+    scope = contextlib.ExitStack()
+    mapping = MappingExporter()
+    if config == "bare":
+        return _client(False), lambda: 0, scope
+    if config == "a":
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(NullExporter()))
+        return _client({"tracer_provider": provider}), lambda: 0, scope
+    if config == "b":
+        provider = TracerProvider()
+        provider.add_span_processor(AgentCapSpanProcessor())
+        provider.add_span_processor(SimpleSpanProcessor(mapping))
+        AnthropicInstrumentor().instrument()
+        scope.enter_context(ac.run("bench"))
+        scope.enter_context(ac.agent("bench"))
+        return _client({"tracer_provider": provider}), lambda: mapping.events, scope
+    if config == "c":
+        from opentelemetry.instrumentation.anthropic import AnthropicInstrumentor as OpenLLMetry
+
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(NullExporter()))
+        OpenLLMetry().instrument(tracer_provider=provider)
+        return _client(False), lambda: 0, scope
+    raise ValueError(config)
+
+
+def _worker(config: str, calls: int, conn: Connection) -> None:
+    global CALLS
+    CALLS = calls
+    client, mapped, scope = _setup(config)
+    with scope:
+        for fn in KINDS.values():
+            for _ in range(100):
+                fn(client)
+        conn.send("ready")
+        while True:
+            kind = conn.recv()
+            if kind is None:
+                conn.send(mapped())
+                return
+            conn.send(_per_call_us(KINDS[kind], client))
+
+
 def main() -> int:
-    global ROUNDS, CALLS
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=ROUNDS)
     parser.add_argument("--calls", type=int, default=CALLS)
     args = parser.parse_args()
-    ROUNDS, CALLS = args.rounds, args.calls
-    bare = _client(False)
-    provider_a = TracerProvider()
-    provider_a.add_span_processor(SimpleSpanProcessor(NullExporter()))
-    client_a = _client({"tracer_provider": provider_a})
-    provider_b = TracerProvider()
-    provider_b.add_span_processor(AgentCapSpanProcessor())
-    mapping = MappingExporter()
-    provider_b.add_span_processor(SimpleSpanProcessor(mapping))
-    client_b = _client({"tracer_provider": provider_b})
-    provider_c = TracerProvider()
-    provider_c.add_span_processor(SimpleSpanProcessor(NullExporter()))
-
-    from opentelemetry.instrumentation.anthropic import AnthropicInstrumentor as OpenLLMetry
-
-    def run_bare(fn: Callable[[anthropic.Anthropic], None]) -> float:
-        return _per_call_us(fn, bare)
-
-    def run_a(fn: Callable[[anthropic.Anthropic], None]) -> float:
-        return _per_call_us(fn, client_a)
-
-    def run_b(fn: Callable[[anthropic.Anthropic], None]) -> float:
-        ours = AnthropicInstrumentor()
-        ours.instrument()
-        try:
-            with ac.run("bench"), ac.agent("bench"):
-                return _per_call_us(fn, client_b)
-        finally:
-            ours.uninstrument()
-
-    def run_c(fn: Callable[[anthropic.Anthropic], None]) -> float:
-        # Its own baseline is the bare client: an instrumentor patches the SDK classes, so the
-        # bare block of the round is taken while it is not installed.
-        openllmetry = OpenLLMetry()
-        openllmetry.instrument(tracer_provider=provider_c)
-        try:
-            return _per_call_us(fn, bare)
-        finally:
-            openllmetry.uninstrument()
-
-    runners = (("bare", run_bare), ("a", run_a), ("b", run_b), ("c", run_c))
+    context = multiprocessing.get_context("spawn")
+    workers: dict[str, tuple[Any, Connection]] = {}
+    for config in CONFIGS:
+        ours, theirs = context.Pipe()
+        process = context.Process(target=_worker, args=(config, args.calls, theirs), daemon=True)
+        process.start()
+        workers[config] = (process, ours)
+    for _, conn in workers.values():
+        assert conn.recv() == "ready"
     results: dict[str, dict[str, list[float]]] = {
-        kind: {"a": [], "b": [], "c": []} for kind in ("create", "stream")
+        kind: {"a": [], "b": [], "c": []} for kind in KINDS
     }
-    for round_ in range(ROUNDS):
-        for kind, fn in (("create", _plain), ("stream", _streamed)):
-            shift = round_ % len(runners)
-            order = runners[shift:] + runners[:shift]
-            block = {name: run(fn) for name, run in order}
-            for name in ("a", "b", "c"):
-                results[kind][name].append(block[name] - block["bare"])
-    assert mapping.events > 0, "the agentcap path recorded no events"
+    for round_ in range(args.rounds):
+        for kind in KINDS:
+            shift = round_ % len(CONFIGS)
+            block: dict[str, float] = {}
+            for config in CONFIGS[shift:] + CONFIGS[:shift]:
+                conn = workers[config][1]
+                conn.send(kind)
+                block[config] = conn.recv()
+            for config in ("a", "b", "c"):
+                results[kind][config].append(block[config] - block["bare"])
+    mapped = {}
+    for config, (process, conn) in workers.items():
+        conn.send(None)
+        mapped[config] = conn.recv()
+        process.join()
+    assert mapped["b"] > 0, "the agentcap path recorded no events"
     ok = True
     print(
-        f"per-call overhead, CPU microseconds (instrumented minus bare, median over {ROUNDS} "
-        f"rounds of {CALLS}-call blocks)"
+        f"per-call overhead, CPU microseconds (instrumented minus bare, median over {args.rounds} "
+        f"rounds of {args.calls}-call blocks, one process per configuration)"
     )
     print(
         f"{'':8} {'(a) SDK':>10} {'(b) +agentcap':>14} {'(c) OpenLLMetry':>16} {'b/a':>6} {'b/c':>6}"
     )
-    for kind in ("create", "stream"):
+    for kind in KINDS:
         a, b, c = (statistics.median(results[kind][k]) for k in ("a", "b", "c"))
         ba = b / a if a > 0 else float("inf")
         bc = b / c if c > 0 else float("inf")

@@ -15,7 +15,6 @@ most recent :data:`MAX_ENTRIES` entries. Nothing here raises into user code.
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any, Final
 
@@ -30,14 +29,16 @@ class _Bounded:
     def __init__(self, limit: int = MAX_ENTRIES) -> None:
         self._limit = limit
         self._lock = threading.Lock()
-        self._items: OrderedDict[tuple[str, str], EventRef] = OrderedDict()
+        # Oldest first: a plain dict keeps insertion order, and a put re-inserts its key.
+        self._items: dict[tuple[str, str], EventRef] = {}
 
     def put(self, key: tuple[str, str], ref: EventRef) -> None:
+        items = self._items
         with self._lock:
-            self._items[key] = ref
-            self._items.move_to_end(key)
-            while len(self._items) > self._limit:
-                self._items.popitem(last=False)
+            items.pop(key, None)
+            items[key] = ref
+            if len(items) > self._limit:
+                del items[next(iter(items))]
 
     def get(self, key: tuple[str, str]) -> EventRef | None:
         with self._lock:

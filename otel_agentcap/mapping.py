@@ -228,7 +228,7 @@ def agents_from_span(span: SpanLike) -> list[AgentRecord]:
     return _agents(_attributes_of(span))
 
 
-def _agents(attributes: dict[str, AttributeValue]) -> list[AgentRecord]:
+def _agents(attributes: Mapping[str, AttributeValue]) -> list[AgentRecord]:
     if attr.EVENT_ID not in attributes:
         return []
     run_id = str(attributes.get(attr.RUN_ID, ""))
@@ -269,6 +269,22 @@ _AGENT_KEYS = (
     attr.SPAWNED_AT_EVENT_ID,
     attr.CHILD_AGENT_ID,
 )
+
+
+#: Agent records by span identity (``_AGENT_KEYS``), across batches: most batches name agents an
+#: earlier batch named already. Bounded; cleared when full.
+_agent_records: dict[tuple[object, ...], tuple[AgentRecord, ...]] = {}
+_AGENT_RECORDS_MAX = 4096
+
+
+def _remember_agents(
+    identity: tuple[object, ...], attributes: Mapping[str, AttributeValue]
+) -> tuple[AgentRecord, ...]:
+    records = tuple(_agents(attributes))
+    if len(_agent_records) >= _AGENT_RECORDS_MAX:
+        _agent_records.clear()
+    _agent_records[identity] = records
+    return records
 
 
 class _ModelCalls:
@@ -329,7 +345,10 @@ def batch_from_spans(spans: Iterable[SpanLike], *, raw_payloads: bool = False) -
         if identity in seen:
             continue
         seen.add(identity)
-        for record in _agents(attributes):
+        records = _agent_records.get(identity)
+        if records is None:
+            records = _remember_agents(identity, attributes)
+        for record in records:
             agents[record] = None
     started: dict[str, datetime] = {}
     for event in chain(events, calls.superseded):

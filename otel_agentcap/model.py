@@ -10,9 +10,10 @@ import functools
 import hashlib
 import importlib
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from datetime import datetime
+from types import MappingProxyType
 from typing import Any, Final, NamedTuple, cast
 
 #: Namespace of deterministic event ids: ``uuid5(EVENT_NAMESPACE, run \x1f agent \x1f key)``.
@@ -81,13 +82,16 @@ def event_id_for(run_id: str, agent_id: str, idempotency_key: str) -> str:
     """The deterministic id of an event: a retried event gets the id of its first copy.
 
     Equal to ``str(uuid.uuid5(EVENT_NAMESPACE, f"{run_id}\\x1f{agent_id}\\x1f{idempotency_key}"))``,
-    computed without building a ``UUID`` object (this runs for every captured event)."""
-    name = f"{run_id}\x1f{agent_id}\x1f{idempotency_key}".encode()
-    raw = bytearray(_sha1(_NAMESPACE_BYTES + name).digest()[:16])
-    raw[6] = (raw[6] & 0x0F) | 0x50  # version 5
-    raw[8] = (raw[8] & 0x3F) | 0x80  # RFC 4122 variant
-    h = raw.hex()
-    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+    computed on the hex digest without building a ``UUID`` object (this runs for every captured
+    event): the version nibble becomes 5 and the variant nibble's top bits 10."""
+    h = _sha1(
+        _NAMESPACE_BYTES + f"{run_id}\x1f{agent_id}\x1f{idempotency_key}".encode()
+    ).hexdigest()
+    return f"{h[:8]}-{h[8:12]}-5{h[13:16]}-{_VARIANT[h[16]]}{h[17:20]}-{h[20:32]}"
+
+
+#: RFC 4122 variant: the top two bits of the nibble at hex digit 16 become 10.
+_VARIANT: Final = {c: "89ab"[int(c, 16) & 3] for c in "0123456789abcdef"}
 
 
 class EventRef(NamedTuple):
@@ -129,16 +133,18 @@ class AgentRecord:
     spawned_at_event_id: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class RunRecord:
+_NO_ATTRIBUTES: Final[Mapping[str, Any]] = MappingProxyType({})
+
+
+class RunRecord(NamedTuple):
     run_id: str
     started_at: datetime
-    attributes: dict[str, Any] = field(default_factory=dict)
+    attributes: Mapping[str, Any] = _NO_ATTRIBUTES
 
 
-@dataclass(frozen=True, slots=True)
-class Batch:
-    """What one export writes: events plus the agent and run rows they imply.
+class Batch(NamedTuple):
+    """What one export writes: events plus the agent and run rows they imply (a tuple, like
+    ``Event``: the mapping builds one per export).
 
     ``superseded`` holds ``model_call`` events that record the same API call as an event in
     ``events`` (same run, and the same response id or request id) under another event id: the log
