@@ -295,9 +295,17 @@ class _ModelCalls:
 
     def __init__(self, events: list[Event]) -> None:
         self.events = events
-        self.superseded: list[Event] = []
+        #: Each set-aside record with the index in ``events`` of the record kept for its call.
+        self.superseded: list[tuple[Event, int]] = []
         self.by_id: dict[tuple[str, str, str], int] = {}
         self.sdk: set[int] = set()
+
+    def set_aside(self) -> tuple[tuple[Event, ...], tuple[str, ...]]:
+        """The set-aside records and, for each, the event id of the record finally kept."""
+        return (
+            tuple(event for event, _ in self.superseded),
+            tuple(self.events[index].event_id for _, index in self.superseded),
+        )
 
     def add(self, event: Event, sdk: bool) -> None:
         response_id, request_id = call_ids(event.payload)
@@ -314,11 +322,11 @@ class _ModelCalls:
             # Takes the place of the non-SDK record. Not when its ids name two kept events:
             # it would then share an id with the other one.
             index = matched[0]
-            self.superseded.append(self.events[index])
+            self.superseded.append((self.events[index], index))
             self.events[index] = event
         else:
             index = matched[0]
-            self.superseded.append(event)
+            self.superseded.append((event, index))
         if sdk and self.events[index] is event:
             self.sdk.add(index)
         for key in keys:
@@ -350,10 +358,11 @@ def batch_from_spans(spans: Iterable[SpanLike], *, raw_payloads: bool = False) -
             records = _remember_agents(identity, attributes)
         for record in records:
             agents[record] = None
+    superseded, kept = calls.set_aside()
     started: dict[str, datetime] = {}
-    for event in chain(events, calls.superseded):
+    for event in chain(events, superseded):
         first = started.get(event.run_id)
         if first is None or event.wall_time < first:
             started[event.run_id] = event.wall_time
     runs = tuple(RunRecord(run_id, at) for run_id, at in started.items())
-    return Batch(tuple(events), tuple(agents), runs, tuple(calls.superseded))
+    return Batch(tuple(events), tuple(agents), runs, superseded, kept)

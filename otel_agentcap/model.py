@@ -154,3 +154,6 @@ class Batch(NamedTuple):
     agents: tuple[AgentRecord, ...] = ()
     runs: tuple[RunRecord, ...] = ()
     superseded: tuple[Event, ...] = ()
+    #: For each of ``superseded``, the id of the event of ``events`` kept for its call (empty when
+    #: not known, as in a hand-built batch: storage then matches the ids itself).
+    superseded_by: tuple[str, ...] = ()

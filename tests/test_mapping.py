@@ -335,7 +335,7 @@ _CALL_IDS = st.tuples(
 def test_model_call_dedup_properties(calls):
     """For any model-call spans: every event is kept or superseded, exactly once; no two kept
     events of a run share a response id or a request id; each superseded event shares one with
-    another event of its run."""
+    another event of its run and names the kept event of its call."""
     spans = [
         _call_span(
             f"e{i}", i, run=run, response_id=rid, request_id=qid, scope=SDK if sdk else ADDON
@@ -361,6 +361,23 @@ def test_model_call_dedup_properties(calls):
     everything = [*batch.events, *batch.superseded]
     for event in batch.superseded:
         assert any(keys(event) & keys(o) for o in everything if o is not event)
+
+    # Each superseded event names the kept event of its call: one reached from it through
+    # shared ids (storage relies on this link, whatever order the records come in).
+    def call_of(event):
+        reached, frontier = {event.event_id}, keys(event)
+        while True:
+            more = [o for o in everything if o.event_id not in reached and keys(o) & frontier]
+            if not more:
+                return reached
+            for o in more:
+                reached.add(o.event_id)
+                frontier |= keys(o)
+
+    kept_ids = {e.event_id for e in batch.events}
+    assert len(batch.superseded_by) == len(batch.superseded)
+    for event, kept in zip(batch.superseded, batch.superseded_by, strict=True):
+        assert kept in kept_ids and kept in call_of(event)
 
 
 @settings(max_examples=100, deadline=None)

@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import psycopg
 import pytest
 from opentelemetry import context as otel_context
+from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExportResult
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import SpanContext, Status, StatusCode
 
 import otel_agentcap as ac
+from otel_agentcap import attributes as attr
 from otel_agentcap.exporters.postgres import PostgresSpanExporter
+from otel_agentcap.model import event_id_for
 from otel_agentcap.testing import capture_events
 
 pytestmark = pytest.mark.storage
@@ -278,3 +284,68 @@ def test_failed_model_call_recorded_twice_is_one_event_by_request_id(pg_dsn):
     assert _count(pg_dsn, "SELECT count(*) FROM agentcap.events WHERE run_id = 'run-error'") == 1
     assert _conflict_reasons(pg_dsn, "run-error") == ["model_call_request_id"]
     assert (stats.events_inserted, stats.conflicts) == (1, 1)
+
+
+def _recorded_call(
+    run_id: str,
+    seq: int,
+    scope: str,
+    *,
+    response_id: str | None = None,
+    request_id: str | None = None,
+) -> ReadableSpan:
+    """A finished model-call span of agent ``a`` recorded by the instrumentation ``scope``."""
+    attributes: dict[str, Any] = {
+        attr.RUN_ID: run_id,
+        attr.AGENT_ID: "a",
+        attr.GEN_AI_AGENT_NAME: "a",
+        attr.EVENT_ID: event_id_for(run_id, "a", f"seq:{seq}"),
+        attr.EVENT_TYPE: "model_call",
+        attr.EVENT_SEQ: seq,
+        attr.GEN_AI_OPERATION_NAME: "chat",
+    }
+    if response_id is not None:
+        attributes[attr.GEN_AI_RESPONSE_ID] = response_id
+    if request_id is not None:
+        attributes["anthropic.request.id"] = request_id
+    return ReadableSpan(
+        name="chat m",
+        context=SpanContext(trace_id=0xABC, span_id=seq, is_remote=False),
+        attributes=attributes,
+        start_time=1_000_000_000 + seq,
+        end_time=2_000_000_000,
+        status=Status(StatusCode.OK),
+        instrumentation_scope=InstrumentationScope(scope),
+    )
+
+
+def test_records_that_meet_only_through_a_third_are_one_event(pg_dsn):
+    """Three records of one call in one export: the SDK's has only the request id, the first
+    add-on record only the response id, and only the second add-on record has both. The log holds
+    one model_call event, the SDK's; both other records are conflicts naming it."""
+    run_id = "run-three-records"
+    spans = [
+        _recorded_call(run_id, 1, ADDON_SCOPE, response_id="msg_1"),
+        _recorded_call(run_id, 2, ADDON_SCOPE, response_id="msg_1", request_id="req_1"),
+        _recorded_call(run_id, 3, SDK_SCOPE, request_id="req_1"),
+    ]
+    exporter = PostgresSpanExporter(pg_dsn)
+    try:
+        assert exporter.export(spans) is SpanExportResult.SUCCESS
+    finally:
+        exporter.shutdown()
+    kept = event_id_for(run_id, "a", "seq:3")
+    with psycopg.connect(pg_dsn) as conn:
+        stored = conn.execute(
+            "SELECT event_id::text FROM agentcap.events WHERE run_id = %s", (run_id,)
+        ).fetchall()
+        conflicts = conn.execute(
+            "SELECT event_id::text, existing_event_id::text FROM agentcap.conflicts"
+            " WHERE run_id = %s ORDER BY logical_seq",
+            (run_id,),
+        ).fetchall()
+    assert [r[0] for r in stored] == [kept]
+    assert conflicts == [
+        (event_id_for(run_id, "a", "seq:1"), kept),
+        (event_id_for(run_id, "a", "seq:2"), kept),
+    ]

@@ -216,17 +216,21 @@ def _sorted_rows(events: Iterable[Event], dumps: Callable[[Any], bytes]) -> list
 
 
 def resolve_events(
-    events: Iterable[Event], dumps: Callable[[Any], bytes], superseded: Iterable[Event] = ()
+    events: Iterable[Event],
+    dumps: Callable[[Any], bytes],
+    superseded: Sequence[Event] = (),
+    superseded_by: Sequence[str] = (),
 ) -> tuple[list[EventRow], int]:
     """Rows sorted by (run, agent, seq); exact repeats dropped (and counted); rows colliding with an
     earlier row of the same batch marked with ``batch_reason`` and the id they collided with.
 
     Two ``model_call`` rows of one run with the same response id, or the same request id, collide
     too (``model_call_response_id`` / ``model_call_request_id``). ``superseded`` rows (model calls
-    the mapping found recorded twice) come after all of ``events``, so they collide with the event
-    the mapping kept."""
+    the mapping found recorded twice) collide with the event the mapping kept for them, given in
+    ``superseded_by``; without it they come after all of ``events`` and are matched by their ids."""
     rows = _sorted_rows(events, dumps)
-    if superseded:
+    linked = bool(superseded) and len(superseded_by) == len(superseded)
+    if superseded and not linked:
         rows.extend(_sorted_rows(superseded, dumps))
     by_id: dict[bytes, EventRow] = {}
     by_seq: dict[tuple[str, str, int], bytes] = {}
@@ -293,6 +297,23 @@ def resolve_events(
         by_seq[seq_key] = row.event_id
         by_key[idem_key] = row.event_id
         out.append(row)
+    if linked:
+        # Linked by the mapping, which may have matched a record to its call only through
+        # another set-aside record: never inserted, whatever order they come in.
+        for event, kept_id in zip(superseded, superseded_by, strict=True):
+            row = _row(event, dumps)
+            first = by_id.get(row.event_id)
+            if first is not None and _same_content(first, row, dumps):
+                duplicates += 1
+                continue
+            if first is not None:
+                reason = "event_id_content"
+            elif row.payload is not None and call_ids(row.payload.obj)[0] is not None:
+                reason = "model_call_response_id"
+            else:
+                reason = "model_call_request_id"
+            conflict_with = first.event_id if first is not None else uuid_bytes(kept_id, "event id")
+            out.append(row._replace(batch_reason=reason, batch_conflict_with=conflict_with))
     return out, duplicates
 
 
@@ -348,7 +369,7 @@ def merge_runs(
 def prepare(batch: Batch, max_payload_chars: int = DEFAULT_MAX_PAYLOAD_CHARS) -> PreparedBatch:
     """Everything the writer sends for ``batch``; raises ``InvalidBatch`` for unstorable ids."""
     dumps = payload_dumps(max_payload_chars)
-    events, duplicates = resolve_events(batch.events, dumps, batch.superseded)
+    events, duplicates = resolve_events(batch.events, dumps, batch.superseded, batch.superseded_by)
     return PreparedBatch(
         events, duplicates, merge_runs(batch, events, dumps), merge_agents(batch.agents, events)
     )
