@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import psycopg
@@ -74,12 +75,11 @@ def test_concurrent_migrate_from_processes(pg_empty_dsn: str) -> None:
     assert sorted(applied) == [m.version for m in available_migrations()]
 
 
-def test_migration_0002_moves_existing_second_records_of_a_model_call(pg_empty_dsn: str) -> None:
-    """A log written before 0002 may hold a call twice: the SDK's record (else the earliest) stays,
-    the others move to agentcap.conflicts in full, and the unique indexes then exist."""
+def _at_version_1(dsn: str) -> None:
+    """The schema as migration 0001 left it."""
     first = available_migrations()[0]
     assert first.version == 1
-    with psycopg.connect(pg_empty_dsn, autocommit=True) as conn:
+    with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("CREATE SCHEMA agentcap")
         conn.execute(
             "CREATE TABLE agentcap.schema_version (version integer PRIMARY KEY, name text NOT NULL,"
@@ -87,6 +87,41 @@ def test_migration_0002_moves_existing_second_records_of_a_model_call(pg_empty_d
         )
         conn.execute(first.sql_text.encode())
         conn.execute("INSERT INTO agentcap.schema_version VALUES (1, %s)", (first.name,))
+
+
+_INSERT_CALL = (
+    "INSERT INTO agentcap.events (event_id, run_id, agent_id, logical_seq, wall_time, event_type,"
+    " idempotency_key, payload) VALUES (%s, 'r', %s, 1, now(), 'model_call', 'k', %s)"
+)
+
+
+def test_migration_0002_waits_for_a_writer_of_an_earlier_version(pg_empty_dsn: str) -> None:
+    """A writer that has not committed a second record of a call when 0002 starts: the migration
+    waits for it, then moves that record too, instead of failing on its unique index."""
+    _at_version_1(pg_empty_dsn)
+    call = '{"response_id": "msg_1"}'
+    with psycopg.connect(pg_empty_dsn, autocommit=True) as conn:
+        conn.execute(_INSERT_CALL, ("00000000-0000-0000-0000-000000000001", "a", call))
+    with psycopg.connect(pg_empty_dsn) as writer:
+        writer.execute(_INSERT_CALL, ("00000000-0000-0000-0000-000000000002", "b", call))
+        with ThreadPoolExecutor(1) as pool:
+            migrating = pool.submit(migrate, pg_empty_dsn)
+            time.sleep(1.0)  # the migration is now waiting for this transaction
+            writer.commit()
+            applied = migrating.result(timeout=60)
+    assert applied == [m.version for m in available_migrations()][1:]
+    with psycopg.connect(pg_empty_dsn) as conn:
+        kept = conn.execute("SELECT agent_id FROM agentcap.events").fetchall()
+        moved = conn.execute("SELECT agent_id, reason FROM agentcap.conflicts").fetchall()
+    assert kept == [("a",)]
+    assert moved == [("b", "model_call_response_id")]
+
+
+def test_migration_0002_moves_existing_second_records_of_a_model_call(pg_empty_dsn: str) -> None:
+    """A log written before 0002 may hold a call twice: the SDK's record (else the earliest) stays,
+    the others move to agentcap.conflicts in full, and the unique indexes then exist."""
+    _at_version_1(pg_empty_dsn)
+    with psycopg.connect(pg_empty_dsn, autocommit=True) as conn:
         rows = [
             # (event id suffix, agent, seconds, payload)
             (

@@ -6,6 +6,11 @@
 -- keeps it in agentcap.conflicts. Only string ids count (jsonb_typeof), as in the writer's probes.
 -- Applied by otel_agentcap.exporters.postgres.migrate inside one transaction, under an advisory lock.
 
+-- Writers of an earlier version may still be running: hold their writes to events off for the
+-- whole migration, so no duplicate lands between the clean-up below and the index builds, and
+-- take events before conflicts, in the writer's order, so the two cannot deadlock.
+LOCK TABLE agentcap.events IN SHARE ROW EXCLUSIVE MODE;
+
 ALTER TABLE agentcap.conflicts DROP CONSTRAINT conflicts_reason_check;
 ALTER TABLE agentcap.conflicts ADD CONSTRAINT conflicts_reason_check CHECK (reason IN (
     'event_id_content', 'run_agent_seq', 'run_agent_key', 'invalid_event_type',
