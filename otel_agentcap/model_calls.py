@@ -44,7 +44,7 @@ from typing import Any, Final, cast
 from opentelemetry.util.types import AttributeValue
 
 from otel_agentcap import attributes as attr
-from otel_agentcap.jsonsafe import RawJson
+from otel_agentcap.jsonsafe import RawJson, to_jsonable
 
 PAYLOAD_SCHEMA: Final = 1
 
@@ -103,21 +103,24 @@ def call_ids(payload: Any) -> tuple[str | None, str | None]:
 
     They identify the API call: two ``model_call`` events of one run with the same response id,
     or the same request id, record the same call. Only string values count, as in the log's
-    unique indexes (``jsonb_typeof(...) = 'string'``). A payload still in its JSON text form
+    unique indexes (``jsonb_typeof(...) = 'string'``): a value storage encodes as a JSON string
+    (a ``uuid.UUID``, say) counts as that string. A payload still in its JSON text form
     (``jsonsafe.RawJson``) is parsed for this."""
     if isinstance(payload, RawJson):
         try:
             payload = json.loads(payload)
-        except ValueError:
+        except (ValueError, RecursionError):
             return None, None
     if not isinstance(payload, dict):
         return None, None
-    response_id = payload.get("response_id")
-    request_id = payload.get("request_id")
-    return (
-        response_id if isinstance(response_id, str) else None,
-        request_id if isinstance(request_id, str) else None,
-    )
+    return _id_text(payload.get("response_id")), _id_text(payload.get("request_id"))
+
+
+def _id_text(value: Any) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    stored = to_jsonable(value)
+    return stored if isinstance(stored, str) else None
 
 
 def is_content_attribute(key: str) -> bool:

@@ -540,3 +540,15 @@ def test_model_call_dedup_invariant(pool: ConnectionPool[Any], batches: list[lis
         keys = [(r[0], r[column]) for r in stored if r[column] is not None]
         assert len(keys) == len(set(keys))
     assert {e.event_id for b in batches for e in b} <= stored_ids | conflict_ids
+
+
+def test_model_call_ids_that_are_not_str_are_matched_as_stored(pool):
+    """A response id given as a uuid.UUID is stored as a JSON string, so the log's unique index
+    sees it: two such events of one call in one batch are one event and one conflict, and the
+    batch is written rather than failing on the index."""
+    response_id = uuid.uuid4()
+    first = ev("r", "a", 1, payload={"response_id": response_id})
+    second = ev("r", "b", 1, payload={"response_id": response_id})
+    result = EventWriter(pool).write(Batch((first, second)))
+    assert (result.inserted, result.conflicts) == (1, 1)
+    assert count(pool, "events") == 1
