@@ -815,6 +815,11 @@ class _Handler(BaseHTTPRequestHandler):
         dropped, the server closes, the client leaves or ``max_stream_seconds`` pass."""
         owner = self.server.owner
         deadline = time.monotonic() + owner.max_stream_seconds
+        # "From now on" starts before the headers go out: an event appended while the client
+        # reads them is streamed, not lost in between.
+        with owner._lock:
+            start = len(session.events)
+            generation = session.generation
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream; charset=utf-8")
         self.send_header("Cache-Control", "no-cache")
@@ -822,9 +827,6 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
         self.wfile.flush()
-        with owner._lock:
-            start = len(session.events)
-            generation = session.generation
 
         def write(data: bytes) -> None:
             self.wfile.write(b"%X\r\n%s\r\n" % (len(data), data))
