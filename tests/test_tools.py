@@ -145,6 +145,28 @@ def test_recorded_error_re_raised_with_same_type_without_rerun():
     assert errors[0].payload["invocation_id"] == "c"
 
 
+def test_replayed_error_keeps_its_cause():
+    """A replayed error carries the cause it was raised from, like the first one did."""
+
+    @oa.tool
+    def refuses() -> None:
+        try:
+            raise LookupError("no such element")
+        except LookupError as cause:
+            raise CustomError("refused") from cause
+
+    with oa.run(_run_id()), oa.agent("alpha"):
+        raised = []
+        for _ in range(2):
+            with pytest.raises(CustomError) as info:
+                refuses.invoke("c")
+            raised.append(info.value)
+    assert raised[0] is not raised[1]
+    for error in raised:
+        assert isinstance(error.__cause__, LookupError)
+        assert str(error.__cause__) == "no such element"
+
+
 def test_same_invocation_id_in_other_agent_or_run_runs_again():
     """Invocation ids are scoped by run and agent: another agent or run executes its own call."""
     calls = Counter()

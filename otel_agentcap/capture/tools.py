@@ -126,10 +126,16 @@ invocations = InvocationRegistry()
 
 def _replay(entry: _Invocation) -> Any:
     if entry.error is not None:
+        original = entry.error
         try:
-            error = copy.copy(entry.error)
+            error = copy.copy(original)
+            # copy.copy rebuilds from args and __dict__: keep the chained cause and context,
+            # which some errors use to carry their detail.
+            error.__cause__ = original.__cause__
+            error.__context__ = original.__context__
+            error.__suppress_context__ = original.__suppress_context__
         except Exception:
-            error = entry.error
+            error = original
         raise error.with_traceback(None)
     return entry.result
 

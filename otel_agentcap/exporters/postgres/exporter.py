@@ -125,10 +125,10 @@ class PostgresSpanExporter(SpanExporter):
                 ):
                     with self._stats_lock:
                         self._stats.failed_batches += 1
-                        self._stats.events_failed += len(batch.events)
+                        self._stats.events_failed += len(batch.events) + len(batch.superseded)
                     _logger.error(
                         "agentcap: could not store %d events (%s); giving up on this batch",
-                        len(batch.events),
+                        len(batch.events) + len(batch.superseded),
                         exc,
                     )
                     return SpanExportResult.FAILURE
