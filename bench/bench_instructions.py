@@ -1,0 +1,169 @@
+"""Instructions per call, counted by valgrind's callgrind: the benchmarks' ratios without noise.
+
+CPU time on a shared 2-core machine moves by tens of percent between runs; the number of
+instructions a call executes does not. This script runs each workload of ``bench_capture`` and
+``bench_anthropic`` in its own process under callgrind, with counting switched on (through
+``callgrind_control``) only around the measured calls, and prints instructions per call and the
+same ratios the timing benchmarks print. Optionally (``--cache``) it also simulates the caches
+and branch predictor and prints instruction-cache misses and branch mispredictions per call,
+which is where a ratio in CPU time can differ from the ratio in instructions.
+
+Instructions are not time: code that misses the instruction cache or mispredicts branches more
+costs more per instruction, and callgrind does not see the kernel (OpenLLMetry runs
+``asyncio.run()`` on every sync call, whose system calls cost time but few user instructions, so
+its column is not comparable here). Read these figures next to the timing benchmarks, not
+instead.
+
+    .venv/bin/python bench/bench_instructions.py [--calls 300] [--cache]
+
+Needs ``valgrind`` (with ``callgrind_control``) on PATH.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+CAPTURE = ("captured", "bare_span")
+ANTHROPIC = tuple(
+    f"{config}:{kind}" for kind in ("create", "stream") for config in ("bare", "a", "b", "c")
+)
+EVENTS = ("Ir", "I1mr", "Bcm", "Bim")
+
+
+def _switch(on: bool) -> None:
+    subprocess.run(
+        ["callgrind_control", "-i", "on" if on else "off", str(os.getpid())],
+        check=True,
+        capture_output=True,
+    )
+
+
+def _measure(call: Callable[[], object], warmup: int, calls: int) -> None:
+    for _ in range(warmup):
+        call()
+    _switch(True)
+    for _ in range(calls):
+        call()
+    _switch(False)
+
+
+def _worker(workload: str, calls: int) -> None:
+    sys.path.insert(0, str(HERE))
+    if workload in CAPTURE:
+        from bench_capture import DropExporter
+        from opentelemetry import trace
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+        import otel_agentcap as oa
+        from otel_agentcap.processor import AgentCapSpanProcessor
+
+        provider = TracerProvider()
+        provider.add_span_processor(AgentCapSpanProcessor())
+        provider.add_span_processor(SimpleSpanProcessor(DropExporter()))
+        trace.set_tracer_provider(provider)
+        bare_provider = TracerProvider()
+        bare_provider.add_span_processor(SimpleSpanProcessor(DropExporter()))
+        bare_tracer = bare_provider.get_tracer("bench.bare")
+
+        @oa.tool
+        def lookup(city: str, days: int = 3) -> dict[str, object]:
+            return {"city": city, "forecast": ["sun"] * days}
+
+        counter = iter(range(10**9))
+        with oa.run("bench-run"), oa.agent("bench-agent"):
+            if workload == "captured":
+                _measure(lambda: lookup.invoke(f"call-{next(counter)}", "Oslo", days=2), 500, calls)
+            else:
+                # As many attributes as the captured span ends with (bench_capture checks it).
+                attributes = {f"bench.attr.{i}": f"value-{i}" for i in range(14)}
+                _measure(
+                    lambda: bare_tracer.start_span(
+                        "execute_tool lookup", attributes=attributes
+                    ).end(),
+                    500,
+                    calls,
+                )
+        return
+    import bench_anthropic
+
+    config, kind = workload.split(":")
+    client, _, scope = bench_anthropic._setup(config)
+    fn = bench_anthropic.KINDS[kind]
+    with scope:
+        _measure(lambda: fn(client), 100, calls)
+
+
+def _run(workload: str, calls: int, cache: bool, out_dir: str) -> dict[str, float]:
+    out = os.path.join(out_dir, f"callgrind.{workload.replace(':', '_')}")
+    command = [
+        "valgrind",
+        "--tool=callgrind",
+        "--instr-atstart=no",
+        f"--callgrind-out-file={out}",
+        *(["--cache-sim=yes", "--branch-sim=yes"] if cache else []),
+        sys.executable,
+        __file__,
+        "--worker",
+        workload,
+        "--calls",
+        str(calls),
+    ]
+    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"{workload}: valgrind failed:\n{done.stderr[-2000:]}")
+    header = Path(out).read_text().splitlines()
+    names = next(line.split()[1:] for line in header if line.startswith("events:"))
+    totals = next(line.split()[1:] for line in header if line.startswith("totals:"))
+    counts = dict(zip(names, (int(v) for v in totals), strict=False))
+    return {name: counts.get(name, 0) / calls for name in EVENTS}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--calls", type=int, default=300)
+    parser.add_argument("--cache", action="store_true", help="simulate caches and branches")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        _worker(args.worker, args.calls)
+        return 0
+    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
+        print("valgrind with callgrind_control is needed", file=sys.stderr)
+        return 2
+    workloads = CAPTURE + ANTHROPIC
+    with tempfile.TemporaryDirectory() as out_dir, ThreadPoolExecutor(os.cpu_count() or 2) as pool:
+        results = dict(
+            zip(
+                workloads,
+                pool.map(lambda w: _run(w, args.calls, args.cache, out_dir), workloads),
+                strict=True,
+            )
+        )
+    shown = EVENTS if args.cache else ("Ir",)
+    print(f"per call, from {args.calls} calls each ({', '.join(shown)}; Ir = instructions)")
+    for workload, counts in results.items():
+        print(f"  {workload:14}" + "".join(f" {name}={counts[name]:>11,.0f}" for name in shown))
+    captured, bare_span = results["captured"]["Ir"], results["bare_span"]["Ir"]
+    print(f"captured tool call / bare span:  {captured / bare_span:.2f}  (target <= 2.0)")
+    for kind in ("create", "stream"):
+        base = results[f"bare:{kind}"]["Ir"]
+        a, b, c = (results[f"{config}:{kind}"]["Ir"] - base for config in "abc")
+        print(
+            f"{kind:7} overhead b/a: {b / a:.2f}  (target <= 1.3)   b/c: {b / c:.2f}  (target <= 0.5)"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
