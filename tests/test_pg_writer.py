@@ -552,3 +552,25 @@ def test_model_call_ids_that_are_not_str_are_matched_as_stored(pool):
     result = EventWriter(pool).write(Batch((first, second)))
     assert (result.inserted, result.conflicts) == (1, 1)
     assert count(pool, "events") == 1
+
+
+def test_reason_of_a_conflict_does_not_depend_on_the_classifying_variant(pool):
+    """A model_call row that repeats a stored call and also collides on (run, agent, seq) is filed
+    under the same reason whether the fast or the full classification saw it, so sending it again
+    adds no second conflicts row."""
+    writer = EventWriter(pool)
+    stored_call = call("r", "a", 1, "msg_1")
+    at_seq = ev("r", "b", 5)
+    other = ev("r", "c", 7, key="other")
+    writer.write(Batch((stored_call, at_seq, other)))
+    twin = call("r", "b", 5, "msg_1")  # the call of stored_call, at the seq of at_seq
+    assert writer.write(Batch((twin,))).conflicts == 1
+    # This row collides on (run, agent, seq) only: the fast variant cannot see that, the insert
+    # fails, and the batch is classified again with the full variant.
+    forces_full = ev("r", "c", 7)
+    writer.write(Batch((twin, forces_full)))
+    with pool.connection() as conn:
+        filed = conn.execute(
+            "SELECT reason FROM agentcap.conflicts WHERE event_id = %s", (twin.event_id,)
+        ).fetchall()
+    assert filed == [("model_call_response_id",)]

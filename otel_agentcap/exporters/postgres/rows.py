@@ -255,16 +255,9 @@ def resolve_events(
                     )
                 )
             continue
-        if seq_key in by_seq:
-            out.append(
-                row._replace(batch_reason="run_agent_seq", batch_conflict_with=by_seq[seq_key])
-            )
-            continue
-        if idem_key in by_key:
-            out.append(
-                row._replace(batch_reason="run_agent_key", batch_conflict_with=by_key[idem_key])
-            )
-            continue
+        # The model-call checks come before the (run, agent, seq) and (run, agent, key) ones, in
+        # the order the writer's classification uses.
+        response_key = request_key = None
         if row.event_type == _MODEL_CALL and row.payload is not None:
             # Broader than the SQL test (a Python str may be stored as an encoded object), never
             # narrower: two rows the log's unique indexes would refuse never both reach the INSERT.
@@ -289,10 +282,20 @@ def resolve_events(
                     row._replace(batch_reason="model_call_request_id", batch_conflict_with=kept)
                 )
                 continue
-            if response_key is not None:
-                by_response[response_key] = row.event_id
-            if request_key is not None:
-                by_request[request_key] = row.event_id
+        if seq_key in by_seq:
+            out.append(
+                row._replace(batch_reason="run_agent_seq", batch_conflict_with=by_seq[seq_key])
+            )
+            continue
+        if idem_key in by_key:
+            out.append(
+                row._replace(batch_reason="run_agent_key", batch_conflict_with=by_key[idem_key])
+            )
+            continue
+        if response_key is not None:
+            by_response[response_key] = row.event_id
+        if request_key is not None:
+            by_request[request_key] = row.event_id
         by_id[row.event_id] = row
         by_seq[seq_key] = row.event_id
         by_key[idem_key] = row.event_id

@@ -158,14 +158,17 @@ c AS MATERIALIZED (
             WHEN batch_reason IS NOT NULL THEN batch_reason
             WHEN event_type <> ALL ({event_types}) THEN 'invalid_event_type'
             WHEN e_id IS NOT NULL THEN CASE WHEN e_same THEN 'duplicate' ELSE 'event_id_content' END
-            WHEN q_id IS NOT NULL THEN 'run_agent_seq'
-            WHEN k_id IS NOT NULL THEN 'run_agent_key'
+            -- Before the (run, agent, seq) and (run, agent, key) probes, which the fast variant
+            -- skips: a row's reason must not depend on the variant that classified it, or a
+            -- re-sent row would be filed again under another reason.
             WHEN r_id IS NOT NULL THEN 'model_call_response_id'
             WHEN t_id IS NOT NULL THEN 'model_call_request_id'
+            WHEN q_id IS NOT NULL THEN 'run_agent_seq'
+            WHEN k_id IS NOT NULL THEN 'run_agent_key'
             ELSE 'new'
         END AS verdict,
         CASE WHEN batch_reason IS NOT NULL THEN batch_conflict_with
-             ELSE COALESCE(e_id, q_id, k_id, r_id, t_id) END AS existing_event_id
+             ELSE COALESCE(e_id, r_id, t_id, q_id, k_id) END AS existing_event_id
     FROM p
 ),
 ins AS (
