@@ -299,3 +299,46 @@ def test_session_chain_stored_in_postgres(
     inputs = {"sevt_w": {"city": "Oslo"}, "sevt_b": {"city": "X"}}
     check_session_chain(stored_events(pg_dsn, "r-pg-session"), inputs, "no data for X")
     assert conflict_count(pg_dsn) == 0
+
+
+class _Lookup(anthropic.lib.tools.BetaAsyncBuiltinFunctionTool):
+    """An async builtin tool whose ``call`` is a plain method returning a coroutine: the runner
+    awaits what it returns."""
+
+    def to_dict(self) -> Any:
+        return {"name": "lookup", "input_schema": {"type": "object"}}
+
+    def call(self, input: object) -> Any:
+        return self._lookup(dict(input))  # type: ignore[call-overload]
+
+    async def _lookup(self, arguments: dict[str, Any]) -> str:
+        RUNS["lookup"] = RUNS.get("lookup", 0) + 1
+        await asyncio.sleep(0)
+        if arguments["key"] == "missing":
+            raise KeyError("no entry for missing")
+        return f"entry for {arguments['key']}"
+
+
+def test_session_tool_returning_an_awaitable_records_what_it_resolves_to(
+    server: MessagesServer,
+    aclient: anthropic.AsyncAnthropic,
+    captured: InMemoryEventExporter,
+    instrumented: AnthropicInstrumentor,
+) -> None:
+    """A tool whose plain ``call`` returns a coroutine is recorded with the awaited result, and an
+    error raised while awaiting it is recorded as agent_error, as the runner sees them."""
+    calls = [
+        session_event("agent.custom_tool_use", id="sevt_k", name="lookup", input={"key": "a"}),
+        session_event(
+            "agent.custom_tool_use", id="sevt_m", name="lookup", input={"key": "missing"}
+        ),
+    ]
+    sid = _session(server, calls)
+    with ac.run("r-session-awaitable"), ac.agent("worker"):
+        _run(aclient, sid, [_Lookup()])
+    assert RUNS == {"lookup": 2}
+    inputs = {"sevt_k": {"key": "a"}, "sevt_m": {"key": "missing"}}
+    events = runner_events(captured, "r-session-awaitable")
+    check_session_chain(events, inputs, "no entry for missing")
+    [result] = [e for e in events if e["event_type"] == "tool_result"]
+    assert result["payload"]["result"] == "entry for a"

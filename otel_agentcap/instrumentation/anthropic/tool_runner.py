@@ -147,6 +147,18 @@ def _signature(tool_input: Mapping[str, Any]) -> inspect.Signature:
     return inspect.Signature([inspect.Parameter(name, kind) for name in names])
 
 
+def _runs_on_worker_thread(sdk_tool: Any) -> bool:
+    """The Sessions runner's rule (``run_runnable_tool``): its sync function tools run on a worker
+    thread; any other tool is called and, if that returns an awaitable, awaited."""
+    try:
+        from anthropic.lib.tools._beta_functions import BetaBuiltinFunctionTool, BetaFunctionTool
+
+        sync_classes = (BetaFunctionTool, BetaBuiltinFunctionTool)
+    except ImportError:
+        return not inspect.iscoroutinefunction(getattr(sdk_tool, "call", None))
+    return isinstance(sdk_tool, sync_classes)
+
+
 def _captured_tool(
     name: str,
     tool_input: Mapping[str, Any],
@@ -159,7 +171,10 @@ def _captured_tool(
     if is_async:
 
         async def run_async(**arguments: Any) -> Any:
-            return await run(arguments)
+            # Awaited when it returns an awaitable, as the SDK does: a tool whose ``call`` is a
+            # plain method may still return a coroutine.
+            result = run(arguments)
+            return await result if inspect.isawaitable(result) else result
 
         body: Callable[..., Any] = run_async
     else:
@@ -261,7 +276,7 @@ def _prepare_tool(
         return None
     validate_id(tool_use_id, "invocation_id")
     if is_async is None:
-        is_async = inspect.iscoroutinefunction(call)
+        is_async = not _runs_on_worker_thread(sdk_tool)
     captured = _captured_tool(name, tool_input, sdk_tool.call, is_async=is_async)
     args, kwargs = _replace(
         args, kwargs, 0, tool_name, _CapturedRunnable(sdk_tool, captured, tool_use_id)
