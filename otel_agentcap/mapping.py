@@ -171,19 +171,14 @@ def _record_event(
         return None
 
 
-def _attributes_of(span: SpanLike) -> dict[str, AttributeValue]:
-    """A plain copy of the span's attributes (see :mod:`otel_agentcap.span_attributes`)."""
-    return dict(attributes_of(span))
-
-
 def events_from_span(span: SpanLike, *, raw_payloads: bool = False) -> list[Event]:
     """The events a span records. With ``raw_payloads`` a valid payload stays JSON text
     (``jsonsafe.RawJson``), which storage writes as is; otherwise payloads are parsed."""
-    return _events(span, _attributes_of(span), raw_payloads)
+    return _events(span, attributes_of(span), raw_payloads)
 
 
 def _events(
-    span: SpanLike, attributes: dict[str, AttributeValue], raw_payloads: bool
+    span: SpanLike, attributes: Mapping[str, AttributeValue], raw_payloads: bool
 ) -> list[Event]:
     if attr.EVENT_ID not in attributes or attributes.get(SUPERSEDED):
         # A superseded span is a second record of a model call that another span holds.
@@ -225,7 +220,7 @@ def _has_events(span: SpanLike) -> bool:
 
 def agents_from_span(span: SpanLike) -> list[AgentRecord]:
     """The agent rows a span implies (its own agent, and a spawned child)."""
-    return _agents(_attributes_of(span))
+    return _agents(attributes_of(span))
 
 
 def _agents(attributes: Mapping[str, AttributeValue]) -> list[AgentRecord]:
@@ -342,7 +337,7 @@ def batch_from_spans(spans: Iterable[SpanLike], *, raw_payloads: bool = False) -
     agents: dict[AgentRecord, None] = {}
     seen: set[tuple[object, ...]] = set()
     for span in spans:
-        attributes = _attributes_of(span)
+        attributes = attributes_of(span)  # read only, never copied: the spans have ended
         for event in _events(span, attributes, raw_payloads):
             if event.event_type == EventType.MODEL_CALL:
                 calls.add(event, is_sdk_scope(_scope_name(span)))
