@@ -39,7 +39,6 @@ EVENT_SEQ: Final = "agentcap.event.seq"
 EVENT_IDEMPOTENCY_KEY: Final = "agentcap.event.idempotency_key"
 EVENT_CAUSAL_PARENT_IDS: Final = "agentcap.event.causal_parent_ids"
 EVENT_PAYLOAD: Final = "agentcap.event.payload"
-EVENT_WALL_TIME_NS: Final = "agentcap.event.wall_time_ns"
 
 # On an agent_spawn event: the child it created.
 CHILD_AGENT_ID: Final = "agentcap.child.agent_id"

@@ -210,24 +210,21 @@ def cmd_db(args: argparse.Namespace) -> int:
 
 def cmd_ingest(args: argparse.Namespace) -> int:
     try:
-        from otel_agentcap.ingest import OtlpIngestServer
+        from otel_agentcap.ingest import OtlpIngestServer, serve
     except ImportError as exc:
         raise CliError(
             f"the ingest needs opentelemetry-proto: pip install 'otel-agentcap[otlp]' ({exc})"
         ) from None
     dsn = _dsn(args)
-    with _connect(dsn) as conn:
+    with _connect(dsn) as conn:  # a bad DSN is a one-line error here, before serving
         migrate(conn)
-    server = OtlpIngestServer(dsn, host=args.host, port=args.port)
-    print(f"accepting OTLP/HTTP traces at {server.endpoint} (Ctrl-C stops)", file=sys.stderr)
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.close()
+
+    def announce(server: OtlpIngestServer) -> None:
+        print(f"accepting OTLP/HTTP traces at {server.endpoint} (Ctrl-C stops)", file=sys.stderr)
+
+    stats = serve(dsn, args.host, args.port, on_ready=announce)
     if args.json:
-        _print_json(asdict(server.stats()))
+        _print_json(asdict(stats))
     return 0
 
 

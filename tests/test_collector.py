@@ -300,3 +300,46 @@ def test_ingest_rejects_what_it_can_never_store(pg_dsn):
     assert wrong_path[0] == 404
     assert stats.rejected_requests == 2
     assert _count(pg_dsn, "SELECT count(*) FROM agentcap.events") == 0
+
+
+def test_ingest_command_stores_posted_spans_and_reports_its_counters(pg_dsn):
+    """``otel-agentcap ingest --json`` serves until interrupted, stores what is posted, and prints
+    its counters on the way out."""
+    import json
+    import signal
+    import sys
+
+    run_id = "run-ingest-cli"
+    spans, expected = _captured(run_id)
+    port = _free_port()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "otel_agentcap.cli",
+            "ingest",
+            "--dsn",
+            pg_dsn,
+            "--port",
+            str(port),
+            "--json",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        _wait_for_port(port, proc)
+        status, _ = _post(
+            f"http://127.0.0.1:{port}/v1/traces", encode_spans(spans).SerializeToString()
+        )
+        assert status == HTTPStatus.OK
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err.decode()
+    assert f"accepting OTLP/HTTP traces at http://127.0.0.1:{port}/v1/traces" in err.decode()
+    stats = json.loads(out)
+    assert (stats["requests"], stats["events_inserted"]) == (1, expected)
+    assert (
+        _count(pg_dsn, "SELECT count(*) FROM agentcap.events WHERE run_id = %s", run_id) == expected
+    )

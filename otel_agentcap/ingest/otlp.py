@@ -18,7 +18,7 @@ import importlib
 import logging
 import threading
 import zlib
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -503,14 +503,25 @@ class OtlpIngestServer:
         self.close()
 
 
-def serve(dsn: str | None = None, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> None:
-    """Run an :class:`OtlpIngestServer` in the foreground until interrupted (Ctrl-C). With no
-    ``dsn``, ``AGENTCAP_DSN`` or the embedded PostgreSQL is used."""
+def serve(
+    dsn: str | None = None,
+    host: str = DEFAULT_HOST,
+    port: int = DEFAULT_PORT,
+    *,
+    on_ready: Callable[[OtlpIngestServer], None] | None = None,
+) -> IngestStats:
+    """Run an :class:`OtlpIngestServer` in the foreground until interrupted (Ctrl-C) and return
+    its counters. With no ``dsn``, ``AGENTCAP_DSN`` or the embedded PostgreSQL is used.
+    ``on_ready`` is called with the listening server (default: log its endpoint)."""
     server = OtlpIngestServer(resolve_dsn(dsn), host=host, port=port)
-    _logger.info("agentcap ingest: accepting OTLP/HTTP traces at %s", server.endpoint)
+    if on_ready is None:
+        _logger.info("agentcap ingest: accepting OTLP/HTTP traces at %s", server.endpoint)
+    else:
+        on_ready(server)
     try:
         server.serve_forever()
     except KeyboardInterrupt:
         pass
     finally:
         server.close()
+    return server.stats()
