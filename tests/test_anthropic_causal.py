@@ -17,6 +17,7 @@ from anthropic_support import (  # noqa: F401 (fixtures)
     client,
     conflict_count,
     instrumented,
+    runner_events,
     server,
     stored,
     stored_events,
@@ -26,7 +27,6 @@ from opentelemetry.sdk.trace import ReadableSpan
 import otel_agentcap as ac
 from otel_agentcap import jsonsafe
 from otel_agentcap.model_calls import SUPERSEDED, is_content_attribute
-from otel_agentcap.testing import InMemoryEventExporter
 from otel_agentcap.testing.messages_server import (
     MessagesServer,
     ToolCall,
@@ -100,21 +100,6 @@ def _check_chain(events: list[dict[str, object]]) -> None:
         assert second["seq"] > parent["seq"]  # type: ignore[operator]
 
 
-def _as_dicts(sink: InMemoryEventExporter, run_id: str) -> list[dict[str, object]]:
-    return [
-        {
-            "event_id": e.event_id,
-            "agent_id": e.agent_id,
-            "seq": e.seq,
-            "event_type": e.event_type,
-            "parents": list(e.causal_parent_ids),
-            "payload": e.payload,
-        }
-        for e in sink.events
-        if e.run_id == run_id
-    ]
-
-
 def test_chain_within_one_agent(server, client, captured, instrumented):
     """model_call -> tool runs (tool_use ids as invocation ids) -> next model_call, in memory."""
     _script(server)
@@ -125,7 +110,7 @@ def test_chain_within_one_agent(server, client, captured, instrumented):
         "content": "sunny in Oslo",
     }
     assert results[1]["is_error"] is True and "no data for X" in results[1]["content"]
-    _check_chain(_as_dicts(captured, "r-chain-1"))
+    _check_chain(runner_events(captured, "r-chain-1"))
 
 
 def test_chain_across_two_agents(server, client, captured, instrumented):
@@ -143,7 +128,7 @@ def test_chain_across_two_agents(server, client, captured, instrumented):
                 {"role": "user", "content": results},
             ],
         )
-    events = _as_dicts(captured, "r-chain-2")
+    events = runner_events(captured, "r-chain-2")
     _check_chain(events)
     tool_agents = {e["agent_id"] for e in events if e["event_type"] == "tool_invocation"}
     assert tool_agents == {worker.agent_id}
@@ -170,7 +155,7 @@ def test_async_chain(server, aclient, captured, instrumented):
 
     with ac.run("r-chain-async"), ac.agent("assistant"):
         asyncio.run(main())
-    _check_chain(_as_dicts(captured, "r-chain-async"))
+    _check_chain(runner_events(captured, "r-chain-async"))
 
 
 @pytest.mark.storage

@@ -1,3 +1,4 @@
+# ruff: noqa: F811  (pytest fixtures imported from anthropic_support)
 """The local Messages API server, exercised with the real anthropic SDK (no network)."""
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 import anthropic
 import httpx2
 import pytest
+from anthropic_support import MODEL, USER, server  # noqa: F401 (server is a fixture)
 
 from otel_agentcap.testing.messages_server import (
     ErrorReply,
@@ -27,15 +29,6 @@ from otel_agentcap.testing.messages_server import (
 )
 
 pytestmark = pytest.mark.timeout(30)
-
-MODEL = "claude-test-model"
-USER = [{"role": "user", "content": "Hello"}]
-
-
-@pytest.fixture
-def server() -> Iterator[MessagesServer]:
-    with MessagesServer() as srv:
-        yield srv
 
 
 @pytest.fixture
