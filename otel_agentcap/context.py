@@ -67,8 +67,6 @@ _current_agent: contextvars.ContextVar[AgentContext | None] = contextvars.Contex
 _causal_parents: contextvars.ContextVar[tuple[EventRef, ...]] = contextvars.ContextVar(
     "agentcap_causal_parents", default=()
 )
-#: The causal parents bound with :func:`caused_by` (``causal_parents_var.get()`` on hot paths).
-causal_parents_var = _causal_parents
 
 
 def new_id(prefix: str) -> str:

@@ -24,7 +24,7 @@ from otel_agentcap import attributes as attr
 from otel_agentcap import jsonsafe
 from otel_agentcap.model import AgentRecord, Batch, Event, EventType, RunRecord
 from otel_agentcap.model_calls import SUPERSEDED, call_ids, is_sdk_scope, model_call_payload
-from otel_agentcap.span_attributes import attributes_of
+from otel_agentcap.span_attributes import attributes_of, has_events
 
 
 class _SpanContextLike(Protocol):
@@ -204,18 +204,13 @@ def _events(
             events.append(closing)
     # Span events (how earlier versions recorded closing events): read only when the span has
     # some, as the SDK's ``events`` property copies them.
-    for span_event in span.events if _has_events(span) else ():
+    for span_event in span.events if has_events(span) else ():
         if span_event.name.startswith(attr.SPAN_EVENT_PREFIX):
             raw = (span_event.attributes or {}).get(attr.SPAN_EVENT_RECORD)
             extra = _record_event(raw, attributes, span_event.timestamp, trace_id, span_id)
             if extra is not None:
                 events.append(extra)
     return events
-
-
-def _has_events(span: SpanLike) -> bool:
-    inner = getattr(span, "_events", None)
-    return bool(inner) if inner is not None else bool(span.events)
 
 
 def agents_from_span(span: SpanLike) -> list[AgentRecord]:

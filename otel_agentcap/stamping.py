@@ -8,7 +8,7 @@ from typing import NamedTuple
 from opentelemetry.util.types import AttributeValue
 
 from otel_agentcap import attributes as attr
-from otel_agentcap.context import AgentContext, causal_parents_var
+from otel_agentcap.context import AgentContext, ambient_causal_parents
 from otel_agentcap.model import EventRef, event_id_for
 
 
@@ -48,9 +48,6 @@ class Stamp(NamedTuple):
         return attributes
 
 
-_ambient = causal_parents_var.get
-
-
 def stamp(
     agent: AgentContext,
     event_type: str,
@@ -64,7 +61,7 @@ def stamp(
     ``key`` is the idempotency key; without one the event is keyed by its sequence, which is unique
     per agent, so the id is still deterministic for exporter retries and collector redelivery.
     """
-    ambient = _ambient()
+    ambient = ambient_causal_parents()
     after = 0
     parent_ids: tuple[str, ...] = ()
     if parents or ambient:

@@ -55,7 +55,6 @@ class InvocationRegistry:
     def __init__(self, max_completed: int = DEFAULT_MAX_COMPLETED) -> None:
         self._lock = threading.Lock()
         self._finished = threading.Condition(self._lock)
-        self._waiting = 0  # threads in wait(): completions notify only when there are some
         self._entries: dict[tuple[str, str, str], _Invocation] = {}
         # Finished keys, oldest first (dicts keep insertion order).
         self._completed: dict[tuple[str, str, str], None] = {}
@@ -73,18 +72,13 @@ class InvocationRegistry:
                     old = next(iter(completed))
                     del completed[old]
                     self._entries.pop(old, None)
-            if self._waiting:
-                self._finished.notify_all()
+            self._finished.notify_all()
 
     def wait(self, entry: _Invocation, timeout: float | None = None) -> bool:
         """Wait until ``entry`` is done; returns whether it is."""
         with self._lock:
             if not entry.done:
-                self._waiting += 1
-                try:
-                    self._finished.wait_for(lambda: entry.done, timeout)
-                finally:
-                    self._waiting -= 1
+                self._finished.wait_for(lambda: entry.done, timeout)
             return entry.done
 
     def claim(self, key: tuple[str, str, str]) -> tuple[_Invocation, bool]:
@@ -105,8 +99,7 @@ class InvocationRegistry:
             if self._entries.get(key) is entry:
                 del self._entries[key]
                 self._interruptions[key] = entry.attempt
-            if self._waiting:
-                self._finished.notify_all()
+            self._finished.notify_all()
 
     def lookup(self, key: tuple[str, str, str]) -> _Invocation | None:
         with self._lock:
