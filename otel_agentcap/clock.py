@@ -62,7 +62,8 @@ class LamportClock:
     def tick(self, after: int = 0) -> int:
         """Allocate the next sequence, greater than the last one and greater than ``after``."""
         with self._lock:
-            candidate = max(self._last, after) + 1
+            last = self._last
+            candidate = (last if last > after else after) + 1
             if self._source is not None and candidate >= self._limit:
                 candidate = self._reserve(candidate)
             self._last = candidate

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import NamedTuple
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import NamedTuple, cast
 
 from opentelemetry.util.types import AttributeValue
 
@@ -26,7 +27,7 @@ class Stamp(NamedTuple):
 
     @property
     def ref(self) -> EventRef:
-        return EventRef(self.event_id, self.seq, self.agent_id)
+        return _new_ref((self[4], self[3], self[1]))
 
     def attributes(self) -> dict[str, AttributeValue]:
         """The stamp as span attributes. What can be derived is left out (every attribute costs
@@ -62,9 +63,9 @@ def stamp(
     per agent, so the id is still deterministic for exporter retries and collector redelivery.
     """
     ambient = ambient_causal_parents()
-    after = 0
     parent_ids: tuple[str, ...] = ()
     if parents or ambient:
+        after = 0
         ids: list[str] = []
         for parent in (*parents, *ambient):
             if parent.seq > after:
@@ -72,17 +73,27 @@ def stamp(
             if parent.event_id not in ids:
                 ids.append(parent.event_id)
         parent_ids = tuple(ids)
-    seq = agent.clock.tick(after)
+        seq = agent.clock.tick(after)
+    else:
+        seq = agent.clock.tick()
     idempotency_key = key if key is not None else f"seq:{seq}"
     run_id = agent.run_id
     agent_id = agent.agent_id
-    return Stamp(
-        run_id,
-        agent_id,
-        agent.name,
-        seq,
-        event_id_for(run_id, agent_id, idempotency_key),
-        event_type,
-        idempotency_key,
-        parent_ids,
+    return _new_stamp(
+        (
+            run_id,
+            agent_id,
+            agent.name,
+            seq,
+            event_id_for(run_id, agent_id, idempotency_key),
+            event_type,
+            idempotency_key,
+            parent_ids,
+        )
     )
+
+
+# Build the NamedTuples of the hot path with tuple.__new__ (C) instead of their generated
+# Python-level __new__; the field order is the class's.
+_new_stamp = cast(Callable[[tuple[object, ...]], Stamp], partial(tuple.__new__, Stamp))
+_new_ref = cast(Callable[[tuple[object, ...]], EventRef], partial(tuple.__new__, EventRef))
