@@ -1,8 +1,8 @@
 """Where model calls and tool results meet: bounded, per-run registries that turn the ids the
 Messages API passes around (response ids, ``tool_use`` ids) into the events that recorded them.
 
-* The span processor records each finished ``model_call`` under its response id, request id and the
-  ``tool_use`` ids it asked for.
+* The span processor records each finished ``model_call`` under its response id and the ``tool_use``
+  ids it asked for.
 * :func:`~otel_agentcap.run_tool_uses` finds the model call of a response there (the causal parent
   of each tool run) and records each tool's result event under its ``tool_use`` id.
 * The instrumentation's request wrapper finds the ``tool_result`` blocks a request carries and
@@ -55,7 +55,6 @@ class _Bounded:
 
 
 _by_response = _Bounded()
-_by_request = _Bounded()
 _by_tool_use = _Bounded()
 _tool_results = _Bounded()
 
@@ -65,24 +64,17 @@ def record_model_call(
     ref: EventRef,
     *,
     response_id: str | None = None,
-    request_id: str | None = None,
     tool_use_ids: Iterable[str] = (),
 ) -> None:
     """Remember the ``model_call`` event ``ref`` under the ids of its response."""
     if response_id:
         _by_response.put((run_id, response_id), ref)
-    if request_id:
-        _by_request.put((run_id, request_id), ref)
     for tool_use_id in tool_use_ids:
         _by_tool_use.put((run_id, tool_use_id), ref)
 
 
 def model_call_for_response(run_id: str, response_id: str) -> EventRef | None:
     return _by_response.get((run_id, response_id))
-
-
-def model_call_for_request(run_id: str, request_id: str) -> EventRef | None:
-    return _by_request.get((run_id, request_id))
 
 
 def model_call_for_tool_use(run_id: str, tool_use_id: str) -> EventRef | None:
@@ -100,13 +92,13 @@ def tool_result_for(run_id: str, tool_use_id: str) -> EventRef | None:
 
 
 def forget_run(run_id: str) -> None:
-    for registry in (_by_response, _by_request, _by_tool_use, _tool_results):
+    for registry in (_by_response, _by_tool_use, _tool_results):
         registry.forget_run(run_id)
 
 
 def clear() -> None:
     """Forget everything (tests)."""
-    for registry in (_by_response, _by_request, _by_tool_use, _tool_results):
+    for registry in (_by_response, _by_tool_use, _tool_results):
         registry.clear()
 
 

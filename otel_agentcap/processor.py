@@ -32,7 +32,7 @@ from otel_agentcap import causal_links
 from otel_agentcap.context import AgentContext, current_agent
 from otel_agentcap.model import EventRef, EventType
 from otel_agentcap.model_calls import SUPERSEDED, TOOL_USE_IDS, is_sdk_scope
-from otel_agentcap.span_attributes import attributes_of
+from otel_agentcap.span_attributes import add_start_attributes, attributes_of
 from otel_agentcap.stamping import stamp
 
 _logger = logging.getLogger(__name__)
@@ -41,6 +41,7 @@ _logger = logging.getLogger(__name__)
 SpanClassifier = Callable[[str, Mapping[str, AttributeValue], str | None], str | None]
 
 MODEL_OPERATIONS: Final = frozenset({"chat", "text_completion", "generate_content"})
+_MODEL_CALL: Final = EventType.MODEL_CALL.value
 
 
 def classify_genai_span(
@@ -48,7 +49,7 @@ def classify_genai_span(
 ) -> str | None:
     """Model calls by the GenAI conventions: ``gen_ai.operation.name`` is a model operation."""
     if attributes.get(attr.GEN_AI_OPERATION_NAME) in MODEL_OPERATIONS:
-        return EventType.MODEL_CALL.value
+        return _MODEL_CALL
     return None
 
 
@@ -101,28 +102,28 @@ class AgentCapSpanProcessor(SpanProcessor):
         ctx = current_agent()
         if ctx is None:
             return
-        scope = span.instrumentation_scope.name if span.instrumentation_scope else None
+        instrumentation_scope = span.instrumentation_scope
+        scope = instrumentation_scope.name if instrumentation_scope is not None else None
         event_type = None
         for classify in self._classifiers:
             event_type = classify(span.name, attributes, scope)
             if event_type is not None:
                 break
         if event_type is None:
-            span.set_attributes(
+            add_start_attributes(
+                span,
                 {
                     attr.RUN_ID: ctx.run_id,
                     attr.AGENT_ID: ctx.agent_id,
                     attr.GEN_AI_AGENT_ID: ctx.agent_id,
                     attr.GEN_AI_AGENT_NAME: ctx.name,
-                }
+                },
             )
             return
-        if event_type == EventType.MODEL_CALL and self._join_model_call(
-            span, ctx, scope, parent_context
-        ):
+        if event_type == _MODEL_CALL and self._join_model_call(span, ctx, scope, parent_context):
             return
-        span.set_attributes(stamp(ctx, event_type).attributes())
-        if event_type == EventType.MODEL_CALL and not is_sdk_scope(scope):
+        add_start_attributes(span, stamp(ctx, event_type).attributes())
+        if event_type == _MODEL_CALL and not is_sdk_scope(scope):
             parent = trace.get_current_span(parent_context)
             with self._open_lock:
                 if len(self._open) > 10_000:
@@ -140,7 +141,7 @@ class AgentCapSpanProcessor(SpanProcessor):
         if (
             isinstance(parent, Span)
             and parent.is_recording()
-            and attributes_of(parent).get(attr.EVENT_TYPE) == EventType.MODEL_CALL
+            and attributes_of(parent).get(attr.EVENT_TYPE) == _MODEL_CALL
         ):
             other = parent
         elif sdk and self._open:
@@ -166,7 +167,7 @@ class AgentCapSpanProcessor(SpanProcessor):
         copied[attr.GEN_AI_AGENT_ID] = ctx.agent_id
         copied[attr.GEN_AI_AGENT_NAME] = ctx.name
         other_scope = other.instrumentation_scope.name if other.instrumentation_scope else None
-        span.set_attributes(copied)
+        add_start_attributes(span, copied)
         if sdk and not is_sdk_scope(other_scope):
             other.set_attribute(SUPERSEDED, True)
         elif other is parent:
@@ -186,10 +187,10 @@ class AgentCapSpanProcessor(SpanProcessor):
             _logger.exception("agentcap: could not index span %s", getattr(span, "name", "?"))
 
     def _remember(self, span: ReadableSpan) -> None:
-        """Index a finished model call by its response and request ids and the tool_use ids it
-        asked for, so tool runs and later requests can name it as a causal parent."""
+        """Index a finished model call by its response id and the tool_use ids it asked for, so
+        tool runs can name it as their causal parent."""
         attributes = attributes_of(span)
-        if attributes.get(attr.EVENT_TYPE) != EventType.MODEL_CALL:
+        if attributes.get(attr.EVENT_TYPE) != _MODEL_CALL:
             return
         if self._open:
             with self._open_lock:
@@ -198,19 +199,19 @@ class AgentCapSpanProcessor(SpanProcessor):
                         del self._open[key]
         if attributes.get(SUPERSEDED):
             return
+        response_id = attributes.get(attr.GEN_AI_RESPONSE_ID)
+        tool_use_ids = attributes.get(TOOL_USE_IDS)
+        if type(response_id) is not str and not tool_use_ids:
+            return  # nothing a tool run could look it up by
         event_id = attributes.get(attr.EVENT_ID)
         seq = attributes.get(attr.EVENT_SEQ)
         run_id = attributes.get(attr.RUN_ID)
-        if not isinstance(event_id, str) or not isinstance(seq, int) or not isinstance(run_id, str):
+        if type(event_id) is not str or type(seq) is not int or type(run_id) is not str:
             return
-        response_id = attributes.get(attr.GEN_AI_RESPONSE_ID)
-        request_id = attributes.get("anthropic.request.id")
-        tool_use_ids = attributes.get(TOOL_USE_IDS) or ()
         causal_links.record_model_call(
             run_id,
             EventRef(event_id, seq, str(attributes.get(attr.AGENT_ID, ""))),
-            response_id=response_id if isinstance(response_id, str) else None,
-            request_id=request_id if isinstance(request_id, str) else None,
+            response_id=response_id if type(response_id) is str else None,
             tool_use_ids=[str(i) for i in tool_use_ids]
             if isinstance(tool_use_ids, tuple | list)
             else (),

@@ -1,10 +1,12 @@
-"""Fast read access to SDK spans, the one place that reaches into their private state.
+"""Fast access to SDK spans, the one place that reaches into their private state.
 
 The SDK hands attributes out as a ``MappingProxyType`` over ``BoundedAttributes``, whose
 Python-level ``__getitem__`` makes every lookup cost about as much as a small function call; the
 processor and the mapping read dozens per model call. :func:`attributes_of` returns the plain dict
 inside when there is one (the public mapping is the fallback), for reading only. The ``events``
 property copies the span's events; :func:`has_events` answers without the copy.
+
+:func:`add_start_attributes` is the one write: the processor's stamps on a span that is starting.
 """
 
 from __future__ import annotations
@@ -24,6 +26,29 @@ def attributes_of(span: Any) -> Mapping[str, AttributeValue]:
     if type(inner) is dict:
         return inner
     return getattr(span, "attributes", None) or _EMPTY
+
+
+def add_start_attributes(span: Any, attributes: Mapping[str, AttributeValue]) -> None:
+    """Add ``attributes`` (valid attribute values: str, int, tuples of str) to ``span`` in a span
+    processor's ``on_start``, where no other code holds the span yet.
+
+    ``Span.set_attributes`` cleans every value and takes two locks, which costs as much as the rest
+    of the stamping; these values need neither. The inner dict is written directly only where that
+    changes nothing the SDK would do: no attribute count limit reached, no value length limit
+    configured (which would cut a value), span not ended. Otherwise the public API does it."""
+    bounded = getattr(span, "_attributes", None)
+    inner = getattr(bounded, "_dict", None)
+    if (
+        type(inner) is dict
+        and getattr(bounded, "_immutable", True) is False
+        and getattr(bounded, "max_value_len", 0) is None
+        and getattr(span, "_end_time", 0) is None
+    ):
+        maxlen = getattr(bounded, "maxlen", 0)
+        if maxlen is None or len(inner) + len(attributes) <= maxlen:
+            inner.update(attributes)
+            return
+    span.set_attributes(attributes)
 
 
 def has_events(span: Any) -> bool:

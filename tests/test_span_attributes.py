@@ -1,0 +1,71 @@
+"""span_attributes: the processor's direct write of start attributes behaves as Span.set_attributes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from opentelemetry.sdk.trace import SpanLimits, TracerProvider
+
+from otel_agentcap.span_attributes import add_start_attributes, attributes_of
+
+STAMPS: dict[str, Any] = {
+    "agentcap.run.id": "run-with-a-long-id",
+    "agentcap.agent.id": "agent-with-a-long-id",
+    "agentcap.event.seq": 7,
+    "agentcap.event.causal_parent_ids": ("parent-event-one", "parent-event-two"),
+}
+
+
+def _started(limits: SpanLimits, existing: int) -> Any:
+    tracer = TracerProvider(span_limits=limits).get_tracer("test")
+    return tracer.start_span("op", attributes={f"user.{i}": f"value-{i}" for i in range(existing)})
+
+
+@pytest.mark.parametrize(
+    ("limits", "existing"),
+    [
+        (SpanLimits(), 3),
+        (SpanLimits(max_attribute_length=8), 3),  # values are cut to 8 characters
+        (SpanLimits(max_span_attributes=5), 3),  # full: the oldest are dropped
+        (SpanLimits(max_span_attributes=7), 3),  # exactly full after the write
+        (SpanLimits(max_span_attributes=0), 0),  # nothing is kept
+    ],
+)
+def test_start_attributes_are_what_set_attributes_gives(limits: SpanLimits, existing: int):
+    direct = _started(limits, existing)
+    add_start_attributes(direct, STAMPS)
+    public = _started(limits, existing)
+    public.set_attributes(STAMPS)
+    assert dict(direct.attributes) == dict(public.attributes)
+    assert direct.dropped_attributes == public.dropped_attributes
+    direct.end()
+    public.end()
+
+
+def test_direct_write_is_used_only_where_it_changes_nothing():
+    span = _started(SpanLimits(), 1)
+    inner = attributes_of(span)
+    add_start_attributes(span, STAMPS)
+    assert attributes_of(span) is inner and inner["agentcap.event.seq"] == 7
+    span.end()
+
+
+def test_ended_span_is_left_as_the_sdk_leaves_it():
+    span = _started(SpanLimits(), 1)
+    span.end()
+    add_start_attributes(span, STAMPS)
+    assert "agentcap.run.id" not in dict(span.attributes or {})
+
+
+def test_spans_of_other_kinds_get_the_public_api():
+    class OtherSpan:
+        def __init__(self) -> None:
+            self.attributes: dict[str, Any] = {}
+
+        def set_attributes(self, attributes: dict[str, Any]) -> None:
+            self.attributes.update(attributes)
+
+    span = OtherSpan()
+    add_start_attributes(span, STAMPS)
+    assert span.attributes == STAMPS
