@@ -13,10 +13,10 @@ else the first; the other goes to ``Batch.superseded``, which storage keeps as a
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
-from itertools import chain
-from typing import Any, Protocol
+from functools import partial
+from typing import Any, Final, Protocol, cast
 
 from opentelemetry.util.types import AttributeValue
 
@@ -25,6 +25,8 @@ from otel_agentcap import jsonsafe
 from otel_agentcap.model import AgentRecord, Batch, Event, EventType, RunRecord
 from otel_agentcap.model_calls import SUPERSEDED, call_ids, is_sdk_scope, model_call_payload
 from otel_agentcap.span_attributes import attributes_of, has_events
+
+_MODEL_CALL: Final = EventType.MODEL_CALL.value
 
 
 class _SpanContextLike(Protocol):
@@ -72,6 +74,21 @@ def _time(ns: int | None) -> datetime:
     return datetime.fromtimestamp((ns or 0) / 1e9, tz=UTC)
 
 
+#: Hex trace ids by trace id, across batches: the spans of a run mostly share one trace.
+#: Bounded; cleared when full.
+_trace_hex: dict[int, str] = {}
+_TRACE_HEX_MAX = 1024
+
+
+def _trace_id_hex(trace_id: int) -> str:
+    text = _trace_hex.get(trace_id)
+    if text is None:
+        if len(_trace_hex) >= _TRACE_HEX_MAX:
+            _trace_hex.clear()
+        text = _trace_hex[trace_id] = f"{trace_id:032x}"
+    return text
+
+
 def _scope_name(span: SpanLike) -> str | None:
     name = getattr(getattr(span, "instrumentation_scope", None), "name", None)
     return name if isinstance(name, str) else None
@@ -101,24 +118,36 @@ def _event(
     strings, an int sequence, a tuple of parent ids; storage validates them again)."""
     get = attributes.get
     event_id = get(attr.EVENT_ID)
-    if not isinstance(event_id, str):
+    if type(event_id) is not str:
         return None
     parents = get(attr.EVENT_CAUSAL_PARENT_IDS) or ()
-    seq = int(get(attr.EVENT_SEQ, 0))  # type: ignore[arg-type]
+    seq = get(attr.EVENT_SEQ, 0)
+    if type(seq) is not int:
+        seq = int(seq)  # type: ignore[arg-type]
     key = get(attr.EVENT_IDEMPOTENCY_KEY)
-    return Event(
-        event_id,
-        str(get(attr.RUN_ID, "")),
-        str(get(attr.AGENT_ID, "")),
-        seq,
-        str(get(attr.EVENT_TYPE, "")),
-        f"seq:{seq}" if key is None else str(key),  # left out when it is the default
-        _time(timestamp),
-        parents if type(parents) is tuple else tuple(parents),  # type: ignore[arg-type]
-        payload,
-        trace_id,
-        span_id,
+    return _new_event(
+        (
+            event_id,
+            _text(get(attr.RUN_ID, "")),
+            _text(get(attr.AGENT_ID, "")),
+            seq,
+            _text(get(attr.EVENT_TYPE, "")),
+            f"seq:{seq}" if key is None else _text(key),  # left out when it is the default
+            _time(timestamp),
+            parents if type(parents) is tuple else tuple(parents),  # type: ignore[arg-type]
+            payload,
+            trace_id,
+            span_id,
+        )
     )
+
+
+def _text(value: object) -> str:
+    return value if type(value) is str else str(value)
+
+
+# Events are built with tuple.__new__ (C) rather than the NamedTuple's Python-level __new__.
+_new_event = cast(Callable[[tuple[object, ...]], Event], partial(tuple.__new__, Event))
 
 
 _PAYLOAD_SEPARATOR = ',"payload":'
@@ -184,12 +213,13 @@ def _events(
         # A superseded span is a second record of a model call that another span holds.
         return []
     ctx = span.context
-    trace_id = f"{ctx.trace_id:032x}" if ctx is not None else None
+    trace_id = _trace_id_hex(ctx.trace_id) if ctx is not None else None
     span_id = f"{ctx.span_id:016x}" if ctx is not None else None
-    if attr.EVENT_PAYLOAD in attributes:
-        text = str(attributes[attr.EVENT_PAYLOAD])
+    text = attributes.get(attr.EVENT_PAYLOAD)
+    if text is not None:
+        text = _text(text)
         payload = jsonsafe.raw_or_loads(text) if raw_payloads else jsonsafe.loads(text)
-    elif attributes.get(attr.EVENT_TYPE) == EventType.MODEL_CALL:
+    elif attributes.get(attr.EVENT_TYPE) == _MODEL_CALL:
         payload = _model_call_payload(span, attributes)
     else:
         payload = None
@@ -299,28 +329,40 @@ class _ModelCalls:
 
     def add(self, event: Event, sdk: bool) -> None:
         response_id, request_id = call_ids(event.payload)
-        keys = []
+        by_id = self.by_id
+        events = self.events
+        by_response: int | None = None
+        by_request: int | None = None
+        response_key = request_key = None
         if response_id is not None:
-            keys.append(("response", event.run_id, response_id))
+            response_key = ("response", event.run_id, response_id)
+            by_response = by_id.get(response_key)
         if request_id is not None:
-            keys.append(("request", event.run_id, request_id))
-        matched = [self.by_id[k] for k in keys if k in self.by_id]
-        if not matched:
-            index = len(self.events)
-            self.events.append(event)
-        elif sdk and matched[0] not in self.sdk and all(i == matched[0] for i in matched):
-            # Takes the place of the non-SDK record. Not when its ids name two kept events:
-            # it would then share an id with the other one.
-            index = matched[0]
-            self.superseded.append((self.events[index], index))
-            self.events[index] = event
+            request_key = ("request", event.run_id, request_id)
+            by_request = by_id.get(request_key)
+        matched = by_response if by_response is not None else by_request
+        if matched is None:
+            index = len(events)
+            events.append(event)
         else:
-            index = matched[0]
-            self.superseded.append((event, index))
-        if sdk and self.events[index] is event:
+            index = matched
+            if (
+                sdk
+                and index not in self.sdk
+                and (by_response is None or by_request is None or by_response == by_request)
+            ):
+                # Takes the place of the non-SDK record. Not when its ids name two kept events:
+                # it would then share an id with the other one.
+                self.superseded.append((events[index], index))
+                events[index] = event
+            else:
+                self.superseded.append((event, index))
+        if sdk and events[index] is event:
             self.sdk.add(index)
-        for key in keys:
-            self.by_id.setdefault(key, index)
+        if response_key is not None:
+            by_id.setdefault(response_key, index)
+        if request_key is not None:
+            by_id.setdefault(request_key, index)
 
 
 def batch_from_spans(spans: Iterable[SpanLike], *, raw_payloads: bool = False) -> Batch:
@@ -331,13 +373,18 @@ def batch_from_spans(spans: Iterable[SpanLike], *, raw_payloads: bool = False) -
     calls = _ModelCalls(events)
     agents: dict[AgentRecord, None] = {}
     seen: set[tuple[object, ...]] = set()
+    started: dict[str, datetime] = {}
     for span in spans:
         attributes = attributes_of(span)  # read only, never copied: the spans have ended
         for event in _events(span, attributes, raw_payloads):
-            if event.event_type == EventType.MODEL_CALL:
+            if event.event_type == _MODEL_CALL:
                 calls.add(event, is_sdk_scope(_scope_name(span)))
             else:
                 events.append(event)
+            # The run started no later than its earliest event (kept or set aside).
+            first = started.get(event.run_id)
+            if first is None or event.wall_time < first:
+                started[event.run_id] = event.wall_time
         # Most spans name the same agent again: build its record only once.
         identity = tuple(map(attributes.get, _AGENT_KEYS))
         if identity in seen:
@@ -349,10 +396,5 @@ def batch_from_spans(spans: Iterable[SpanLike], *, raw_payloads: bool = False) -
         for record in records:
             agents[record] = None
     superseded, kept = calls.set_aside()
-    started: dict[str, datetime] = {}
-    for event in chain(events, superseded):
-        first = started.get(event.run_id)
-        if first is None or event.wall_time < first:
-            started[event.run_id] = event.wall_time
-    runs = tuple(RunRecord(run_id, at) for run_id, at in started.items())
+    runs = tuple([RunRecord(run_id, at) for run_id, at in started.items()])
     return Batch(tuple(events), tuple(agents), runs, superseded, kept)

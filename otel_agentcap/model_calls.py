@@ -41,6 +41,7 @@ import json
 from collections.abc import Mapping
 from typing import Any, Final, cast
 
+from opentelemetry.trace import StatusCode
 from opentelemetry.util.types import AttributeValue
 
 from otel_agentcap import attributes as attr
@@ -152,14 +153,16 @@ def usage_of(attributes: Mapping[str, AttributeValue]) -> dict[str, int]:
     get = attributes.get
     usage: dict[str, int] = {}
     for key, names in _USAGE:
-        value = None
         for name in names:
             value = get(name)
             if value is not None:
+                if type(value) is int:
+                    usage[key] = value
+                else:
+                    count = _int(value)
+                    if count is not None:
+                        usage[key] = count
                 break
-        count = _int(value)
-        if count is not None:
-            usage[key] = count
     return usage
 
 
@@ -170,13 +173,20 @@ _USAGE: Final = (
     ("cache_creation_input_tokens", _CACHE_CREATION),
 )
 _STATUS_NAMES: Final = {"OK": "ok", "ERROR": "error"}
-_SEQUENCE = (tuple, list)
+_CONTENT_ITEMS: Final = tuple(_CONTENT_KEYS.items())
 
 
 def status_of(status: Any) -> str:
     """``ok``, ``error`` or ``unset`` from an OpenTelemetry ``Status`` (or anything else)."""
-    code = getattr(getattr(status, "status_code", None), "name", None)
-    return _STATUS_NAMES.get(code, "unset") if isinstance(code, str) else "unset"
+    code = getattr(status, "status_code", None)
+    if code is StatusCode.UNSET:
+        return "unset"
+    if code is StatusCode.OK:
+        return "ok"
+    if code is StatusCode.ERROR:
+        return "error"
+    name = getattr(code, "name", None)  # a status code of another kind, e.g. decoded from OTLP
+    return _STATUS_NAMES.get(name, "unset") if isinstance(name, str) else "unset"
 
 
 def model_call_payload(
@@ -197,35 +207,37 @@ def model_call_payload(
         payload["instrumentation"] = scope
     provider = get(attr.GEN_AI_PROVIDER_NAME) or get(attr.GEN_AI_SYSTEM)
     if provider is not None:
-        payload["provider"] = str(provider)
+        payload["provider"] = _text(provider)
     request_model = get(attr.GEN_AI_REQUEST_MODEL)
     response_model = get(attr.GEN_AI_RESPONSE_MODEL)
     model = response_model or request_model
     if model is not None:
-        payload["model"] = str(model)
+        payload["model"] = _text(model)
     if request_model is not None:
-        payload["request_model"] = str(request_model)
+        payload["request_model"] = _text(request_model)
     if response_model is not None:
-        payload["response_model"] = str(response_model)
+        payload["response_model"] = _text(response_model)
     payload["stream"] = bool(get("gen_ai.request.stream"))
     response_id = get(attr.GEN_AI_RESPONSE_ID)
     if response_id is not None:
-        payload["response_id"] = str(response_id)
+        payload["response_id"] = _text(response_id)
     request_id = get(_REQUEST_ID[0])
     if request_id is None:
         request_id = get(_REQUEST_ID[1])
     if request_id is not None:
-        payload["request_id"] = str(request_id)
+        payload["request_id"] = _text(request_id)
     stop = get(_STOP_REASON[0])
     if stop is None:
         stop = get(_STOP_REASON[1])
-    if isinstance(stop, _SEQUENCE):
+    if type(stop) is tuple or type(stop) is list:
         stop = stop[0] if stop else None
     if stop is not None:
-        payload["stop_reason"] = str(stop)
+        payload["stop_reason"] = _text(stop)
     payload["usage"] = usage_of(attributes)
     tool_ids = get(TOOL_USE_IDS)
-    payload["tool_use_ids"] = [str(i) for i in tool_ids] if isinstance(tool_ids, _SEQUENCE) else []
+    payload["tool_use_ids"] = (
+        [_text(i) for i in tool_ids] if isinstance(tool_ids, tuple | list) else []
+    )
     if start_time is not None and end_time is not None:
         payload["latency_ms"] = round((end_time - start_time) / 1e6, 3)
     ttfc = get("gen_ai.response.time_to_first_chunk")
@@ -234,12 +246,14 @@ def model_call_payload(
     payload["status"] = status_of(status)
     error_type = get(attr.ERROR_TYPE)
     if error_type is not None:
-        payload["error_type"] = str(error_type)
-    http_status = _int(get("http.response.status_code"))
+        payload["error_type"] = _text(error_type)
+    http_status = get("http.response.status_code")
     if http_status is not None:
-        payload["http_status_code"] = http_status
+        http_status = http_status if type(http_status) is int else _int(http_status)
+        if http_status is not None:
+            payload["http_status_code"] = http_status
     content = None
-    for name, key in _CONTENT_KEYS.items():
+    for name, key in _CONTENT_ITEMS:
         value = get(name)
         if value is not None:
             if content is None:
@@ -248,3 +262,7 @@ def model_call_payload(
     if content:
         payload["content"] = content
     return payload
+
+
+def _text(value: object) -> str:
+    return value if type(value) is str else str(value)
