@@ -34,23 +34,30 @@ from otel_agentcap.instrumentation.anthropic.wrappers import (
     TracedStream,
     TracedStreamManager,
 )
+from otel_agentcap.model import EventRef
 
 _logger = logging.getLogger(__name__)
 
 Wrapper = Callable[[Callable[..., Any], Any, tuple[Any, ...], dict[str, Any]], Any]
 
 
-def causal_scope(kwargs: dict[str, Any]) -> AbstractContextManager[None]:
-    """``caused_by(...)`` the tool results this request sends back, or a no-op. Never raises."""
+def request_parents(kwargs: dict[str, Any]) -> tuple[EventRef, ...]:
+    """The recorded tool-result events of the tool results this request sends back (none outside
+    an agent). Never raises."""
     try:
         ctx = current_agent()
         if ctx is None:
-            return nullcontext()
-        parents = causal_links.request_parents(ctx.run_id, kwargs.get("messages"))
-        return caused_by(*parents) if parents else nullcontext()
+            return ()
+        return causal_links.request_parents(ctx.run_id, kwargs.get("messages"))
     except Exception:
         _logger.debug("agentcap: could not find the causes of a request", exc_info=True)
-        return nullcontext()
+        return ()
+
+
+def causal_scope(kwargs: dict[str, Any]) -> AbstractContextManager[None]:
+    """``caused_by(...)`` the tool results this request sends back, or a no-op. Never raises."""
+    parents = request_parents(kwargs)
+    return caused_by(*parents) if parents else nullcontext()
 
 
 # ----------------------------------------------------------------- SDKs that trace themselves
@@ -58,7 +65,10 @@ def causal_scope(kwargs: dict[str, Any]) -> AbstractContextManager[None]:
 
 def causal_create() -> Wrapper:
     def wrapper(wrapped: Callable[..., Any], instance: Any, args: Any, kwargs: Any) -> Any:
-        with causal_scope(kwargs):
+        parents = request_parents(kwargs)
+        if not parents:  # most requests carry no tool results: no scope to enter
+            return wrapped(*args, **kwargs)
+        with caused_by(*parents):
             return wrapped(*args, **kwargs)
 
     return wrapper
@@ -66,8 +76,12 @@ def causal_create() -> Wrapper:
 
 def causal_acreate() -> Wrapper:
     def wrapper(wrapped: Callable[..., Any], instance: Any, args: Any, kwargs: Any) -> Any:
+        parents = request_parents(kwargs)
+        if not parents:
+            return wrapped(*args, **kwargs)
+
         async def call() -> Any:
-            with causal_scope(kwargs):
+            with caused_by(*parents):
                 return await wrapped(*args, **kwargs)
 
         return call()
