@@ -210,6 +210,44 @@ def test_invocation_and_result_events():
     assert inv[0].span_id == res[0].span_id
 
 
+@pytest.mark.parametrize(
+    ("name", "invocation_id"),
+    [
+        ('quote"tool', 'id "with" \\ quotes'),
+        ("unicode-\u00fc", "id-\u00e9\u4e2d\U0001f600-\n-tab\t"),
+        ("$agentcap.tool", "$agentcap.id"),
+    ],
+)
+def test_payloads_with_names_and_ids_json_must_escape(name: str, invocation_id: str):
+    """Tool names and invocation ids reach the payloads intact, whatever JSON has to escape."""
+    echo = oa.tool(lambda text: text, name=name)
+    with capture_events() as captured, oa.run(_run_id()), oa.agent("alpha"):
+        echo.invoke(invocation_id, 'a "b"')
+    (inv,), (res,) = captured.of_type("tool_invocation"), captured.of_type("tool_result")
+    assert inv.payload == {
+        "tool": name,
+        "invocation_id": invocation_id,
+        "arguments": {"text": 'a "b"'},
+    }
+    assert res.payload == {"tool": name, "invocation_id": invocation_id, "result": 'a "b"'}
+
+
+def test_huge_arguments_and_result_are_bounded_and_the_call_stays_readable():
+    """An argument or result over the payload limit becomes a truncation marker in its own field;
+    the tool name and invocation id around it are kept."""
+    big = "x" * 300_000
+    echo = oa.tool(lambda text: text, name="echo")
+    with capture_events() as captured, oa.run(_run_id()), oa.agent("alpha"):
+        assert echo.invoke("toolu_big", big) == big
+    (inv,), (res,) = captured.of_type("tool_invocation"), captured.of_type("tool_result")
+    assert (inv.payload["tool"], inv.payload["invocation_id"]) == ("echo", "toolu_big")
+    assert set(inv.payload["arguments"]) == {"$agentcap.truncated", "size"}
+    assert inv.payload["arguments"]["size"] == len('{"text":""}') + len(big)
+    assert (res.payload["tool"], res.payload["invocation_id"]) == ("echo", "toolu_big")
+    assert res.payload["result"]["$agentcap.truncated"].startswith('"xxx')
+    assert res.payload["result"]["size"] == len(big) + 2
+
+
 def test_execute_tool_span_and_genai_attributes():
     """The span is named execute_tool {name} and carries the gen_ai tool attributes."""
 

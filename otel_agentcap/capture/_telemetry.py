@@ -21,12 +21,23 @@ _logger = logging.getLogger("otel_agentcap")
 tracer = trace.get_tracer("otel_agentcap", __version__)
 
 _escape = json.encoder.encode_basestring_ascii
+json_string = json.encoder.encode_basestring
+"""A str as a JSON string, as ``jsonsafe.dumps`` writes it (for ids, which are valid UTF-8 without
+NUL; see ``model.validate_id``)."""
 
 
 class Encoded(str):
     """A payload already serialised with ``jsonsafe.dumps``."""
 
     __slots__ = ()
+
+
+def tool_payload(head: str, field: str, value: Any) -> str:
+    """The payload ``{"tool": ..., "invocation_id": ..., field: value}`` of a tool event, given
+    ``head``, its encoded beginning up to the invocation id. Only ``value`` is encoded here, with
+    ``jsonsafe.dumps``, so a value over the size limit becomes a truncation marker under ``field``
+    while the tool and invocation id stay readable."""
+    return f'{head},"{field}":{jsonsafe.dumps(value)}}}'
 
 
 def event_attributes(
@@ -39,6 +50,15 @@ def event_attributes(
     if extra is not None:
         attributes.update(extra)
     return attributes
+
+
+def start_span(name: str, attributes: dict[str, AttributeValue]) -> Span:
+    """Start an internal span with ``attributes`` (stamps and payload included). Never raises."""
+    try:
+        return tracer.start_span(name, attributes=attributes)
+    except Exception:
+        _logger.exception("agentcap: could not start span %s", name)
+        return trace.INVALID_SPAN
 
 
 def start_event_span(
@@ -63,13 +83,14 @@ def outcome_record(stamp: Stamp, payload: Any) -> str:
     """The closing event ``stamp`` of an operation as the JSON record of ``attributes.OUTCOME``.
 
     Built by hand: event and parent ids are UUID strings and the type is ours, so only the key
-    needs escaping; the payload is encoded once, here, and embedded."""
+    needs escaping; the payload is encoded once, here (unless it is ``Encoded`` already), and
+    embedded."""
     parents = '","'.join(stamp.causal_parent_ids)
     return (
         f'{{"id":"{stamp.event_id}","type":"{stamp.event_type}","seq":{stamp.seq},'
         f'"key":{_escape(stamp.idempotency_key)},'
         f'"parents":{f"""["{parents}"]""" if parents else "[]"},'
-        f'"payload":{jsonsafe.dumps(payload)}}}'
+        f'"payload":{payload if isinstance(payload, Encoded) else jsonsafe.dumps(payload)}}}'
     )
 
 

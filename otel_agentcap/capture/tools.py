@@ -150,12 +150,15 @@ class Tool(Generic[P, R]):
                 break
             simple.append(param.name)
         self._positional_names = tuple(simple)
+        self._positional_set = frozenset(simple)
         self._span_name = f"execute_tool {self.name}"
         self._span_attributes: dict[str, AttributeValue] = {
             attr.GEN_AI_OPERATION_NAME: attr.OP_EXECUTE_TOOL,
             attr.GEN_AI_TOOL_NAME: self.name,
             attr.GEN_AI_TOOL_TYPE: "function",
         }
+        # Payloads are composed around the encoded arguments or result (tel.tool_payload).
+        self._payload_prefix = f'{{"tool":{tel.json_string(self.name)},"invocation_id":'
         functools.update_wrapper(self, fn)
 
     def __repr__(self) -> str:
@@ -185,7 +188,8 @@ class Tool(Generic[P, R]):
             fast = dict(zip(names, args, strict=False))
             if not kwargs:
                 return fast
-            if all(name in names and name not in fast for name in kwargs):
+            # Plain parameters by keyword, none of them also given by position.
+            if kwargs.keys() <= self._positional_set and kwargs.keys().isdisjoint(fast):
                 fast.update(kwargs)
                 return fast
         try:
@@ -248,17 +252,19 @@ class Tool(Generic[P, R]):
             ctx, EventType.TOOL_INVOCATION, key=None if key is None else f"{key}:invocation"
         )
         call_id = invocation_id if invocation_id is not None else f"seq-{start.seq}"
-        extra = {**self._span_attributes, attr.GEN_AI_TOOL_CALL_ID: call_id}
-        payload = {
-            "tool": self.name,
-            "invocation_id": call_id,
-            "arguments": self._arguments(args, kwargs),
-        }
-        span = tel.start_event_span(self._span_name, start, payload, extra)
+        # The invocation id is escaped once and used in both payloads.
+        head = f"{self._payload_prefix}{tel.json_string(call_id)}"
+        attributes = start.attributes()
+        attributes[attr.EVENT_PAYLOAD] = tel.tool_payload(
+            head, "arguments", self._arguments(args, kwargs)
+        )
+        attributes.update(self._span_attributes)
+        attributes[attr.GEN_AI_TOOL_CALL_ID] = call_id
+        span = tel.start_span(self._span_name, attributes)
         invocation = start.ref
         if entry is not None:
             entry.invocation_event = invocation
-        finisher = _Finisher(ctx, self.name, call_id, key, span, invocation, claim)
+        finisher = _Finisher(ctx, self.name, call_id, head, key, span, invocation, claim)
         if self.is_async:
             return cast(R, self._run_async(finisher, span, args, kwargs))
         token = otel_context.attach(trace.set_span_in_context(span))
@@ -292,6 +298,8 @@ class _Finisher:
     ctx: AgentContext
     tool: str
     call_id: str
+    #: The start of both payloads: tool name and invocation id, encoded.
+    payload_head: str
     key: str | None
     span: Any
     invocation: EventRef
@@ -304,9 +312,8 @@ class _Finisher:
             key=None if self.key is None else f"{self.key}:result",
             parents=(self.invocation,),
         )
-        tel.finish_span(
-            self.span, done, {"tool": self.tool, "invocation_id": self.call_id, "result": result}
-        )
+        payload = tel.Encoded(tel.tool_payload(self.payload_head, "result", result))
+        tel.finish_span(self.span, done, payload)
         if self.claim is not None:
             key, entry = self.claim
             entry.result = result
