@@ -73,12 +73,13 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:16]}"
 
 
-def current_run() -> RunContext | None:
-    return _current_run.get()
+# The getters are the ContextVars' own ``get`` methods: every captured operation calls them, and a
+# Python function around each would cost a frame.
+current_run: Callable[[], RunContext | None] = _current_run.get
+"""The current run, or ``None`` outside any run."""
 
-
-def current_agent() -> AgentContext | None:
-    return _current_agent.get()
+current_agent: Callable[[], AgentContext | None] = _current_agent.get
+"""The current agent execution, or ``None`` outside any agent."""
 
 
 def bind_run(run: RunContext) -> contextvars.Token[RunContext | None]:
@@ -134,8 +135,8 @@ def run(run_id: str | None = None, **attributes: Any) -> Iterator[RunContext]:
         reset_run(token)
 
 
-def ambient_causal_parents() -> tuple[EventRef, ...]:
-    return _causal_parents.get()
+ambient_causal_parents: Callable[[], tuple[EventRef, ...]] = _causal_parents.get
+"""The causal parents bound with :func:`caused_by` around the current code."""
 
 
 @contextmanager
