@@ -136,6 +136,10 @@ class AgentCapSpanProcessor(SpanProcessor):
         """Give ``span`` the stamp of another span of the same model call, if there is one, and
         mark whichever of the two loses as superseded. Returns whether it did."""
         sdk = is_sdk_scope(scope)
+        if sdk and not self._open:
+            # Every open add-on model-call span that holds an event is in _open, and only such a
+            # span can hold the SDK's call (the SDK's own spans do not nest): nothing to join.
+            return False
         parent = trace.get_current_span(parent_context)
         other: Span | None = None
         if (
