@@ -125,14 +125,18 @@ def _event(
     if type(seq) is not int:
         seq = int(seq)  # type: ignore[arg-type]
     key = get(attr.EVENT_IDEMPOTENCY_KEY)
+    run_id = get(attr.RUN_ID, "")
+    agent_id = get(attr.AGENT_ID, "")
+    event_type = get(attr.EVENT_TYPE, "")
     return _new_event(
         (
             event_id,
-            _text(get(attr.RUN_ID, "")),
-            _text(get(attr.AGENT_ID, "")),
+            str(run_id),
+            str(agent_id),
             seq,
-            _text(get(attr.EVENT_TYPE, "")),
-            f"seq:{seq}" if key is None else _text(key),  # left out when it is the default
+            str(event_type),
+            # The key is left out of the span when it is the default.
+            f"seq:{seq}" if key is None else str(key),
             _time(timestamp),
             parents if type(parents) is tuple else tuple(parents),  # type: ignore[arg-type]
             payload,
@@ -142,12 +146,10 @@ def _event(
     )
 
 
-def _text(value: object) -> str:
-    return value if type(value) is str else str(value)
-
-
 # Events are built with tuple.__new__ (C) rather than the NamedTuple's Python-level __new__.
 _new_event = cast(Callable[[tuple[object, ...]], Event], partial(tuple.__new__, Event))
+_new_run = cast(Callable[[tuple[object, ...]], RunRecord], partial(tuple.__new__, RunRecord))
+_NO_ATTRIBUTES = RunRecord._field_defaults["attributes"]
 
 
 _PAYLOAD_SEPARATOR = ',"payload":'
@@ -217,7 +219,7 @@ def _events(
     span_id = f"{ctx.span_id:016x}" if ctx is not None else None
     text = attributes.get(attr.EVENT_PAYLOAD)
     if text is not None:
-        text = _text(text)
+        text = str(text)
         payload = jsonsafe.raw_or_loads(text) if raw_payloads else jsonsafe.loads(text)
     elif attributes.get(attr.EVENT_TYPE) == _MODEL_CALL:
         payload = _model_call_payload(span, attributes)
@@ -322,6 +324,8 @@ class _ModelCalls:
 
     def set_aside(self) -> tuple[tuple[Event, ...], tuple[str, ...]]:
         """The set-aside records and, for each, the event id of the record finally kept."""
+        if not self.superseded:
+            return (), ()
         return (
             tuple(event for event, _ in self.superseded),
             tuple(self.events[index].event_id for _, index in self.superseded),
@@ -396,5 +400,5 @@ def batch_from_spans(spans: Iterable[SpanLike], *, raw_payloads: bool = False) -
         for record in records:
             agents[record] = None
     superseded, kept = calls.set_aside()
-    runs = tuple([RunRecord(run_id, at) for run_id, at in started.items()])
+    runs = tuple([_new_run((run_id, at, _NO_ATTRIBUTES)) for run_id, at in started.items()])
     return Batch(tuple(events), tuple(agents), runs, superseded, kept)

@@ -107,6 +107,13 @@ def call_ids(payload: Any) -> tuple[str | None, str | None]:
     unique indexes (``jsonb_typeof(...) = 'string'``): a value storage encodes as a JSON string
     (a ``uuid.UUID``, say) counts as that string. A payload still in its JSON text form
     (``jsonsafe.RawJson``) is parsed for this."""
+    if type(payload) is dict:
+        response_id = payload.get("response_id")
+        request_id = payload.get("request_id")
+        if (response_id is None or type(response_id) is str) and (
+            request_id is None or type(request_id) is str
+        ):
+            return response_id, request_id  # as model_call_payload writes them
     if isinstance(payload, RawJson):
         try:
             payload = json.loads(payload)
@@ -207,36 +214,36 @@ def model_call_payload(
         payload["instrumentation"] = scope
     provider = get(attr.GEN_AI_PROVIDER_NAME) or get(attr.GEN_AI_SYSTEM)
     if provider is not None:
-        payload["provider"] = _text(provider)
+        payload["provider"] = str(provider)
     request_model = get(attr.GEN_AI_REQUEST_MODEL)
     response_model = get(attr.GEN_AI_RESPONSE_MODEL)
     model = response_model or request_model
     if model is not None:
-        payload["model"] = _text(model)
+        payload["model"] = str(model)
     if request_model is not None:
-        payload["request_model"] = _text(request_model)
+        payload["request_model"] = str(request_model)
     if response_model is not None:
-        payload["response_model"] = _text(response_model)
+        payload["response_model"] = str(response_model)
     payload["stream"] = bool(get("gen_ai.request.stream"))
     response_id = get(attr.GEN_AI_RESPONSE_ID)
     if response_id is not None:
-        payload["response_id"] = _text(response_id)
+        payload["response_id"] = str(response_id)
     request_id = get(_REQUEST_ID[0])
     if request_id is None:
         request_id = get(_REQUEST_ID[1])
     if request_id is not None:
-        payload["request_id"] = _text(request_id)
+        payload["request_id"] = str(request_id)
     stop = get(_STOP_REASON[0])
     if stop is None:
         stop = get(_STOP_REASON[1])
     if type(stop) is tuple or type(stop) is list:
         stop = stop[0] if stop else None
     if stop is not None:
-        payload["stop_reason"] = _text(stop)
+        payload["stop_reason"] = str(stop)
     payload["usage"] = usage_of(attributes)
     tool_ids = get(TOOL_USE_IDS)
     payload["tool_use_ids"] = (
-        [_text(i) for i in tool_ids] if isinstance(tool_ids, tuple | list) else []
+        [str(i) for i in tool_ids] if isinstance(tool_ids, tuple | list) else []
     )
     if start_time is not None and end_time is not None:
         payload["latency_ms"] = round((end_time - start_time) / 1e6, 3)
@@ -246,7 +253,7 @@ def model_call_payload(
     payload["status"] = status_of(status)
     error_type = get(attr.ERROR_TYPE)
     if error_type is not None:
-        payload["error_type"] = _text(error_type)
+        payload["error_type"] = str(error_type)
     http_status = get("http.response.status_code")
     if http_status is not None:
         http_status = http_status if type(http_status) is int else _int(http_status)
@@ -262,7 +269,3 @@ def model_call_payload(
     if content:
         payload["content"] = content
     return payload
-
-
-def _text(value: object) -> str:
-    return value if type(value) is str else str(value)
