@@ -66,7 +66,9 @@ _CACHE_CREATION = (
     "gen_ai.usage.cache_creation.input_tokens",
     "gen_ai.usage.cache_creation_input_tokens",
 )
-_STOP_REASON = ("anthropic.message.stop_reason", "gen_ai.response.finish_reasons")
+#: The stop reason attribute of the anthropic SDK's spans (and ours on SDKs without tracing).
+STOP_REASON: Final = "anthropic.message.stop_reason"
+_STOP_REASON = (STOP_REASON, "gen_ai.response.finish_reasons")
 _REQUEST_ID = ("anthropic.request.id", "gen_ai.request.id")
 
 #: Attributes that hold message content (inputs, outputs, system prompt, tool definitions,

@@ -31,7 +31,7 @@ from otel_agentcap import attributes as attr
 from otel_agentcap import causal_links
 from otel_agentcap.context import AgentContext, current_agent
 from otel_agentcap.model import EventRef, EventType
-from otel_agentcap.model_calls import SUPERSEDED, TOOL_USE_IDS, is_sdk_scope
+from otel_agentcap.model_calls import STOP_REASON, SUPERSEDED, TOOL_USE_IDS, is_sdk_scope
 from otel_agentcap.span_attributes import add_start_attributes, attributes_of
 from otel_agentcap.stamping import stamp
 
@@ -42,6 +42,9 @@ SpanClassifier = Callable[[str, Mapping[str, AttributeValue], str | None], str |
 
 MODEL_OPERATIONS: Final = frozenset({"chat", "text_completion", "generate_content"})
 _MODEL_CALL: Final = EventType.MODEL_CALL.value
+#: Stop reasons of responses that hold no tool_use block (the API stops with ``tool_use`` when the
+#: model asks for a tool).
+_NO_TOOL_REQUEST: Final = frozenset({"end_turn", "stop_sequence"})
 
 
 def classify_genai_span(
@@ -203,8 +206,10 @@ class AgentCapSpanProcessor(SpanProcessor):
                         del self._open[key]
         if attributes.get(SUPERSEDED):
             return
-        response_id = attributes.get(attr.GEN_AI_RESPONSE_ID)
         tool_use_ids = attributes.get(TOOL_USE_IDS)
+        if not tool_use_ids and attributes.get(STOP_REASON) in _NO_TOOL_REQUEST:
+            return  # the response asked for no tool: no tool run will look for it
+        response_id = attributes.get(attr.GEN_AI_RESPONSE_ID)
         if type(response_id) is not str and not tool_use_ids:
             return  # nothing a tool run could look it up by
         event_id = attributes.get(attr.EVENT_ID)
