@@ -64,7 +64,10 @@ def stamp(
     """
     ambient = ambient_causal_parents()
     parent_ids: tuple[str, ...] = ()
-    if parents or ambient:
+    if len(parents) == 1 and not ambient:  # e.g. a tool's result, caused by its invocation
+        parent_ids = (parents[0].event_id,)
+        seq = agent.clock.tick(parents[0].seq)
+    elif parents or ambient:
         after = 0
         ids: list[str] = []
         for parent in (*parents, *ambient):
