@@ -47,12 +47,20 @@ def _switch(on: bool) -> None:
     )
 
 
-def _measure(call: Callable[[], object], warmup: int, calls: int) -> None:
+def _measure(
+    call: Callable[[], object],
+    warmup: int,
+    calls: int,
+    finish: Callable[[], object] = lambda: None,
+) -> None:
+    """Count ``calls`` calls and then ``finish()`` (configuration b maps its spans there)."""
     for _ in range(warmup):
         call()
+    finish()
     _switch(True)
     for _ in range(calls):
         call()
+    finish()
     _switch(False)
 
 
@@ -100,14 +108,7 @@ def _worker(workload: str, calls: int) -> None:
     client, _, flush, scope = bench_anthropic._setup(config)
     fn = bench_anthropic.KINDS[kind]
     with scope:
-        for _ in range(100):
-            fn(client)
-        flush()
-        _switch(True)
-        for _ in range(calls):
-            fn(client)
-        flush()  # configuration b maps the spans of the measured calls here, counted
-        _switch(False)
+        _measure(lambda: fn(client), 100, calls, flush)
 
 
 def _run(workload: str, calls: int, cache: bool, out_dir: str) -> dict[str, float]:

@@ -13,16 +13,15 @@ else the first; the other goes to ``Batch.superseded``, which storage keeps as a
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
-from functools import partial
-from typing import Any, Final, Protocol, cast
+from typing import Any, Final, Protocol
 
 from opentelemetry.util.types import AttributeValue
 
 from otel_agentcap import attributes as attr
 from otel_agentcap import jsonsafe
-from otel_agentcap.model import AgentRecord, Batch, Event, EventType, RunRecord
+from otel_agentcap.model import AgentRecord, Batch, Event, EventType, RunRecord, from_fields
 from otel_agentcap.model_calls import SUPERSEDED, call_ids, is_sdk_scope, model_call_payload
 from otel_agentcap.span_attributes import attributes_of, has_events
 
@@ -146,10 +145,7 @@ def _event(
     )
 
 
-# Events are built with tuple.__new__ (C) rather than the NamedTuple's Python-level __new__.
-_new_event = cast(Callable[[tuple[object, ...]], Event], partial(tuple.__new__, Event))
-_new_run = cast(Callable[[tuple[object, ...]], RunRecord], partial(tuple.__new__, RunRecord))
-_NO_ATTRIBUTES = RunRecord._field_defaults["attributes"]
+_new_event = from_fields(Event)
 
 
 _PAYLOAD_SEPARATOR = ',"payload":'
@@ -400,5 +396,5 @@ def batch_from_spans(spans: Iterable[SpanLike], *, raw_payloads: bool = False) -
         for record in records:
             agents[record] = None
     superseded, kept = calls.set_aside()
-    runs = tuple([_new_run((run_id, at, _NO_ATTRIBUTES)) for run_id, at in started.items()])
+    runs = tuple(RunRecord(run_id, at) for run_id, at in started.items())
     return Batch(tuple(events), tuple(agents), runs, superseded, kept)

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from types import MappingProxyType
-from typing import Any, Final, NamedTuple, cast
+from typing import Any, Final, NamedTuple, TypeVar, cast
 
 #: Namespace of deterministic event ids: ``uuid5(EVENT_NAMESPACE, run \x1f agent \x1f key)``.
 EVENT_NAMESPACE: Final = uuid.UUID("5b0f6f7e-3c55-4d2b-9a51-6a3d7f0c2e11")
@@ -92,6 +92,15 @@ def event_id_for(run_id: str, agent_id: str, idempotency_key: str) -> str:
 
 #: RFC 4122 variant: the top two bits of the nibble at hex digit 16 become 10.
 _VARIANT: Final = {c: "89ab"[int(c, 16) & 3] for c in "0123456789abcdef"}
+
+
+_Row = TypeVar("_Row", bound=tuple[Any, ...])
+
+
+def from_fields(cls: type[_Row]) -> Callable[[tuple[object, ...]], _Row]:
+    """A constructor of the NamedTuple ``cls`` that takes all its fields as one tuple, in field
+    order: ``tuple.__new__`` in C, for the hot paths, instead of the generated Python ``__new__``."""
+    return cast(Callable[[tuple[object, ...]], _Row], functools.partial(tuple.__new__, cls))
 
 
 class EventRef(NamedTuple):

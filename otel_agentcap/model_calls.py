@@ -182,7 +182,6 @@ _USAGE: Final = (
     ("cache_creation_input_tokens", _CACHE_CREATION),
 )
 _STATUS_NAMES: Final = {"OK": "ok", "ERROR": "error"}
-_CONTENT_ITEMS: Final = tuple(_CONTENT_KEYS.items())
 
 
 def status_of(status: Any) -> str:
@@ -256,13 +255,11 @@ def model_call_payload(
     error_type = get(attr.ERROR_TYPE)
     if error_type is not None:
         payload["error_type"] = str(error_type)
-    http_status = get("http.response.status_code")
+    http_status = _int(get("http.response.status_code"))
     if http_status is not None:
-        http_status = http_status if type(http_status) is int else _int(http_status)
-        if http_status is not None:
-            payload["http_status_code"] = http_status
+        payload["http_status_code"] = http_status
     content = None
-    for name, key in _CONTENT_ITEMS:
+    for name, key in _CONTENT_KEYS.items():
         value = get(name)
         if value is not None:
             if content is None:

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from functools import partial
-from typing import NamedTuple, cast
+from collections.abc import Sequence
+from typing import NamedTuple
 
 from opentelemetry.util.types import AttributeValue
 
 from otel_agentcap import attributes as attr
 from otel_agentcap.context import AgentContext, ambient_causal_parents
-from otel_agentcap.model import EventRef, event_id_for
+from otel_agentcap.model import EventRef, event_id_for, from_fields
 
 
 class Stamp(NamedTuple):
@@ -27,7 +26,7 @@ class Stamp(NamedTuple):
 
     @property
     def ref(self) -> EventRef:
-        return _new_ref((self[4], self[3], self[1]))
+        return _new_ref((self.event_id, self.seq, self.agent_id))
 
     def attributes(self) -> dict[str, AttributeValue]:
         """The stamp as span attributes. What can be derived is left out (every attribute costs
@@ -96,7 +95,5 @@ def stamp(
     )
 
 
-# Build the NamedTuples of the hot path with tuple.__new__ (C) instead of their generated
-# Python-level __new__; the field order is the class's.
-_new_stamp = cast(Callable[[tuple[object, ...]], Stamp], partial(tuple.__new__, Stamp))
-_new_ref = cast(Callable[[tuple[object, ...]], EventRef], partial(tuple.__new__, EventRef))
+_new_stamp = from_fields(Stamp)
+_new_ref = from_fields(EventRef)

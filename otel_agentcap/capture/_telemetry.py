@@ -52,10 +52,15 @@ def event_attributes(
     return attributes
 
 
-def start_span(name: str, attributes: dict[str, AttributeValue]) -> Span:
-    """Start an internal span with ``attributes`` (stamps and payload included). Never raises."""
+def start_span(
+    name: str,
+    attributes: dict[str, AttributeValue],
+    links: Sequence[Link] = (),
+    kind: SpanKind = SpanKind.INTERNAL,
+) -> Span:
+    """Start a span with ``attributes`` (stamps and payload included). Never raises."""
     try:
-        return tracer.start_span(name, attributes=attributes)
+        return tracer.start_span(name, kind=kind, attributes=attributes, links=links)
     except Exception:
         _logger.exception("agentcap: could not start span %s", name)
         return trace.INVALID_SPAN
@@ -70,13 +75,7 @@ def start_event_span(
     kind: SpanKind = SpanKind.INTERNAL,
 ) -> Span:
     """Start a span whose primary event is ``stamp``. Never raises."""
-    try:
-        return tracer.start_span(
-            name, kind=kind, attributes=event_attributes(stamp, payload, extra), links=links
-        )
-    except Exception:
-        _logger.exception("agentcap: could not start span %s", name)
-        return trace.INVALID_SPAN
+    return start_span(name, event_attributes(stamp, payload, extra), links, kind)
 
 
 def outcome_record(stamp: Stamp, payload: Any) -> str:
