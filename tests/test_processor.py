@@ -1,54 +1,81 @@
-"""AgentCapSpanProcessor: which finished model calls are indexed for the tool runs they cause."""
+# ruff: noqa: F811  (pytest fixtures imported from anthropic_support)
+"""AgentCapSpanProcessor: which finished model calls of the real anthropic SDK (over HTTP to the
+local Messages server) are indexed for the tool runs they may cause."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
+import anthropic
 import pytest
-from opentelemetry.sdk.trace import TracerProvider
+from anthropic_support import (  # noqa: F401 (fixtures)
+    MODEL,
+    USER,
+    captured,
+    client,
+    instrumented,
+    server,
+)
 
 import otel_agentcap as ac
 from otel_agentcap import causal_links
-from otel_agentcap.model_calls import SDK_SCOPE, STOP_REASON, TOOL_USE_IDS
-from otel_agentcap.processor import AgentCapSpanProcessor
+from otel_agentcap.testing.messages_server import (
+    MessagesServer,
+    ToolCall,
+    text_reply,
+    tool_use_reply,
+)
+
+pytestmark = pytest.mark.timeout(60)
 
 
-@pytest.fixture
-def sdk_tracer() -> Iterator[object]:
-    provider = TracerProvider()
-    provider.add_span_processor(AgentCapSpanProcessor())
-    causal_links.clear()
-    yield provider.get_tracer(SDK_SCOPE)
-    causal_links.clear()
+def _call(client: anthropic.Anthropic, run_id: str) -> None:
+    with ac.run(run_id), ac.agent("alpha"):
+        client.messages.create(model=MODEL, max_tokens=64, messages=USER)  # type: ignore[arg-type]
+
+
+def _indexed(run_id: str) -> tuple[bool, bool]:
+    by_response = causal_links.model_call_for_response(run_id, "msg_index")
+    by_tool_use = causal_links.model_call_for_tool_use(run_id, "toolu_index")
+    return by_response is not None, by_tool_use is not None
 
 
 @pytest.mark.parametrize(
-    ("stop_reason", "tool_use_ids", "by_response", "by_tool_use"),
+    ("reply", "indexed"),
     [
-        ("tool_use", ("toolu_1",), True, True),
-        ("tool_use", None, True, False),  # ids not recorded: found by the response id
-        (None, None, True, False),  # unknown stop reason: indexed
-        ("end_turn", None, False, False),  # asked for no tool
-        ("stop_sequence", None, False, False),
-        ("end_turn", ("toolu_1",), True, True),  # ids recorded: indexed whatever the reason
+        (text_reply("done", message_id="msg_index"), (False, False)),  # end_turn: no tool asked
+        (
+            text_reply(
+                "done", stop_reason="stop_sequence", stop_sequence="##", message_id="msg_index"
+            ),
+            (False, False),
+        ),
+        (text_reply("cut", stop_reason="max_tokens", message_id="msg_index"), (True, False)),
+        (
+            tool_use_reply(
+                [ToolCall("weather", {"city": "Oslo"}, id="toolu_index")], message_id="msg_index"
+            ),
+            (True, True),
+        ),
     ],
 )
 def test_model_calls_are_indexed_when_a_tool_run_may_look_for_them(
-    sdk_tracer, stop_reason, tool_use_ids, by_response, by_tool_use
+    server: MessagesServer, client, captured, instrumented, reply, indexed
 ):
-    with ac.run("run-index") as run, ac.agent("alpha"):
-        span = sdk_tracer.start_span(  # type: ignore[attr-defined]
-            "anthropic.messages.create", attributes={"gen_ai.operation.name": "chat"}
+    server.enqueue(reply)
+    run_id = f"run-index-{len(server.requests)}-{reply.stop_reason}"
+    _call(client, run_id)
+    assert _indexed(run_id) == indexed
+
+
+def test_without_the_instrumentor_a_tool_asking_call_is_found_by_its_response_id(
+    server: MessagesServer, client, captured
+):
+    """No tool_use ids are recorded without the instrumentor; the response id still finds it."""
+    causal_links.clear()
+    server.enqueue(
+        tool_use_reply(
+            [ToolCall("weather", {"city": "Oslo"}, id="toolu_index")], message_id="msg_index"
         )
-        span.set_attribute("gen_ai.response.id", "msg_1")
-        if stop_reason is not None:
-            span.set_attribute(STOP_REASON, stop_reason)
-        if tool_use_ids is not None:
-            span.set_attribute(TOOL_USE_IDS, tool_use_ids)
-        span.end()
-        event_id = span.attributes["agentcap.event.id"]
-    found = causal_links.model_call_for_response(run.run_id, "msg_1")
-    assert (found is not None) == by_response
-    if found is not None:
-        assert found.event_id == event_id
-    assert (causal_links.model_call_for_tool_use(run.run_id, "toolu_1") is not None) == by_tool_use
+    )
+    _call(client, "run-index-plain")
+    assert _indexed("run-index-plain") == (True, False)
+    causal_links.clear()

@@ -43,11 +43,23 @@ def test_start_attributes_are_what_set_attributes_gives(limits: SpanLimits, exis
     public.end()
 
 
-def test_direct_write_is_used_only_where_it_changes_nothing():
-    span = _started(SpanLimits(), 1)
-    inner = attributes_of(span)
+@pytest.mark.parametrize(
+    ("limits", "direct"),
+    [
+        (SpanLimits(), True),
+        (SpanLimits(max_attribute_length=8), False),
+        (SpanLimits(max_span_attributes=4), False),
+    ],
+)
+def test_direct_write_is_used_only_where_it_changes_nothing(limits: SpanLimits, direct: bool):
+    span = _started(limits, 1)
+    public_calls: list[dict[str, Any]] = []
+    span.set_attributes = public_calls.append  # the public API, watched
     add_start_attributes(span, STAMPS)
-    assert attributes_of(span) is inner and inner["agentcap.event.seq"] == 7
+    if direct:
+        assert public_calls == [] and attributes_of(span)["agentcap.event.seq"] == 7
+    else:
+        assert public_calls == [STAMPS]
     span.end()
 
 
