@@ -15,6 +15,7 @@ most recent :data:`MAX_ENTRIES` entries. Nothing here raises into user code.
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any, Final
 
@@ -29,16 +30,18 @@ class _Bounded:
     def __init__(self, limit: int = MAX_ENTRIES) -> None:
         self._limit = limit
         self._lock = threading.Lock()
-        # Oldest first: a plain dict keeps insertion order, and a put re-inserts its key.
-        self._items: dict[tuple[str, str], EventRef] = {}
+        # Oldest first. An OrderedDict, not a dict: deleting a plain dict's first entry leaves a
+        # hole that every later ``next(iter(...))`` scans past until the dict resizes, so evicting
+        # the oldest costs O(n) per put once the map is full.
+        self._items: OrderedDict[tuple[str, str], EventRef] = OrderedDict()
 
     def put(self, key: tuple[str, str], ref: EventRef) -> None:
         items = self._items
         with self._lock:
-            items.pop(key, None)
             items[key] = ref
+            items.move_to_end(key)
             if len(items) > self._limit:
-                del items[next(iter(items))]
+                items.popitem(last=False)
 
     def get(self, key: tuple[str, str]) -> EventRef | None:
         with self._lock:

@@ -8,6 +8,7 @@ import copy
 import functools
 import inspect
 import threading
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Generic, ParamSpec, TypeVar, cast, overload
@@ -28,9 +29,12 @@ R = TypeVar("R")
 DEFAULT_MAX_COMPLETED = 100_000
 
 
-@dataclass(eq=False, slots=True)
 class _Invocation:
-    """The one execution of a tool invocation; retries wait on it and share its outcome."""
+    """The one execution of a tool invocation; retries wait on it and share its outcome.
+
+    Fields are class-level defaults, set on the instance only when they change: one is created
+    for every captured invocation, and ``_Invocation()`` with no ``__init__`` costs next to
+    nothing."""
 
     done: bool = False
     result: Any = None
@@ -49,15 +53,19 @@ class InvocationRegistry:
     Scoping by run and agent means one agent's retry never gets another agent's result.
     At most ``max_completed`` finished outcomes are kept (oldest forgotten first), so a
     long-running process does not grow without bound; running invocations are never evicted.
-    Waiters share one condition instead of an event per invocation.
+    Waiters share one condition instead of an event per invocation, which is notified only
+    while someone waits.
     """
 
     def __init__(self, max_completed: int = DEFAULT_MAX_COMPLETED) -> None:
         self._lock = threading.Lock()
         self._finished = threading.Condition(self._lock)
+        self._waiting = 0
         self._entries: dict[tuple[str, str, str], _Invocation] = {}
-        # Finished keys, oldest first (dicts keep insertion order).
-        self._completed: dict[tuple[str, str, str], None] = {}
+        # Finished keys, oldest first. An OrderedDict, not a dict: evicting a plain dict's first
+        # entry leaves a hole that every later ``next(iter(...))`` scans past until the dict
+        # resizes, which made each call O(n) once the registry was full.
+        self._completed: OrderedDict[tuple[str, str, str], None] = OrderedDict()
         self._interruptions: dict[tuple[str, str, str], int] = {}
         self.max_completed = max_completed
 
@@ -69,16 +77,20 @@ class InvocationRegistry:
                 completed = self._completed
                 completed[key] = None
                 while len(completed) > self.max_completed:
-                    old = next(iter(completed))
-                    del completed[old]
+                    old, _ = completed.popitem(last=False)
                     self._entries.pop(old, None)
-            self._finished.notify_all()
+            if self._waiting:
+                self._finished.notify_all()
 
     def wait(self, entry: _Invocation, timeout: float | None = None) -> bool:
         """Wait until ``entry`` is done; returns whether it is."""
         with self._lock:
             if not entry.done:
-                self._finished.wait_for(lambda: entry.done, timeout)
+                self._waiting += 1
+                try:
+                    self._finished.wait_for(lambda: entry.done, timeout)
+                finally:
+                    self._waiting -= 1
             return entry.done
 
     def claim(self, key: tuple[str, str, str]) -> tuple[_Invocation, bool]:
@@ -87,8 +99,11 @@ class InvocationRegistry:
             entry = self._entries.get(key)
             if entry is not None:
                 return entry, False
-            entry = _Invocation(attempt=self._interruptions.get(key, 0) + 1)
-            self._entries[key] = entry
+            entry = self._entries[key] = _Invocation()
+            if self._interruptions:
+                interrupted_attempt = self._interruptions.get(key)
+                if interrupted_attempt is not None:
+                    entry.attempt = interrupted_attempt + 1
             return entry, True
 
     def release(self, key: tuple[str, str, str], entry: _Invocation) -> None:
@@ -99,7 +114,8 @@ class InvocationRegistry:
             if self._entries.get(key) is entry:
                 del self._entries[key]
                 self._interruptions[key] = entry.attempt
-            self._finished.notify_all()
+            if self._waiting:
+                self._finished.notify_all()
 
     def lookup(self, key: tuple[str, str, str]) -> _Invocation | None:
         with self._lock:
