@@ -32,7 +32,7 @@ from otel_agentcap import causal_links
 from otel_agentcap.context import AgentContext, current_agent
 from otel_agentcap.model import EventRef, EventType
 from otel_agentcap.model_calls import STOP_REASON, SUPERSEDED, TOOL_USE_IDS, is_sdk_scope
-from otel_agentcap.span_attributes import add_start_attributes, attributes_of
+from otel_agentcap.span_attributes import add_attributes, attributes_of
 from otel_agentcap.stamping import stamp
 
 _logger = logging.getLogger(__name__)
@@ -113,7 +113,7 @@ class AgentCapSpanProcessor(SpanProcessor):
             if event_type is not None:
                 break
         if event_type is None:
-            add_start_attributes(
+            add_attributes(
                 span,
                 {
                     attr.RUN_ID: ctx.run_id,
@@ -125,7 +125,7 @@ class AgentCapSpanProcessor(SpanProcessor):
             return
         if event_type == _MODEL_CALL and self._join_model_call(span, ctx, scope, parent_context):
             return
-        add_start_attributes(span, stamp(ctx, event_type).attributes())
+        add_attributes(span, stamp(ctx, event_type).attributes())
         if event_type == _MODEL_CALL and not is_sdk_scope(scope):
             parent = trace.get_current_span(parent_context)
             with self._open_lock:
@@ -174,7 +174,7 @@ class AgentCapSpanProcessor(SpanProcessor):
         copied[attr.GEN_AI_AGENT_ID] = ctx.agent_id
         copied[attr.GEN_AI_AGENT_NAME] = ctx.name
         other_scope = other.instrumentation_scope.name if other.instrumentation_scope else None
-        add_start_attributes(span, copied)
+        add_attributes(span, copied)
         if sdk and not is_sdk_scope(other_scope):
             other.set_attribute(SUPERSEDED, True)
         elif other is parent:

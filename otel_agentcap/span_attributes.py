@@ -6,7 +6,8 @@ processor and the mapping read dozens per model call. :func:`attributes_of` retu
 inside when there is one (the public mapping is the fallback), for reading only. The ``events``
 property copies the span's events; :func:`has_events` answers without the copy.
 
-:func:`add_start_attributes` is the one write: the processor's stamps on a span that is starting.
+:func:`add_attributes` is the one write: the processor's stamps on a span that is starting, and the
+closing event of a capture-API span.
 """
 
 from __future__ import annotations
@@ -28,26 +29,31 @@ def attributes_of(span: Any) -> Mapping[str, AttributeValue]:
     return getattr(span, "attributes", None) or _EMPTY
 
 
-def add_start_attributes(span: Any, attributes: Mapping[str, AttributeValue]) -> None:
-    """Add ``attributes`` (valid attribute values: str, int, tuples of str) to ``span`` in a span
-    processor's ``on_start``, where no other code holds the span yet.
+def add_attributes(span: Any, attributes: Mapping[str, AttributeValue]) -> None:
+    """Add ``attributes`` (valid attribute values: str, int, tuples of str) to the recording
+    ``span``: a span processor's stamps in ``on_start``, or the closing event of a span the
+    capture API started.
 
     ``Span.set_attributes`` cleans every value and takes two locks, which costs as much as the rest
-    of the stamping; these values need neither. The inner dict is written directly only where that
-    changes nothing the SDK would do: no attribute count limit reached, no value length limit
-    configured (which would cut a value), span not ended. Otherwise the public API does it."""
+    of the stamping; these values need no cleaning. The inner dict is written directly, under the
+    attributes' own lock, only where that changes nothing the SDK would do: no attribute count
+    limit reached, no value length limit configured (which would cut a value), span not ended.
+    Otherwise the public API does it."""
     bounded = getattr(span, "_attributes", None)
     inner = getattr(bounded, "_dict", None)
+    lock = getattr(bounded, "_lock", None)
     if (
         type(inner) is dict
+        and lock is not None
         and getattr(bounded, "_immutable", True) is False
         and getattr(bounded, "max_value_len", 0) is None
         and getattr(span, "_end_time", 0) is None
     ):
         maxlen = getattr(bounded, "maxlen", 0)
-        if maxlen is None or len(inner) + len(attributes) <= maxlen:
-            inner.update(attributes)
-            return
+        with lock:
+            if maxlen is None or len(inner) + len(attributes) <= maxlen:
+                inner.update(attributes)
+                return
     span.set_attributes(attributes)
 
 

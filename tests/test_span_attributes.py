@@ -1,4 +1,4 @@
-"""span_attributes: the processor's direct write of start attributes behaves as Span.set_attributes."""
+"""span_attributes: the direct write of attributes (stamps in on_start, closing events) behaves as Span.set_attributes."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from opentelemetry.sdk.trace import SpanLimits, TracerProvider
 
-from otel_agentcap.span_attributes import add_start_attributes, attributes_of
+from otel_agentcap.span_attributes import add_attributes, attributes_of
 
 STAMPS: dict[str, Any] = {
     "agentcap.run.id": "run-with-a-long-id",
@@ -34,7 +34,7 @@ def _started(limits: SpanLimits, existing: int) -> Any:
 )
 def test_start_attributes_are_what_set_attributes_gives(limits: SpanLimits, existing: int):
     direct = _started(limits, existing)
-    add_start_attributes(direct, STAMPS)
+    add_attributes(direct, STAMPS)
     public = _started(limits, existing)
     public.set_attributes(STAMPS)
     assert dict(direct.attributes) == dict(public.attributes)
@@ -55,7 +55,7 @@ def test_direct_write_is_used_only_where_it_changes_nothing(limits: SpanLimits, 
     span = _started(limits, 1)
     public_calls: list[dict[str, Any]] = []
     span.set_attributes = public_calls.append  # the public API, watched
-    add_start_attributes(span, STAMPS)
+    add_attributes(span, STAMPS)
     if direct:
         assert public_calls == [] and attributes_of(span)["agentcap.event.seq"] == 7
     else:
@@ -66,7 +66,7 @@ def test_direct_write_is_used_only_where_it_changes_nothing(limits: SpanLimits, 
 def test_ended_span_is_left_as_the_sdk_leaves_it():
     span = _started(SpanLimits(), 1)
     span.end()
-    add_start_attributes(span, STAMPS)
+    add_attributes(span, STAMPS)
     assert "agentcap.run.id" not in dict(span.attributes or {})
 
 
@@ -79,5 +79,5 @@ def test_spans_of_other_kinds_get_the_public_api():
             self.attributes.update(attributes)
 
     span = OtherSpan()
-    add_start_attributes(span, STAMPS)
+    add_attributes(span, STAMPS)
     assert span.attributes == STAMPS

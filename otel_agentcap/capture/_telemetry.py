@@ -13,6 +13,7 @@ from opentelemetry.util.types import AttributeValue
 
 from otel_agentcap import attributes as attr
 from otel_agentcap import jsonsafe
+from otel_agentcap.span_attributes import add_attributes
 from otel_agentcap.stamping import Stamp
 from otel_agentcap.version import __version__
 
@@ -96,7 +97,7 @@ def outcome_record(stamp: Stamp, payload: Any) -> str:
 def finish_span(span: Span, stamp: Stamp, payload: Any, error: BaseException | None = None) -> None:
     """End ``span`` with its closing event ``stamp`` (see ``attributes.OUTCOME``). Never raises."""
     try:
-        span.set_attribute(attr.OUTCOME, outcome_record(stamp, payload))
+        add_attributes(span, {attr.OUTCOME: outcome_record(stamp, payload)})
     except Exception:
         _logger.exception("agentcap: could not record %s", stamp.event_type)
     end_span(span, error)
