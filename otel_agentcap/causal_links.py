@@ -8,7 +8,8 @@ Messages API passes around (response ids, ``tool_use`` ids) into the events that
 * The instrumentation's request wrapper finds the ``tool_result`` blocks a request carries and
   names the recorded result events as causal parents of the model call.
 
-Entries are keyed by run, so one run never links to another's events; each registry keeps the
+Entries are keyed by run, so one run never links to another's events; a run's entries are released
+when the run's last scope in this process closes (``runs.lifetimes``), and each registry keeps the
 most recent :data:`MAX_ENTRIES` entries. Nothing here raises into user code.
 """
 
@@ -20,41 +21,59 @@ from collections.abc import Iterable
 from typing import Any, Final
 
 from otel_agentcap.model import EventRef
+from otel_agentcap.runs import lifetimes
 
 MAX_ENTRIES: Final = 50_000
 
 
 class _Bounded:
-    """A thread-safe LRU map of at most ``limit`` entries."""
+    """A thread-safe LRU map of at most ``limit`` entries, keyed by (run, id), whose entries of
+    one run can be released in time proportional to their number."""
 
     def __init__(self, limit: int = MAX_ENTRIES) -> None:
         self._limit = limit
         self._lock = threading.Lock()
-        # Oldest first. An OrderedDict, not a dict: deleting a plain dict's first entry leaves a
-        # hole that every later ``next(iter(...))`` scans past until the dict resizes, so evicting
-        # the oldest costs O(n) per put once the map is full.
-        self._items: OrderedDict[tuple[str, str], EventRef] = OrderedDict()
+        self._runs: dict[str, dict[str, EventRef]] = {}
+        # Keys, oldest first. An OrderedDict, not a dict: deleting a plain dict's first entry
+        # leaves a hole that every later ``next(iter(...))`` scans past until the dict resizes,
+        # so evicting the oldest costs O(n) per put once the map is full.
+        self._order: OrderedDict[tuple[str, str], None] = OrderedDict()
 
     def put(self, key: tuple[str, str], ref: EventRef) -> None:
-        items = self._items
+        run_id, item_id = key
+        order = self._order
         with self._lock:
-            items[key] = ref
-            items.move_to_end(key)
-            if len(items) > self._limit:
-                items.popitem(last=False)
+            items = self._runs.get(run_id)
+            if items is None:
+                items = self._runs[run_id] = {}
+            items[item_id] = ref
+            order[key] = None
+            order.move_to_end(key)
+            if len(order) > self._limit:
+                (old_run, old_id), _ = order.popitem(last=False)
+                old_items = self._runs[old_run]
+                del old_items[old_id]
+                if not old_items:
+                    del self._runs[old_run]
 
     def get(self, key: tuple[str, str]) -> EventRef | None:
         with self._lock:
-            return self._items.get(key)
+            items = self._runs.get(key[0])
+            return items.get(key[1]) if items is not None else None
 
     def forget_run(self, run_id: str) -> None:
         with self._lock:
-            for key in [k for k in self._items if k[0] == run_id]:
-                del self._items[key]
+            for item_id in self._runs.pop(run_id, ()):
+                del self._order[(run_id, item_id)]
 
     def clear(self) -> None:
         with self._lock:
-            self._items.clear()
+            self._runs.clear()
+            self._order.clear()
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._order)
 
 
 _by_response = _Bounded()
@@ -97,6 +116,9 @@ def tool_result_for(run_id: str, tool_use_id: str) -> EventRef | None:
 def forget_run(run_id: str) -> None:
     for registry in (_by_response, _by_tool_use, _tool_results):
         registry.forget_run(run_id)
+
+
+lifetimes.on_release(forget_run)
 
 
 def clear() -> None:

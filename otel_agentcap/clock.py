@@ -15,11 +15,15 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import OrderedDict
 from typing import Final, Protocol
+
+from otel_agentcap.runs import lifetimes
 
 _logger = logging.getLogger(__name__)
 
 DEFAULT_BLOCK_SIZE: Final = 1024
+DEFAULT_MAX_FINISHED_RUNS: Final = 100_000
 
 
 class SequenceSource(Protocol):
@@ -34,7 +38,17 @@ class SequenceSource(Protocol):
 class LamportClock:
     """A thread-safe logical clock for one agent."""
 
-    __slots__ = ("_block_size", "_last", "_limit", "_lock", "_source", "agent_id", "run_id")
+    __slots__ = (
+        "_block_size",
+        "_last",
+        "_limit",
+        "_lock",
+        "_registry",
+        "_released",
+        "_source",
+        "agent_id",
+        "run_id",
+    )
 
     def __init__(
         self,
@@ -53,6 +67,9 @@ class LamportClock:
         self._last = 0
         # Exclusive end of the block reserved from the source; 0 means none reserved yet.
         self._limit = 0
+        # Set by a ClockRegistry that released this clock's run (see ClockRegistry.adopt).
+        self._registry: ClockRegistry | None = None
+        self._released = False
 
     @property
     def last(self) -> int:
@@ -62,18 +79,29 @@ class LamportClock:
     def tick(self, after: int = 0) -> int:
         """Allocate the next sequence, greater than the last one and greater than ``after``."""
         with self._lock:
-            last = self._last
-            candidate = (last if last > after else after) + 1
-            if self._source is not None and candidate >= self._limit:
-                candidate = self._reserve(candidate)
-            self._last = candidate
-            return candidate
+            if not self._released:
+                last = self._last
+                candidate = (last if last > after else after) + 1
+                if self._source is not None and candidate >= self._limit:
+                    candidate = self._reserve(candidate)
+                self._last = candidate
+                return candidate
+        return self._adopted().tick(after)
 
     def observe(self, seq: int) -> None:
         """Move the clock past ``seq`` without allocating (a received causal parent)."""
         with self._lock:
-            if seq > self._last:
-                self._last = seq
+            if not self._released:
+                if seq > self._last:
+                    self._last = seq
+                return
+        self._adopted().observe(seq)
+
+    def _adopted(self) -> LamportClock:
+        """The clock that now serves this clock's agent: a context that outlived its run's release
+        (a thread still running, say) ticks through the registry's clock for the agent."""
+        assert self._registry is not None
+        return self._registry.adopt(self)
 
     def _reserve(self, at_least: int) -> int:
         assert self._source is not None
@@ -104,11 +132,22 @@ class LamportClock:
 
 
 class ClockRegistry:
-    """The process-wide map from (run, agent) to its one clock."""
+    """The process-wide map from (run, agent) to its one clock.
 
-    def __init__(self) -> None:
+    :meth:`forget_run` releases a finished run's clocks (``runs.lifetimes`` calls it when the run's
+    last scope closes) and keeps only the run's highest sequence, so clocks created for the run
+    later start above everything it handed out; at most ``max_finished_runs`` of those are kept,
+    and a run beyond them starts above the highest sequence of every run forgotten so far.
+    """
+
+    def __init__(self, max_finished_runs: int = DEFAULT_MAX_FINISHED_RUNS) -> None:
         self._lock = threading.Lock()
         self._clocks: dict[tuple[str, str], LamportClock] = {}
+        self._agents_of_run: dict[str, list[str]] = {}
+        # Highest sequence of each released run, oldest release first.
+        self._finished: OrderedDict[str, int] = OrderedDict()
+        self._forgotten_floor = 0
+        self.max_finished_runs = max_finished_runs
         self._source: SequenceSource | None = None
         self._block_size = DEFAULT_BLOCK_SIZE
 
@@ -129,15 +168,54 @@ class ClockRegistry:
             clock = self._clocks.get(key)
             if clock is None:
                 clock = LamportClock(run_id, agent_id, self._source, self._block_size)
-                self._clocks[key] = clock
+                clock._registry = self
+                floor = self._finished.get(run_id, self._forgotten_floor)
+                if floor:
+                    clock._last = floor
+                self._add(clock)
+            return clock
+
+    def _add(self, clock: LamportClock) -> None:
+        self._clocks[(clock.run_id, clock.agent_id)] = clock
+        self._agents_of_run.setdefault(clock.run_id, []).append(clock.agent_id)
+
+    def adopt(self, clock: LamportClock) -> LamportClock:
+        """The clock to use instead of the released ``clock``: the agent's current one, or
+        ``clock`` itself, registered again."""
+        with self._lock:
+            current = self._clocks.get((clock.run_id, clock.agent_id))
+            if current is not None:
+                return current
+            with clock._lock:
+                clock._released = False
+            self._add(clock)
             return clock
 
     def forget_run(self, run_id: str) -> None:
-        """Drop the clocks of a finished run. Only safe with a SequenceSource, which resumes
-        above the stored sequences; without one a later event of the run could repeat a sequence."""
+        """Release the clocks of a finished run, keeping its highest sequence."""
         with self._lock:
-            for key in [k for k in self._clocks if k[0] == run_id]:
-                del self._clocks[key]
+            highest = self._finished.pop(run_id, 0)
+            for agent_id in self._agents_of_run.pop(run_id, ()):
+                clock = self._clocks.pop((run_id, agent_id), None)
+                if clock is None:
+                    continue
+                with clock._lock:
+                    clock._released = True
+                    if clock._last > highest:
+                        highest = clock._last
+            if not highest:
+                return
+            finished = self._finished
+            finished[run_id] = highest
+            while len(finished) > self.max_finished_runs:
+                _, seq = finished.popitem(last=False)
+                if seq > self._forgotten_floor:
+                    self._forgotten_floor = seq
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._clocks)
 
 
 clocks: Final = ClockRegistry()
+lifetimes.on_release(clocks.forget_run)

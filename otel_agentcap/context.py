@@ -24,6 +24,7 @@ from typing import Any, ParamSpec, TypeVar
 from otel_agentcap.clock import LamportClock, clocks
 from otel_agentcap.errors import AgentCancelled
 from otel_agentcap.model import EventRef, validate_id
+from otel_agentcap.runs import lifetimes
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -124,15 +125,20 @@ def new_agent_context(
 
 @contextmanager
 def run(run_id: str | None = None, **attributes: Any) -> Iterator[RunContext]:
-    """Group what happens inside into one run; ``run_id`` defaults to a generated one."""
+    """Group what happens inside into one run; ``run_id`` defaults to a generated one.
+
+    The run's in-process state (clocks, agents and their committed state, tool outcomes) is
+    released when its last ``run()`` scope and agent execution in this process close."""
     ctx = RunContext(
         validate_id(run_id, "run_id") if run_id is not None else new_id("run"), attributes
     )
     token = bind_run(ctx)
+    lifetimes.enter(ctx.run_id)
     try:
         yield ctx
     finally:
         reset_run(token)
+        lifetimes.leave(ctx.run_id)
 
 
 ambient_causal_parents: Callable[[], tuple[EventRef, ...]] = _causal_parents.get

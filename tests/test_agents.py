@@ -429,7 +429,7 @@ def test_spawn_event_id_same_for_same_identity_across_runs_of_the_program():
     with capture_events() as captured, oa.run(run_id):
         with oa.agent("parent"):
             oa.spawn("worker", key="k")
-        agents_module._agents.pop((run_id, "parent/k"))  # as after a process restart
+        agents_module._agents[run_id].pop("parent/k")  # as after a process restart
         with oa.agent("parent"):
             oa.spawn("worker", key="k")
     spawns = captured.of_type("agent_spawn")

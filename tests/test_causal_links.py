@@ -38,7 +38,7 @@ def test_a_full_registry_stays_bounded_over_many_evictions():
     registry = _Bounded(limit=100)
     for n in range(10_000):
         registry.put(("r", f"k{n}"), _ref(n))
-    assert len(registry._items) == 100
+    assert len(registry) == 100
     assert registry.get(("r", "k9899")) is None
     assert registry.get(("r", "k9900")) == _ref(9900)
 

@@ -27,9 +27,11 @@ from otel_agentcap.testing.messages_server import (
 pytestmark = pytest.mark.timeout(60)
 
 
-def _call(client: anthropic.Anthropic, run_id: str) -> None:
+def _call(client: anthropic.Anthropic, run_id: str) -> tuple[bool, bool]:
+    """Make one model call in a run; returns what was indexed for it while the run was open."""
     with ac.run(run_id), ac.agent("alpha"):
         client.messages.create(model=MODEL, max_tokens=64, messages=USER)  # type: ignore[arg-type]
+        return _indexed(run_id)
 
 
 def _indexed(run_id: str) -> tuple[bool, bool]:
@@ -62,8 +64,8 @@ def test_model_calls_are_indexed_when_a_tool_run_may_look_for_them(
 ):
     server.enqueue(reply)
     run_id = f"run-index-{len(server.requests)}-{reply.stop_reason}"
-    _call(client, run_id)
-    assert _indexed(run_id) == indexed
+    assert _call(client, run_id) == indexed
+    assert _indexed(run_id) == (False, False)  # released with the run
 
 
 def test_without_the_instrumentor_a_tool_asking_call_is_found_by_its_response_id(
@@ -76,6 +78,5 @@ def test_without_the_instrumentor_a_tool_asking_call_is_found_by_its_response_id
             [ToolCall("weather", {"city": "Oslo"}, id="toolu_index")], message_id="msg_index"
         )
     )
-    _call(client, "run-index-plain")
-    assert _indexed("run-index-plain") == (True, False)
+    assert _call(client, "run-index-plain") == (True, False)
     causal_links.clear()

@@ -34,6 +34,7 @@ from otel_agentcap.context import (
 )
 from otel_agentcap.errors import AgentCancelled, AgentTimeoutError, SpawnConflictError
 from otel_agentcap.model import MAX_ID_LENGTH, EventRef, EventType, validate_id
+from otel_agentcap.runs import lifetimes
 from otel_agentcap.stamping import stamp
 
 R = TypeVar("R")
@@ -243,6 +244,7 @@ class AgentScope:
             # Abandoned (timed out) before the worker thread got here: do not run the body.
             raise AgentCancelled(f"agent {self.agent.agent_id!r} timed out before it started")
         agent = self.agent
+        lifetimes.enter(agent.run_id)
         ctx = execution.context
         span = execution.span
         run = current_run()
@@ -280,6 +282,7 @@ class AgentScope:
             tel._logger.debug("agentcap: context detach failed", exc_info=True)
         if run_token is not None:
             reset_run(run_token)
+        lifetimes.leave(self.agent.run_id)
         return raise_instead
 
     def abandon(self, error: BaseException) -> None:
@@ -330,7 +333,16 @@ class AgentScope:
 
 
 _registry_lock = threading.Lock()
-_agents: dict[tuple[str, str], Agent] = {}
+#: The agents of each open run, by agent id; a run's entry goes when the run is released.
+_agents: dict[str, dict[str, Agent]] = {}
+
+
+def _forget_run(run_id: str) -> None:
+    with _registry_lock:
+        _agents.pop(run_id, None)
+
+
+lifetimes.on_release(_forget_run)
 
 
 class SpawnLookup(Protocol):
@@ -373,10 +385,10 @@ def _recover_spawn(run_id: str, child_id: str) -> SpawnRecord | None:
 
 def _get_or_create_root(run_id: str, agent_id: str, name: str) -> Agent:
     with _registry_lock:
-        agent = _agents.get((run_id, agent_id))
+        agents = _agents.setdefault(run_id, {})
+        agent = agents.get(agent_id)
         if agent is None:
-            agent = Agent(run_id, agent_id, name)
-            _agents[(run_id, agent_id)] = agent
+            agent = agents[agent_id] = Agent(run_id, agent_id, name)
         return agent
 
 
@@ -431,7 +443,8 @@ def _spawn(parent: AgentContext, name: str, *, key: str | None, agent_id: str | 
     if child_id == parent.agent_id:
         raise SpawnConflictError(f"agent {child_id!r} cannot spawn itself")
     with _registry_lock:
-        existing = _agents.get((parent.run_id, child_id))
+        agents = _agents.setdefault(parent.run_id, {})
+        existing = agents.get(child_id)
         if existing is not None:
             if existing.parent_agent_id != parent.agent_id:
                 raise SpawnConflictError(
@@ -457,7 +470,7 @@ def _spawn(parent: AgentContext, name: str, *, key: str | None, agent_id: str | 
                 spawned_at=recovered.spawned_at,
             )
             clocks.get(parent.run_id, child_id).observe(recovered.spawned_at.seq)
-            _agents[(parent.run_id, child_id)] = child
+            agents[child_id] = child
             return child
         spawn_stamp = stamp(parent, EventType.AGENT_SPAWN, key=f"spawn:{child_id}")
         extra: dict[str, Any] = {
@@ -478,7 +491,7 @@ def _spawn(parent: AgentContext, name: str, *, key: str | None, agent_id: str | 
         )
         # The child's first event must come after the spawn, whatever thread runs it.
         clocks.get(parent.run_id, child_id).observe(spawn_stamp.seq)
-        _agents[(parent.run_id, child_id)] = child
+        agents[child_id] = child
         return child
 
 

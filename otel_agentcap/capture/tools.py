@@ -21,6 +21,7 @@ from otel_agentcap import attributes as attr
 from otel_agentcap.capture import _telemetry as tel
 from otel_agentcap.context import AgentContext, current_agent
 from otel_agentcap.model import EventRef, EventType, validate_id
+from otel_agentcap.runs import lifetimes
 from otel_agentcap.stamping import stamp
 
 P = ParamSpec("P")
@@ -51,34 +52,38 @@ class InvocationRegistry:
     """Outcomes of tool invocations in this process, keyed by (run, agent, invocation id).
 
     Scoping by run and agent means one agent's retry never gets another agent's result.
-    At most ``max_completed`` finished outcomes are kept (oldest forgotten first), so a
-    long-running process does not grow without bound; running invocations are never evicted.
-    Waiters share one condition instead of an event per invocation, which is notified only
-    while someone waits.
+    A run's outcomes are released when the run's last scope in this process closes
+    (``runs.lifetimes``); within a run, at most ``max_completed`` finished outcomes are kept
+    across all open runs (oldest forgotten first), so a long-running process does not grow
+    without bound; running invocations are never evicted. Waiters share one condition instead of
+    an event per invocation, which is notified only while someone waits.
     """
 
     def __init__(self, max_completed: int = DEFAULT_MAX_COMPLETED) -> None:
         self._lock = threading.Lock()
         self._finished = threading.Condition(self._lock)
         self._waiting = 0
-        self._entries: dict[tuple[str, str, str], _Invocation] = {}
+        # Per run, so that releasing a run costs the size of that run only.
+        self._runs: dict[str, dict[tuple[str, str, str], _Invocation]] = {}
         # Finished keys, oldest first. An OrderedDict, not a dict: evicting a plain dict's first
         # entry leaves a hole that every later ``next(iter(...))`` scans past until the dict
         # resizes, which made each call O(n) once the registry was full.
         self._completed: OrderedDict[tuple[str, str, str], None] = OrderedDict()
-        self._interruptions: dict[tuple[str, str, str], int] = {}
         self.max_completed = max_completed
 
     def complete(self, key: tuple[str, str, str], entry: _Invocation) -> None:
         """Publish the outcome stored on ``entry`` and wake the waiters."""
         with self._lock:
             entry.done = True
-            if self._entries.get(key) is entry:
+            entries = self._runs.get(key[0])
+            if entries is not None and entries.get(key) is entry:
                 completed = self._completed
                 completed[key] = None
                 while len(completed) > self.max_completed:
                     old, _ = completed.popitem(last=False)
-                    self._entries.pop(old, None)
+                    old_entries = self._runs.get(old[0])
+                    if old_entries is not None:
+                        old_entries.pop(old, None)
             if self._waiting:
                 self._finished.notify_all()
 
@@ -96,56 +101,93 @@ class InvocationRegistry:
     def claim(self, key: tuple[str, str, str]) -> tuple[_Invocation, bool]:
         """Return the invocation for ``key`` and whether the caller owns its execution."""
         with self._lock:
-            entry = self._entries.get(key)
+            entries = self._runs.get(key[0])
+            if entries is None:
+                entries = self._runs[key[0]] = {}
+            entry = entries.get(key)
             if entry is not None:
-                return entry, False
-            entry = self._entries[key] = _Invocation()
-            if self._interruptions:
-                interrupted_attempt = self._interruptions.get(key)
-                if interrupted_attempt is not None:
-                    entry.attempt = interrupted_attempt + 1
+                if not entry.interrupted:
+                    return entry, False
+                attempt = entry.attempt + 1  # the last attempt was interrupted: run it again
+            else:
+                attempt = 1
+            entry = entries[key] = _Invocation()
+            if attempt > 1:
+                entry.attempt = attempt
             return entry, True
 
     def release(self, key: tuple[str, str, str], entry: _Invocation) -> None:
-        """Forget an interrupted attempt, so the next call runs the tool again."""
+        """Give up an interrupted attempt, so the next call runs the tool again (as the next
+        attempt, whose events get keys of their own)."""
         with self._lock:
             entry.interrupted = True
             entry.done = True
-            if self._entries.get(key) is entry:
-                del self._entries[key]
-                self._interruptions[key] = entry.attempt
             if self._waiting:
                 self._finished.notify_all()
 
     def lookup(self, key: tuple[str, str, str]) -> _Invocation | None:
         with self._lock:
-            return self._entries.get(key)
+            entries = self._runs.get(key[0])
+            entry = entries.get(key) if entries is not None else None
+            return None if entry is None or entry.interrupted else entry
 
     def forget_run(self, run_id: str) -> None:
+        """Release the outcomes of a finished run."""
         with self._lock:
-            for key in [k for k in self._entries if k[0] == run_id]:
-                del self._entries[key]
-                self._completed.pop(key, None)
-            for key in [k for k in self._interruptions if k[0] == run_id]:
-                del self._interruptions[key]
+            entries = self._runs.pop(run_id, None)
+            if entries:
+                completed = self._completed
+                for key in entries:
+                    completed.pop(key, None)
+
+    def __len__(self) -> int:
+        """Invocations held (running, finished or interrupted), over all runs."""
+        with self._lock:
+            return sum(len(entries) for entries in self._runs.values())
 
 
 invocations = InvocationRegistry()
+lifetimes.on_release(invocations.forget_run)
+
+
+#: How many chained causes or contexts a stored error keeps.
+_MAX_CHAIN = 8
+
+
+def _copy_error(error: BaseException, chain_depth: int) -> BaseException:
+    """A copy of ``error`` without its traceback, whose chained cause and context (which some
+    errors use to carry their detail) are copied likewise down to ``chain_depth`` links. The
+    original is returned when it cannot be copied."""
+    try:
+        # copy.copy rebuilds from args and __dict__: no traceback, cause or context.
+        copied = copy.copy(error)
+    except Exception:
+        return error
+    if chain_depth > 0:
+        if error.__cause__ is not None:
+            copied.__cause__ = _copy_error(error.__cause__, chain_depth - 1)
+        if error.__context__ is not None:
+            copied.__context__ = _copy_error(error.__context__, chain_depth - 1)
+    copied.__suppress_context__ = error.__suppress_context__
+    return copied.with_traceback(None)
+
+
+def _stored_error(error: BaseException) -> BaseException:
+    """What the registry keeps of a tool's error: a copy without tracebacks, which would hold
+    every frame of the failed call (and its locals) for as long as the outcome is kept."""
+    return _copy_error(error, _MAX_CHAIN)
 
 
 def _replay(entry: _Invocation) -> Any:
-    if entry.error is not None:
-        original = entry.error
-        try:
-            error = copy.copy(original)
-            # copy.copy rebuilds from args and __dict__: keep the chained cause and context,
-            # which some errors use to carry their detail.
-            error.__cause__ = original.__cause__
-            error.__context__ = original.__context__
-            error.__suppress_context__ = original.__suppress_context__
-        except Exception:
-            error = original
-        raise error.with_traceback(None)
+    stored = entry.error
+    if stored is not None:
+        # A fresh copy for every replay: raising an exception object grows its traceback.
+        error = _copy_error(stored, 0)
+        if error is not stored:
+            error.__cause__ = stored.__cause__
+            error.__context__ = stored.__context__
+            error.__suppress_context__ = stored.__suppress_context__
+        raise error
     return entry.result
 
 
@@ -349,7 +391,7 @@ class _Finisher:
             return
         key, entry = self.claim
         if isinstance(error, Exception):
-            entry.error = error
+            entry.error = _stored_error(error)
             entry.result_event = failed.ref
             invocations.complete(key, entry)
         else:
