@@ -17,7 +17,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any, ParamSpec, TypeVar
 
@@ -137,7 +137,9 @@ def run(run_id: str | None = None, **attributes: Any) -> Iterator[RunContext]:
     try:
         yield ctx
     finally:
-        reset_run(token)
+        # Closed in another context (a generator finalised elsewhere): nothing to reset there.
+        with suppress(ValueError):
+            reset_run(token)
         lifetimes.leave(ctx.run_id)
 
 

@@ -121,11 +121,30 @@ def _safe_str(error: BaseException) -> str:
 
 
 def end_span(span: Span, error: BaseException | None = None) -> None:
-    try:
-        if error is not None:
+    """End ``span``, recording ``error`` on it first. Never raises, and always ends the span: an
+    error that cannot be recorded (a ``__str__`` that raises, say) must not cost the span's events.
+    """
+    if error is not None:
+        try:
             span.set_attribute(attr.ERROR_TYPE, type(error).__qualname__)
-            span.record_exception(error)
             span.set_status(trace.Status(trace.StatusCode.ERROR, _safe_str(error)[:200]))
+        except Exception:
+            _logger.exception("agentcap: could not record the error status")
+        try:
+            span.record_exception(error)
+        except Exception:
+            # The SDK formats the exception with str(); record what we can instead.
+            try:
+                span.add_event(
+                    "exception",
+                    {
+                        "exception.type": f"{type(error).__module__}.{type(error).__qualname__}",
+                        "exception.message": _safe_str(error),
+                    },
+                )
+            except Exception:
+                _logger.debug("agentcap: could not record the exception", exc_info=True)
+    try:
         span.end()
     except Exception:
         _logger.exception("agentcap: could not end span")

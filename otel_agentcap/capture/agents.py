@@ -140,6 +140,8 @@ class AgentExecution:
         self.span = span
         self.start_event = start
         self.state: dict[str, Any] = agent.state
+        #: Why a successful block's state could not be committed (raised from the scope's exit).
+        self.commit_error: TypeError | None = None
         self._finished = False
         self._lock = threading.Lock()
 
@@ -168,12 +170,24 @@ class AgentExecution:
             self._finished = True
         ctx = self.context
         if error is None:
-            end = stamp(ctx, EventType.AGENT_END, key=None)
-            self.agent._commit(self.state)
-            tel.finish_span(self.span, end, {"state_committed": True})
-            return True
+            try:
+                # A copy, so later changes to execution.state do not reach the committed state,
+                # and a state that the next execution could not copy fails here, where it is set.
+                committed = copy.deepcopy(self.state)
+                if not isinstance(committed, dict):
+                    raise TypeError(f"it is a {type(committed).__name__}, not a dict")
+            except Exception as exc:
+                error = self.commit_error = TypeError(
+                    f"the state of agent {self.agent_id!r} cannot be committed: it must be a dict "
+                    f"of values that copy.deepcopy can copy ({type(exc).__name__}: {exc})"
+                )
+            else:
+                end = stamp(ctx, EventType.AGENT_END, key=None)
+                self.agent._commit(committed)
+                tel.finish_span(self.span, end, {"state_committed": True})
+                return True
         ctx.cancelled_reason = "timed out" if isinstance(error, TimeoutError) else "failed"
-        rolled_back = sorted(str(k) for k in self.state)
+        rolled_back = _state_keys(self.state)
         self.state = {}
         payload = tel.error_payload(
             error,
@@ -183,6 +197,19 @@ class AgentExecution:
         )
         tel.finish_span(self.span, stamp(ctx, EventType.AGENT_ERROR), payload, error)
         return True
+
+
+def _state_keys(state: Any) -> list[str]:
+    """The keys of an execution's state, for the record of a rollback; never raises."""
+    if not isinstance(state, dict):
+        return [f"<state is a {type(state).__name__}, not a dict>"]
+    keys: list[str] = []
+    for key in state:
+        try:
+            keys.append(str(key))
+        except Exception:
+            keys.append(f"<{type(key).__name__}>")
+    return sorted(keys)
 
 
 class AgentScope:
@@ -274,14 +301,27 @@ class AgentScope:
                 f"agent {self.agent.agent_id!r} ran past its timeout of {self.timeout} s"
             )
             error = raise_instead
-        execution.finish(error)
-        reset_agent(agent_token)
+        try:
+            execution.finish(error)
+        except Exception:
+            tel._logger.exception("agentcap: could not record the end of %s", self.agent.agent_id)
+        if raise_instead is None and execution.commit_error is not None:
+            raise_instead = execution.commit_error
+        # A scope closed in another context than it was entered in (a generator finalised
+        # elsewhere) cannot reset its ContextVars there; that context never saw them set.
+        try:
+            reset_agent(agent_token)
+        except ValueError:
+            tel._logger.debug("agentcap: agent scope closed in another context", exc_info=True)
         try:
             otel_context.detach(otel_token)
         except Exception:
             tel._logger.debug("agentcap: context detach failed", exc_info=True)
         if run_token is not None:
-            reset_run(run_token)
+            try:
+                reset_run(run_token)
+            except ValueError:
+                tel._logger.debug("agentcap: run scope closed in another context", exc_info=True)
         lifetimes.leave(self.agent.run_id)
         return raise_instead
 
