@@ -108,8 +108,8 @@ def new_agent_context(
     spawned_at: EventRef | None = None,
     timeout: float | None = None,
 ) -> AgentContext:
-    validate_id(run_id, "run_id")
-    validate_id(agent_id, "agent_id")
+    run_id = validate_id(run_id, "run_id")
+    agent_id = validate_id(agent_id, "agent_id")
     if timeout is not None and timeout <= 0:
         raise ValueError("timeout must be positive")
     return AgentContext(

@@ -19,6 +19,7 @@ from typing import Any, Final, NamedTuple, TypeVar, cast
 #: Namespace of deterministic event ids: ``uuid5(EVENT_NAMESPACE, run \x1f agent \x1f key)``.
 EVENT_NAMESPACE: Final = uuid.UUID("5b0f6f7e-3c55-4d2b-9a51-6a3d7f0c2e11")
 
+#: The longest id, in UTF-8 bytes.
 MAX_ID_LENGTH: Final = 512
 
 
@@ -39,13 +40,17 @@ EVENT_TYPES: Final = frozenset(t.value for t in EventType)
 
 def validate_id(value: object, what: str) -> str:
     """Return ``value`` if it is a usable id (a non-empty str without NUL or U+001F, at most 512
-    chars).
+    bytes in UTF-8), as a plain ``str``.
 
     Raises ``ValueError`` (or ``TypeError`` for non-strings) at the call that passed it, so a bad id
-    never becomes a database error later.
+    never becomes a database error later. The limit is in bytes because that is what PostgreSQL's
+    indexes bound (an index entry of run, agent and idempotency key must stay under 2,704 bytes).
     """
     if not isinstance(value, str):
         raise TypeError(f"{what} must be a str, not {type(value).__name__}")
+    if type(value) is not str:
+        # A str subclass may override __str__ and __format__; what counts is its character data.
+        value = str.__str__(value)
     if not value or not value.strip():
         raise ValueError(f"{what} must be a non-empty string")
     if "\x00" in value:
@@ -53,12 +58,12 @@ def validate_id(value: object, what: str) -> str:
     if "\x1f" in value:
         # The separator of event_id_for: allowing it would let two events share an id.
         raise ValueError(f"{what} must not contain the unit separator (U+001F)")
-    if len(value) > MAX_ID_LENGTH:
-        raise ValueError(f"{what} is longer than {MAX_ID_LENGTH} characters")
     try:
-        value.encode("utf-8")
+        size = len(value.encode("utf-8"))
     except UnicodeEncodeError as exc:
         raise ValueError(f"{what} is not valid UTF-8 (lone surrogate)") from exc
+    if size > MAX_ID_LENGTH:
+        raise ValueError(f"{what} is longer than {MAX_ID_LENGTH} bytes in UTF-8 ({size})")
     return value
 
 

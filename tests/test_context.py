@@ -215,6 +215,7 @@ def test_caused_by_parents_become_causal_parents_with_larger_seq():
         ("   ", ValueError),
         ("a\x00b", ValueError),
         ("x" * 513, ValueError),
+        ("\u65e5" * 171, ValueError),  # 171 characters, 513 bytes
         ("bad\ud800", ValueError),
         (42, TypeError),
         (None, TypeError),
@@ -239,6 +240,30 @@ def test_invalid_ids_raise_at_the_call(bad, error):
 
 
 def test_valid_ids_accepted():
-    """Ids up to 512 characters, with spaces and non-ASCII text, are accepted as given."""
-    for good in ["a", "x" * 512, "run 1", "agent/worker-3", "\u00e9t\u00e9", "\u65e5\u672c"]:
+    """Ids up to 512 bytes, with spaces and non-ASCII text, are accepted as given."""
+    for good in [
+        "a",
+        "x" * 512,
+        "\U0001d538" * 128,
+        "run 1",
+        "agent/worker-3",
+        "\u00e9t\u00e9",
+        "\u65e5\u672c",
+    ]:
         assert validate_id(good, "id") == good
+
+
+def test_a_str_subclass_id_is_used_as_its_characters():
+    """A str subclass whose __str__ raises is accepted as the plain str of its characters."""
+
+    class Weird(str):
+        def __str__(self) -> str:
+            raise ZeroDivisionError
+
+        def __format__(self, spec: str) -> str:
+            raise ZeroDivisionError
+
+    checked = validate_id(Weird("run-1"), "id")
+    assert type(checked) is str and checked == "run-1"
+    with oa.run(Weird("run-weird")) as run, oa.agent(Weird("planner")) as execution:
+        assert type(run.run_id) is str and type(execution.agent_id) is str

@@ -18,7 +18,7 @@ from psycopg_pool import ConnectionPool
 from otel_agentcap.exporters.postgres.errors import ConnectionFailed, InvalidBatch, WriteFailed
 from otel_agentcap.exporters.postgres.store import conflicts_count, run_agents, run_events
 from otel_agentcap.exporters.postgres.writer import EventWriter
-from otel_agentcap.model import AgentRecord, Batch, Event, RunRecord, event_id_for
+from otel_agentcap.model import AgentRecord, Batch, Event, RunRecord, event_id_for, validate_id
 
 pytestmark = pytest.mark.storage
 
@@ -273,6 +273,22 @@ def test_non_uuid_run_and_agent_ids_land(
         agents = run_agents(conn, run_id)
     assert [(e.run_id, e.agent_id) for e in events] == [(run_id, agent_id)]
     assert [(a.agent_id, a.parent_agent_id) for a in agents] == [(agent_id, "root agent")]
+
+
+def test_the_longest_ids_validate_id_accepts_land(pool: ConnectionPool[Any]) -> None:
+    """Run, agent and invocation ids of 512 bytes of four-byte characters, in the idempotency key
+    of a retried tool invocation, fit PostgreSQL's index entries."""
+    longest = validate_id("\U0001d538" * 128, "id")
+    run_id, agent_id = f"r{longest[1:]}", f"a{longest[1:]}"
+    key = f"tool:{longest}\x1fattempt2:invocation"
+    batch = Batch(
+        (ev(run_id, agent_id, 1, key=key, event_type="tool_invocation"),),
+        (AgentRecord(run_id, agent_id, name=agent_id, parent_agent_id=longest),),
+        (RunRecord(run_id, T0, {}),),
+    )
+    assert EventWriter(pool).write(batch).inserted == 1
+    with pool.connection() as conn:
+        assert [e.idempotency_key for e in run_events(conn, run_id)] == [key]
 
 
 def test_agent_upsert_fills_unknown_fields_only(pool: ConnectionPool[Any]) -> None:

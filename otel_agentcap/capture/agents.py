@@ -440,9 +440,9 @@ def agent(name: str, *, agent_id: str | None = None, timeout: float | None = Non
             with otel_agentcap.agent("planner") as planner:
                 planner.state["plan"] = [...]
     """
-    validate_id(name, "name")
+    name = validate_id(name, "name")
     if agent_id is not None:
-        validate_id(agent_id, "agent_id")
+        agent_id = validate_id(agent_id, "agent_id")
     run = current_run()
     run_id = run.run_id if run is not None else new_id("run")
     return AgentScope(_get_or_create_root(run_id, agent_id or name, name), timeout)
@@ -450,7 +450,7 @@ def agent(name: str, *, agent_id: str | None = None, timeout: float | None = Non
 
 def _child_id(parent_agent_id: str, key: str) -> str:
     candidate = f"{parent_agent_id}/{key}"
-    if len(candidate) <= MAX_ID_LENGTH:
+    if len(candidate.encode("utf-8", "surrogatepass")) <= MAX_ID_LENGTH:
         return candidate
     digest = hashlib.sha256(candidate.encode("utf-8", "surrogatepass")).hexdigest()[:24]
     return f"{key[:100]}~{digest}"
@@ -472,9 +472,9 @@ def spawn(name: str, *, key: str | None = None, agent_id: str | None = None) -> 
 
 
 def _spawn(parent: AgentContext, name: str, *, key: str | None, agent_id: str | None) -> Agent:
-    validate_id(name, "name")
+    name = validate_id(name, "name")
     if key is not None:
-        validate_id(key, "key")
+        key = validate_id(key, "key")
     child_id = (
         validate_id(agent_id, "agent_id")
         if agent_id is not None

@@ -100,7 +100,7 @@ class Memory:
 
     def lookup(self, key: str) -> Lookup:
         """Read ``key``, recording a ``memory_read`` event inside an agent."""
-        validate_id(key, "memory key")
+        key = validate_id(key, "memory key")
         ctx = current_agent()
         if ctx is not None:
             ctx.check_active()
@@ -132,7 +132,7 @@ class Memory:
         return self._write(key, MISSING, "delete")[1]
 
     def _write(self, key: str, value: Any, op: str) -> tuple[EventRef | None, bool]:
-        validate_id(key, "memory key")
+        key = validate_id(key, "memory key")
         ctx = current_agent()
         if ctx is not None:
             ctx.check_active()

@@ -237,8 +237,7 @@ class Tool(Generic[P, R]):
         the same run and agent returns the recorded result or raises the recorded error, without
         running the body again. For an async tool this returns an awaitable.
         """
-        validate_id(invocation_id, "invocation_id")
-        return self._call(invocation_id, args, kwargs)
+        return self._call(validate_id(invocation_id, "invocation_id"), args, kwargs)
 
     def _arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         names = self._positional_names

@@ -274,7 +274,7 @@ def _prepare_tool(
         or not isinstance(tool_input, Mapping)
     ):
         return None
-    validate_id(tool_use_id, "invocation_id")
+    tool_use_id = validate_id(tool_use_id, "invocation_id")
     if is_async is None:
         is_async = not _runs_on_worker_thread(sdk_tool)
     captured = _captured_tool(name, tool_input, sdk_tool.call, is_async=is_async)
@@ -391,7 +391,7 @@ def toolset_result_wrapper(*, is_async: bool) -> Wrapper:
                 or not isinstance(tool_input, Mapping)
             ):
                 return None
-            validate_id(tool_use_id, "invocation_id")
+            tool_use_id = validate_id(tool_use_id, "invocation_id")
             proxy = _CapturedToolset(toolset, tool_use, is_async=is_async)
             return _Call(
                 (proxy, *args),
