@@ -11,11 +11,20 @@ value                              stored as
 ``float`` NaN / +-Infinity         ``{"$agentcap.float": "NaN" | "Infinity" | "-Infinity"}``
 ``str`` with NUL or a lone         ``{"$agentcap.str": "<base64 of UTF-8, surrogatepass>"}``
 surrogate (jsonb rejects both)
+``int`` of more than 14,000 bits   ``{"$agentcap.int": "0x<hex>"}`` (``str()`` refuses such ints)
+a dict with a key JSON cannot      ``{"$agentcap.items": [[key, value], ...]}`` (keys converted as
+hold (NUL or lone surrogate in a   values)
+str key, a key whose ``str()``
+fails)
 anything else not JSON             ``{"$agentcap.repr": "<repr, at most 2000 chars>", "type": "mod.Class"}``
+(also a container inside itself,   (a cycle reads ``[...]`` or ``{...}``)
+and values past 300,000 in one
+payload)
 a payload over the size limit      ``{"$agentcap.truncated": "<first N chars of the JSON>", "size": n}``
 ================================  ===============================================================
 
-Dict keys that are not strings are converted with ``str()``; tuples and sets become lists;
+A value that cannot be converted becomes a ``$agentcap.repr`` marker in place; the rest of the
+payload is kept. Dict keys that are not strings are converted with ``str()``; tuples and sets become lists;
 dataclasses and objects with ``model_dump()`` (pydantic, the anthropic SDK's types) are dumped first.
 A dict that itself has a ``$agentcap.*`` key is wrapped as ``{"$agentcap.literal": {...}}``
 so user data never reads as one of our markers (some of which have a second key).
@@ -29,6 +38,7 @@ import datetime
 import enum
 import json
 import math
+import reprlib
 import uuid
 from collections.abc import Mapping
 from typing import Any, Final
@@ -37,6 +47,12 @@ MARKER_PREFIX: Final = "$agentcap."
 DEFAULT_MAX_PAYLOAD_CHARS: Final = 256 * 1024
 _MAX_DEPTH: Final = 64
 _MAX_REPR: Final = 2000
+#: Values visited in one conversion before the rest become ``$agentcap.repr`` markers. Each value
+#: takes at least two characters of JSON, so a payload with more is over the default size limit
+#: (and truncated) anyway.
+_MAX_VALUES: Final = 300_000
+#: Ints this long (about 4,200 decimal digits) are written in hex, which has no length limit.
+_MAX_INT_BITS: Final = 14_000
 
 
 def _bad_str(value: str) -> bool:
@@ -56,9 +72,20 @@ def _encode_str(value: str) -> Any:
     return value
 
 
+_reprs = reprlib.Repr()
+_reprs.maxstring = _MAX_REPR
+_reprs.maxother = _MAX_REPR
+
+
 def _repr(value: Any) -> dict[str, str]:
     try:
-        text = repr(value)
+        # reprlib bounds the work on big or nested containers (and writes a cycle as [...]);
+        # other objects get their own __repr__, cut.
+        text = (
+            _reprs.repr(value)
+            if isinstance(value, list | tuple | set | frozenset | dict)
+            else repr(value)
+        )
     except Exception as exc:  # a broken __repr__ must not lose the rest of the payload
         text = f"<unrepresentable: {type(exc).__name__}>"
     cls = type(value)
@@ -72,53 +99,119 @@ def _encode_plain(value: str) -> str:
     return value.encode("utf-8", "replace").decode("utf-8").replace("\x00", "\\u0000")
 
 
+class _Walk:
+    """One conversion: the containers on the current path (a container met again inside itself
+    is a cycle) and how many values may still be visited (shared sub-structures can make a small
+    object expand to exponentially many values)."""
+
+    __slots__ = ("active", "budget")
+
+    def __init__(self) -> None:
+        self.active: set[int] = set()
+        self.budget = _MAX_VALUES
+
+
 def to_jsonable(value: Any, _depth: int = 0) -> Any:
-    """Convert ``value`` to plain JSON types, applying the markers described in the module doc."""
-    if value is None or isinstance(value, bool | int):
+    """Convert ``value`` to plain JSON types, applying the markers described in the module doc.
+    Never raises for a value inside a container: a value that cannot be converted becomes a
+    ``$agentcap.repr`` marker in place, and the rest is kept."""
+    return _convert(value, _depth, _Walk())
+
+
+def _convert(value: Any, depth: int, walk: _Walk) -> Any:
+    walk.budget -= 1
+    if value is None or isinstance(value, bool):
         return value
+    if isinstance(value, int):
+        if value.bit_length() > _MAX_INT_BITS:
+            # str() refuses ints of more than sys.get_int_max_str_digits() digits; hex does not.
+            return {"$agentcap.int": hex(value)}
+        return int(value)
     if isinstance(value, str):
         return _encode_str(value)
     if isinstance(value, float):
         if math.isfinite(value):
-            return value
+            return float(value)
         return {
             "$agentcap.float": "NaN"
             if math.isnan(value)
             else ("Infinity" if value > 0 else "-Infinity")
         }
-    if _depth >= _MAX_DEPTH:
+    if depth >= _MAX_DEPTH or walk.budget < 0:
         return _repr(value)
     if isinstance(value, bytes | bytearray | memoryview):
         return {"$agentcap.bytes": base64.b64encode(bytes(value)).decode("ascii")}
-    if isinstance(value, Mapping):
-        out: dict[str, Any] = {}
-        for key, item in value.items():
-            skey = _json_key(key)
-            out[_encode_plain(skey) if _bad_str(skey) else skey] = to_jsonable(item, _depth + 1)
-        if any(key.startswith(MARKER_PREFIX) for key in out):
-            return {"$agentcap.literal": out}
-        return out
-    if isinstance(value, list | tuple | set | frozenset):
-        items = sorted(value, key=repr) if isinstance(value, set | frozenset) else value
-        return [to_jsonable(item, _depth + 1) for item in items]
+    if isinstance(value, Mapping | list | tuple | set | frozenset):
+        if id(value) in walk.active:
+            # A cycle: marked as Python's repr marks one.
+            cls = type(value)
+            return {
+                "$agentcap.repr": "{...}" if isinstance(value, Mapping) else "[...]",
+                "type": f"{cls.__module__}.{cls.__qualname__}",
+            }
+        walk.active.add(id(value))
+        try:
+            if isinstance(value, Mapping):
+                return _convert_mapping(value, depth, walk)
+            return [_child(item, depth, walk) for item in _ordered(value)]
+        finally:
+            walk.active.discard(id(value))
     if isinstance(value, enum.Enum):
-        return to_jsonable(value.value, _depth + 1)
+        return _child(value.value, depth, walk)
     if isinstance(value, datetime.datetime | datetime.date | datetime.time):
         return value.isoformat()
     if isinstance(value, uuid.UUID):
         return str(value)
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        try:
-            return to_jsonable(dataclasses.asdict(value), _depth + 1)
-        except Exception:
-            return _repr(value)
-    dump = getattr(value, "model_dump", None)
-    if callable(dump):
-        try:
-            return to_jsonable(dump(mode="json"), _depth + 1)
-        except Exception:
-            return _repr(value)
+    try:
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            return _convert(dataclasses.asdict(value), depth + 1, walk)
+        dump = getattr(value, "model_dump", None)
+        if callable(dump):
+            return _convert(dump(mode="json"), depth + 1, walk)
+    except Exception:
+        pass  # a failing asdict, model_dump or __getattr__: fall back to the repr
     return _repr(value)
+
+
+def _child(value: Any, depth: int, walk: _Walk) -> Any:
+    try:
+        return _convert(value, depth + 1, walk)
+    except Exception:
+        return _repr(value)
+
+
+def _ordered(value: Any) -> Any:
+    if isinstance(value, set | frozenset):
+        try:
+            return sorted(value, key=repr)
+        except Exception:
+            return list(value)
+    return value
+
+
+def _convert_mapping(value: Mapping[Any, Any], depth: int, walk: _Walk) -> Any:
+    out: dict[str, Any] = {}
+    lossless = True
+    items = list(value.items())
+    for key, item in items:
+        try:
+            skey = _json_key(key)
+        except Exception:
+            skey, lossless = f"<{type(key).__name__}>", False
+        if _bad_str(skey):
+            skey, lossless = _encode_plain(skey), False
+        if skey in out:
+            lossless = False  # two keys that read the same as JSON object keys
+        out[skey] = _child(item, depth, walk)
+    if not lossless:
+        # JSON object keys cannot hold these keys apart: keep every pair, keys converted as
+        # values (a bad string becomes a $agentcap.str marker).
+        return {
+            "$agentcap.items": [[_child(k, depth, walk), _child(v, depth, walk)] for k, v in items]
+        }
+    if any(key.startswith(MARKER_PREFIX) for key in out):
+        return {"$agentcap.literal": out}
+    return out
 
 
 def _not_json(value: Any) -> Any:

@@ -10,6 +10,7 @@ import json
 import math
 import uuid
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -270,3 +271,88 @@ def test_cyclic_value_is_recorded_bounded():
     value = _jsonb_safe(text)
     assert isinstance(value, dict) and value["k"][0] == 1
     assert "$agentcap.repr" in text
+
+
+def test_a_container_inside_itself_is_a_marker_in_place():
+    """Cycles end at a $agentcap.repr marker; the rest of the payload is kept (and nothing hangs:
+    a list holding itself twice used to expand to 2**64 values)."""
+    wide: list[object] = ["keep-me"]
+    wide.append(wide)
+    wide.append(wide)
+    looped: dict[str, object] = {"name": "x"}
+    looped["self"] = looped
+    value = jsonsafe.loads(jsonsafe.dumps({"wide": wide, "looped": looped}))
+    assert value["wide"][0] == "keep-me"
+    assert value["wide"][1] == {"$agentcap.repr": "[...]", "type": "builtins.list"}
+    assert value["looped"]["name"] == "x"
+    assert value["looped"]["self"] == {"$agentcap.repr": "{...}", "type": "builtins.dict"}
+
+
+@pytest.mark.timeout(30)
+def test_shared_substructures_are_bounded():
+    """A small object that expands to 2**40 values (not JSON, so the general path walks it) is
+    cut at the value budget instead of running for ever."""
+    node: object = [complex(1, 2)]
+    for _ in range(40):
+        node = [node, node]
+    text = jsonsafe.dumps(node)
+    assert '"$agentcap.repr"' in text or '"$agentcap.truncated"' in text
+
+
+def test_huge_ints_are_kept_in_hex_next_to_the_other_values():
+    big = 10**5000
+    value = jsonsafe.loads(jsonsafe.dumps([1, big, "keep-me", -big]))
+    assert value[0] == 1 and value[2] == "keep-me"
+    assert int(value[1]["$agentcap.int"], 16) == big
+    assert int(value[3]["$agentcap.int"], 16) == -big
+
+
+def test_a_value_that_cannot_be_converted_costs_only_its_own_place():
+    class BadRepr:
+        def __repr__(self) -> str:
+            raise RuntimeError("no repr")
+
+    class BadStr:
+        def __str__(self) -> str:
+            raise RuntimeError("no str")
+
+        def __repr__(self) -> str:
+            return "BadStr()"
+
+        def __hash__(self) -> int:
+            return 1
+
+    class BadAttributes:
+        def __getattr__(self, name: str) -> object:
+            raise RuntimeError(f"no {name}")
+
+        def __repr__(self) -> str:
+            return "BadAttributes()"
+
+    value = jsonsafe.loads(
+        jsonsafe.dumps(
+            {
+                "set": {BadRepr(), BadRepr()},
+                "keys": {BadStr(): 1, "ok": 2},
+                "object": BadAttributes(),
+                "keep": "me",
+            }
+        )
+    )
+    assert value["keep"] == "me"
+    assert len(value["set"]) == 2
+    assert value["keys"]["$agentcap.items"][1] == ["ok", 2]
+    assert value["keys"]["$agentcap.items"][0][0]["$agentcap.repr"] == "BadStr()"
+    assert value["object"]["$agentcap.repr"] == "BadAttributes()"
+
+
+def test_keys_jsonb_cannot_hold_are_kept_apart():
+    """Keys with NUL or a lone surrogate used to be replaced, and then collided with real keys."""
+    value = jsonsafe.loads(jsonsafe.dumps({"a\x00": 1, "a\\u0000": 2, "a\ud800": 3, "a?": 4}))
+    pairs = value["$agentcap.items"]
+    assert [pair[1] for pair in pairs] == [1, 2, 3, 4]
+    assert base64.b64decode(pairs[0][0]["$agentcap.str"]) == b"a\x00"
+    assert pairs[1][0] == "a\\u0000" and pairs[3][0] == "a?"
+    assert (
+        base64.b64decode(pairs[2][0]["$agentcap.str"]).decode("utf-8", "surrogatepass") == "a\ud800"
+    )
