@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import threading
 import uuid
@@ -125,3 +126,67 @@ def test_an_agent_scope_closed_in_another_context_does_not_raise():
         generator.close()
     assert _types(captured.events) == ["agent_start", "agent_error"]
     assert captured.events[-1].payload["error_type"] == "GeneratorExit"
+
+
+class PrefixedError(Exception):
+    constructed = 0
+
+    def __init__(self, code: int) -> None:
+        PrefixedError.constructed += 1
+        super().__init__(f"HTTP error: {code}")
+
+
+def test_a_replayed_error_is_the_recorded_one_without_running_its_init_again():
+    @oa.tool
+    def fetch(code: int) -> None:
+        raise PrefixedError(code)
+
+    PrefixedError.constructed = 0
+    with oa.run(_run_id()), oa.agent("planner"):
+        messages = []
+        for _ in range(3):
+            with pytest.raises(PrefixedError) as raised:
+                fetch.invoke("call-1", 404)
+            messages.append(str(raised.value))
+    assert messages == ["HTTP error: 404"] * 3
+    assert PrefixedError.constructed == 1
+
+
+def test_replayed_builtin_errors_keep_their_fields():
+    @oa.tool
+    def open_file(name: str) -> None:
+        raise FileNotFoundError(2, "No such file", name)
+
+    with oa.run(_run_id()), oa.agent("planner"):
+        for _ in range(2):
+            with pytest.raises(FileNotFoundError) as raised:
+                open_file.invoke("call-1", "notes.txt")
+            assert (raised.value.errno, raised.value.filename) == (2, "notes.txt")
+
+
+@pytest.mark.timeout(20)
+def test_a_tool_invoked_inside_itself_with_its_own_id_is_an_error_not_a_hang():
+    @oa.tool
+    def recurse(depth: int) -> int:
+        return depth if depth else recurse.invoke("same", depth + 1)
+
+    with oa.run(_run_id()), oa.agent("planner"):
+        with pytest.raises(RuntimeError, match="already running"):
+            recurse.invoke("same", 0)
+        with pytest.raises(RuntimeError, match="already running"):
+            recurse.invoke("same", 0)  # the recorded outcome is that error
+
+
+@pytest.mark.timeout(20)
+def test_an_async_tool_invoked_inside_itself_with_its_own_id_is_an_error_not_a_hang():
+    @oa.tool
+    async def recurse(depth: int) -> int:
+        return depth if depth else await recurse.invoke("same", depth + 1)
+
+    async def main() -> None:
+        with oa.run(_run_id()):
+            async with oa.agent("planner"):
+                with pytest.raises(RuntimeError, match="already running"):
+                    await recurse.invoke("same", 0)
+
+    asyncio.run(main())

@@ -46,6 +46,8 @@ class _Invocation:
     #: outcome to replay, so waiters claim the invocation again.
     interrupted: bool = False
     attempt: int = 1
+    #: What runs the body: its thread's ident (sync tools) or its asyncio task (async tools).
+    runner: object = None
 
 
 class InvocationRegistry:
@@ -150,6 +152,13 @@ invocations = InvocationRegistry()
 lifetimes.on_release(invocations.forget_run)
 
 
+def _called_inside_itself(invocation_id: str) -> RuntimeError:
+    return RuntimeError(
+        f"invocation {invocation_id!r} is already running in this thread or task: a tool called "
+        "inside it with the same invocation id would wait for its own outcome for ever"
+    )
+
+
 #: How many chained causes or contexts a stored error keeps.
 _MAX_CHAIN = 8
 
@@ -158,10 +167,8 @@ def _copy_error(error: BaseException, chain_depth: int) -> BaseException:
     """A copy of ``error`` without its traceback, whose chained cause and context (which some
     errors use to carry their detail) are copied likewise down to ``chain_depth`` links. The
     original is returned when it cannot be copied."""
-    try:
-        # copy.copy rebuilds from args and __dict__: no traceback, cause or context.
-        copied = copy.copy(error)
-    except Exception:
+    copied = _same_error(error)
+    if copied is None:
         return error
     if chain_depth > 0:
         if error.__cause__ is not None:
@@ -170,6 +177,32 @@ def _copy_error(error: BaseException, chain_depth: int) -> BaseException:
             copied.__context__ = _copy_error(error.__context__, chain_depth - 1)
     copied.__suppress_context__ = error.__suppress_context__
     return copied.with_traceback(None)
+
+
+def _same_error(error: BaseException) -> BaseException | None:
+    """A new exception object equal to ``error``, built without running its ``__init__`` (which
+    may have side effects or rewrite its message: ``copy.copy`` calls ``cls(*args)``). Falls back
+    to ``copy.copy`` where that loses what builtin errors keep outside ``args`` and ``__dict__``
+    (``OSError.filename``, ``UnicodeError`` positions), and returns None if neither works."""
+    cls = type(error)
+    try:
+        copied = cls.__new__(cls, *error.args)
+        state = getattr(error, "__dict__", None)
+        if state:
+            copied.__dict__.update(state)
+        copied.args = error.args
+        try:
+            text = str(error)
+        except Exception:
+            return copied
+        if str(copied) == text:
+            return copied
+    except Exception:
+        pass
+    try:
+        return copy.copy(error)
+    except Exception:
+        return None
 
 
 def _stored_error(error: BaseException) -> BaseException:
@@ -268,7 +301,10 @@ class Tool(Generic[P, R]):
         while True:
             entry, owner = invocations.claim(key)
             if owner:
+                entry.runner = threading.get_ident()
                 return self._run_new(ctx, (key, entry), args, kwargs)
+            if not entry.done and entry.runner == threading.get_ident():
+                raise _called_inside_itself(invocation_id)
             invocations.wait(entry)
             if not entry.interrupted:
                 return cast(R, _replay(entry))
@@ -284,7 +320,10 @@ class Tool(Generic[P, R]):
         while True:
             entry, owner = invocations.claim(key)
             if owner:
+                entry.runner = asyncio.current_task()
                 return await cast(Awaitable[Any], self._run_new(ctx, (key, entry), args, kwargs))
+            if not entry.done and entry.runner is asyncio.current_task():
+                raise _called_inside_itself(invocation_id)
             while not entry.done:
                 await asyncio.to_thread(invocations.wait, entry, 0.5)
             if not entry.interrupted:
