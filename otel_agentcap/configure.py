@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 from otel_agentcap.capture.agents import set_spawn_lookup
 from otel_agentcap.clock import clocks
@@ -18,6 +18,7 @@ from otel_agentcap.exporters.postgres import (
     resolve_dsn,
 )
 from otel_agentcap.exporters.postgres.recovery import PostgresSpawnLookup
+from otel_agentcap.exporters.queue import EventLogSpanProcessor, Overflow
 from otel_agentcap.processor import AgentCapSpanProcessor
 
 
@@ -29,6 +30,8 @@ def configure(
     resource: Resource | None = None,
     set_global: bool = True,
     batch: bool = True,
+    queue_size: int | None = None,
+    overflow: Overflow = "block",
     sequence_blocks: bool = True,
     announce: bool = True,
 ) -> TracerProvider:
@@ -38,7 +41,10 @@ def configure(
       reused, data under the user's data directory; its location is printed to stderr).
     * ``span_processors``: further processors, e.g.
       ``BatchSpanProcessor(OTLPSpanExporter())`` for a collector; they see agentcap's stamps.
-    * ``batch``: export with a ``BatchSpanProcessor`` (default) or synchronously.
+    * ``batch``: export in batches from a queue (default) or synchronously.
+    * ``queue_size``, ``overflow``: the export queue's size (default ``OTEL_BSP_MAX_QUEUE_SIZE``,
+      else 2,048) and what a full queue does: ``"block"`` (wait up to 2 s for room, then drop) or
+      ``"drop"``; drops are counted in ``stats().events_dropped`` (see ``exporters.queue``).
     * ``sequence_blocks``: reserve sequence blocks in the database so that several processes
       serving one agent, or an agent resumed after a restart, never repeat a sequence.
       A spawn retried in a new process finds the child stored by the earlier one.
@@ -56,7 +62,14 @@ def configure(
     )
     provider.add_span_processor(AgentCapSpanProcessor())
     provider.add_span_processor(
-        BatchSpanProcessor(exporter) if batch else SimpleSpanProcessor(exporter)
+        EventLogSpanProcessor(
+            exporter,
+            max_queue_size=queue_size,
+            overflow=overflow,
+            on_drop=exporter.count_dropped,
+        )
+        if batch
+        else SimpleSpanProcessor(exporter)
     )
     for processor in span_processors:
         provider.add_span_processor(processor)

@@ -58,6 +58,10 @@ class ExportStats:
     failed_attempts: int = 0
     failed_batches: int = 0
     events_failed: int = 0
+    #: Spans dropped before export because the export queue was full (see ``exporters.queue``),
+    #: and the events they held.
+    spans_dropped: int = 0
+    events_dropped: int = 0
 
 
 class PostgresSpanExporter(SpanExporter):
@@ -96,6 +100,16 @@ class PostgresSpanExporter(SpanExporter):
     def stats(self) -> ExportStats:
         with self._stats_lock:
             return ExportStats(**asdict(self._stats))
+
+    def count_dropped(self, span: ReadableSpan) -> None:
+        """Count a span the export queue in front of this exporter dropped, and its events."""
+        try:
+            events = len(batch_from_spans([span]).events)
+        except Exception:
+            events = 0
+        with self._stats_lock:
+            self._stats.spans_dropped += 1
+            self._stats.events_dropped += events
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         if self._shutdown.is_set():
