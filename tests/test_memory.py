@@ -94,6 +94,24 @@ def test_write_after_delete_still_chains():
     assert w[2].causal_parent_ids == (w[1].event_id,)
 
 
+def test_deleted_keys_are_remembered_up_to_a_bound():
+    """Keys that come and go do not grow the memory: only the most recent deletes are kept for
+    chaining, and a key deleted longer ago starts a new chain on its next write."""
+    memory = oa.Memory()
+    memory.max_deleted_keys = 3
+    with capture_events() as captured, oa.run(_run_id()), oa.agent("alpha"):
+        for i in range(10):
+            memory[f"scratch-{i}"] = i
+            del memory[f"scratch-{i}"]
+        assert len(memory._deletes) == 3 and len(memory) == 0
+        memory["scratch-9"] = "again"  # recent: chains to its delete
+        memory["scratch-0"] = "again"  # forgotten: no parent
+    writes = {(e.payload["key"], e.payload["op"]): e for e in captured.of_type("memory_write")}
+    again = [e for e in captured.of_type("memory_write") if e.payload.get("after") == "again"]
+    assert again[0].causal_parent_ids == (writes[("scratch-9", "delete")].event_id,)
+    assert again[1].causal_parent_ids == ()
+
+
 def test_missing_and_none_differ():
     """A stored None is found; a missing key is not, in lookup, in, get, [] and payloads."""
     memory = oa.Memory()

@@ -13,6 +13,7 @@ Memory is shared, so it is not rolled back when an agent execution fails (agent 
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Final
@@ -46,6 +47,11 @@ class Lookup:
     written_by: EventRef | None = None
 
 
+#: Deleted keys whose delete the key's next write still names as causal parent (the most recent
+#: ones are kept).
+DEFAULT_MAX_DELETED_KEYS: Final = 10_000
+
+
 @dataclass(slots=True)
 class _Slot:
     value: Any
@@ -59,8 +65,10 @@ class Memory:
         self.name = validate_id(name, "memory name")
         self._lock = threading.Lock()
         self._slots: dict[str, _Slot] = {}
-        # The last write of a key, kept after a delete so the next write still chains to it.
-        self._last_write: dict[str, EventRef] = {}
+        # The recorded deletes of keys not written since, oldest first, so the next write of a
+        # key still chains to its delete; bounded, as keys come and go in a long-lived process.
+        self._deletes: OrderedDict[str, EventRef] = OrderedDict()
+        self.max_deleted_keys = DEFAULT_MAX_DELETED_KEYS
 
     def __repr__(self) -> str:
         return f"Memory({self.name!r}, {len(self._slots)} keys)"
@@ -145,9 +153,9 @@ class Memory:
                 # Not recorded: the next recorded write must not claim to follow the last
                 # recorded one, whose "after" this write just made stale.
                 event_ref = None
-                self._last_write.pop(key, None)
+                self._deletes.pop(key, None)
             else:
-                previous = self._last_write.get(key)
+                previous = before.written_by if before is not None else self._deletes.get(key)
                 event = stamp(ctx, EventType.MEMORY_WRITE, parents=(previous,) if previous else ())
                 payload: dict[str, Any] = {
                     "memory": self.name,
@@ -164,11 +172,17 @@ class Memory:
                 # change what the event says; the span is emitted after the lock is released.
                 pending = (event, jsonsafe.dumps(payload))
                 event_ref = event.ref
-                self._last_write[key] = event_ref
             if value is MISSING:
                 self._slots.pop(key, None)
+                if event_ref is not None:
+                    deletes = self._deletes
+                    deletes[key] = event_ref
+                    deletes.move_to_end(key)
+                    while len(deletes) > self.max_deleted_keys:
+                        deletes.popitem(last=False)
             else:
                 self._slots[key] = _Slot(value, event_ref)
+                self._deletes.pop(key, None)
         if pending is not None:
             self._emit("memory_write", pending[0], pending[1], key)
         return event_ref, before is not None

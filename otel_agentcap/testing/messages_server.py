@@ -428,21 +428,17 @@ class RecordedRequest:
 
 
 class _IdFactory:
-    """Unique ``prefix_01...`` ids; deterministic when seeded."""
+    """``prefix_01...`` ids of 22 random base-62 characters (131 bits: unique in practice, so none
+    are remembered, which kept every id of a long-lived server); deterministic when seeded."""
 
     def __init__(self, seed: int | None) -> None:
         self._rng = random.Random(seed)
-        self._issued: set[str] = set()
         self._lock = threading.Lock()
 
     def new(self, prefix: str) -> str:
         with self._lock:
-            while True:
-                tail = "".join(self._rng.choice(_ID_ALPHABET) for _ in range(22))
-                candidate = f"{prefix}_01{tail}"
-                if candidate not in self._issued:
-                    self._issued.add(candidate)
-                    return candidate
+            tail = "".join(self._rng.choice(_ID_ALPHABET) for _ in range(22))
+        return f"{prefix}_01{tail}"
 
 
 def _split(text: str, pieces: int) -> list[str]:
