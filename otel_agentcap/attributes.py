@@ -32,6 +32,9 @@ OP_CHAT: Final = "chat"
 # EVENT_TYPE, EVENT_SEQ and the GenAI agent id and name; EVENT_IDEMPOTENCY_KEY only when it is not
 # "seq:{seq}" and EVENT_CAUSAL_PARENT_IDS only when there are parents (see stamping.Stamp).
 RUN_ID: Final = "agentcap.run.id"
+#: JSON object: the attributes given to ``run(run_id, **attributes)``, on the spans of the run's
+#: agent executions (stored in ``agentcap.runs.attributes``).
+RUN_ATTRIBUTES: Final = "agentcap.run.attributes"
 AGENT_ID: Final = "agentcap.agent.id"
 EVENT_ID: Final = "agentcap.event.id"
 EVENT_TYPE: Final = "agentcap.event.type"

@@ -365,6 +365,23 @@ class _ModelCalls:
             by_id.setdefault(request_key, index)
 
 
+_NO_RUN_ATTRIBUTES: Mapping[str, Any] = {}
+
+
+def _add_run_attributes(
+    into: dict[str, dict[str, Any]], attributes: Mapping[str, AttributeValue], declared: object
+) -> None:
+    """The attributes ``run(run_id, **attributes)`` declared, from a span that carries them."""
+    run_id = attributes.get(attr.RUN_ID)
+    if type(run_id) is not str or not isinstance(declared, str):
+        return
+    parsed = jsonsafe.loads(declared)
+    if isinstance(parsed, dict):
+        target = into.setdefault(run_id, {})
+        for key, value in parsed.items():
+            target.setdefault(key, value)
+
+
 def batch_from_spans(spans: Iterable[SpanLike], *, raw_payloads: bool = False) -> Batch:
     """All events, agents and runs recorded by ``spans``; unstamped spans are skipped.
     Agent rows that repeat one another exactly are given once; a model call recorded by several
@@ -374,8 +391,12 @@ def batch_from_spans(spans: Iterable[SpanLike], *, raw_payloads: bool = False) -
     agents: dict[AgentRecord, None] = {}
     seen: set[tuple[object, ...]] = set()
     started: dict[str, datetime] = {}
+    run_attributes: dict[str, dict[str, Any]] = {}
     for span in spans:
         attributes = attributes_of(span)  # read only, never copied: the spans have ended
+        declared = attributes.get(attr.RUN_ATTRIBUTES)
+        if declared is not None:
+            _add_run_attributes(run_attributes, attributes, declared)
         for event in _events(span, attributes, raw_payloads):
             if event.event_type == _MODEL_CALL:
                 calls.add(event, is_sdk_scope(_scope_name(span)))
@@ -396,5 +417,8 @@ def batch_from_spans(spans: Iterable[SpanLike], *, raw_payloads: bool = False) -
         for record in records:
             agents[record] = None
     superseded, kept = calls.set_aside()
-    runs = tuple(RunRecord(run_id, at) for run_id, at in started.items())
+    runs = tuple(
+        RunRecord(run_id, at, run_attributes.get(run_id, _NO_RUN_ATTRIBUTES))
+        for run_id, at in started.items()
+    )
     return Batch(tuple(events), tuple(agents), runs, superseded, kept)

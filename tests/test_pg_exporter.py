@@ -90,6 +90,27 @@ def test_spawn_links_land_as_data(pg_dsn):
     assert root == (None, None)
 
 
+def test_run_attributes_land_in_the_runs_table(pg_dsn):
+    """ac.run(run_id, **attributes) stores the attributes with the run, also for an agent run in
+    a worker thread and a spawned child."""
+    with (
+        capture_events() as captured,
+        ac.run("run-attrs", user="bob", n=3, tags=["a", "b"]),
+        ac.agent("planner") as planner,
+    ):
+        planner.spawn("worker", key="w").run(lambda: None, timeout=5)
+    exporter = PostgresSpanExporter(pg_dsn)
+    try:
+        assert exporter.export(captured.spans) is SpanExportResult.SUCCESS
+    finally:
+        exporter.shutdown()
+    with psycopg.connect(pg_dsn) as conn:
+        row = conn.execute(
+            "SELECT attributes FROM agentcap.runs WHERE run_id = 'run-attrs'"
+        ).fetchone()
+    assert row == ({"user": "bob", "n": 3, "tags": ["a", "b"]},)
+
+
 def test_export_runs_with_instrumentation_suppressed(pg_dsn, monkeypatch):
     """The exporter's own database I/O happens with instrumentation suppressed."""
     with capture_events() as captured:

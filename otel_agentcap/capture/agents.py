@@ -17,6 +17,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Link, Span, SpanContext
 
 from otel_agentcap import attributes as attr
+from otel_agentcap import jsonsafe
 from otel_agentcap.capture import _telemetry as tel
 from otel_agentcap.clock import clocks
 from otel_agentcap.context import (
@@ -247,6 +248,9 @@ class AgentScope:
             extra[attr.PARENT_AGENT_ID] = agent.parent_agent_id
         if agent.spawned_at is not None:
             extra[attr.SPAWNED_AT_EVENT_ID] = agent.spawned_at.event_id
+        run = current_run()
+        if run is not None and run.run_id == agent.run_id and run.attributes:
+            extra[attr.RUN_ATTRIBUTES] = jsonsafe.dumps(run.attributes)
         links = (
             [Link(agent.spawn_span_context)]
             if agent.spawn_span_context is not None and agent.spawn_span_context.is_valid
