@@ -13,6 +13,9 @@ else the first; the other goes to ``Batch.superseded``, which storage keeps as a
 
 from __future__ import annotations
 
+import logging
+import threading
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Final, Protocol
@@ -204,8 +207,34 @@ def events_from_span(span: SpanLike, *, raw_payloads: bool = False) -> list[Even
     return _events(span, attributes_of(span), raw_payloads)
 
 
+_logger = logging.getLogger(__name__)
+_unreadable_lock = threading.Lock()
+_unreadable_logged_at = 0.0
+
+
+def _unreadable(span: SpanLike, raw: AttributeValue) -> None:
+    """Log (at most once a minute) a closing event that cannot be read back."""
+    global _unreadable_logged_at
+    now = time.monotonic()
+    with _unreadable_lock:
+        if now - _unreadable_logged_at < 60:
+            return
+        _unreadable_logged_at = now
+    _logger.warning(
+        "agentcap: the closing event of span %r cannot be read (%d characters of %s survive; an "
+        "attribute value length limit such as OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT cuts it); it is "
+        "lost and counted",
+        getattr(span, "name", "?"),
+        len(raw) if isinstance(raw, str) else 0,
+        attr.OUTCOME,
+    )
+
+
 def _events(
-    span: SpanLike, attributes: Mapping[str, AttributeValue], raw_payloads: bool
+    span: SpanLike,
+    attributes: Mapping[str, AttributeValue],
+    raw_payloads: bool,
+    lost: list[int] | None = None,
 ) -> list[Event]:
     if attr.EVENT_ID not in attributes or attributes.get(SUPERSEDED):
         # A superseded span is a second record of a model call that another span holds.
@@ -230,6 +259,10 @@ def _events(
         closing = _record_event(outcome, attributes, span.end_time, trace_id, span_id)
         if closing is not None:
             events.append(closing)
+        else:
+            _unreadable(span, outcome)
+            if lost is not None:
+                lost[0] += 1
     # Span events (how earlier versions recorded closing events): read only when the span has
     # some, as the SDK's ``events`` property copies them.
     for span_event in span.events if has_events(span) else ():
@@ -392,12 +425,13 @@ def batch_from_spans(spans: Iterable[SpanLike], *, raw_payloads: bool = False) -
     seen: set[tuple[object, ...]] = set()
     started: dict[str, datetime] = {}
     run_attributes: dict[str, dict[str, Any]] = {}
+    lost = [0]
     for span in spans:
         attributes = attributes_of(span)  # read only, never copied: the spans have ended
         declared = attributes.get(attr.RUN_ATTRIBUTES)
         if declared is not None:
             _add_run_attributes(run_attributes, attributes, declared)
-        for event in _events(span, attributes, raw_payloads):
+        for event in _events(span, attributes, raw_payloads, lost):
             if event.event_type == _MODEL_CALL:
                 calls.add(event, is_sdk_scope(_scope_name(span)))
             else:
@@ -421,4 +455,4 @@ def batch_from_spans(spans: Iterable[SpanLike], *, raw_payloads: bool = False) -
         RunRecord(run_id, at, run_attributes.get(run_id, _NO_RUN_ATTRIBUTES))
         for run_id, at in started.items()
     )
-    return Batch(tuple(events), tuple(agents), runs, superseded, kept)
+    return Batch(tuple(events), tuple(agents), runs, superseded, kept, lost[0])

@@ -171,3 +171,6 @@ class Batch(NamedTuple):
     #: For each of ``superseded``, the id of the event of ``events`` kept for its call (empty when
     #: not known, as in a hand-built batch: storage then matches the ids itself).
     superseded_by: tuple[str, ...] = ()
+    #: Closing events the spans held but that could not be read back (an attribute value length
+    #: limit cut their record before its identity): counted, since they cannot be stored.
+    unreadable: int = 0

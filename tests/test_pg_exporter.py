@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+import textwrap
 import time
 from typing import Any
 
@@ -204,6 +209,45 @@ def test_payload_cut_by_a_length_limit_is_stored_safely_with_the_rest(pg_dsn):
             "AND event_type = 'memory_write'"
         ).fetchone()
     assert row is not None and "$agentcap.unparsed" in row[0]
+
+
+_LIMITED = textwrap.dedent(
+    """
+    import json, sys
+    import otel_agentcap as ac
+    from otel_agentcap.configure import configure, exporter_of
+
+    provider = configure(sys.argv[1], batch=False, announce=False)
+
+    @ac.tool
+    def double(x: int) -> int:
+        return 2 * x
+
+    with ac.run("run-limit"), ac.agent("planner"):
+        double.invoke("call-1", 1)
+    provider.shutdown()
+    print(json.dumps(exporter_of(provider).stats().__dict__))
+    """
+)
+
+
+@pytest.mark.multiprocess
+def test_closing_events_cut_by_a_length_limit_are_counted_and_logged(pg_dsn):
+    """Under OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT=100 a closing event's record is cut before its
+    identity: it cannot be stored, and it is counted and logged instead of vanishing."""
+    done = subprocess.run(
+        [sys.executable, "-c", _LIMITED, pg_dsn],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT": "100"},
+    )
+    assert done.returncode == 0, done.stderr
+    stats = json.loads(done.stdout.strip().splitlines()[-1])
+    stored = _count(pg_dsn, "SELECT count(*) FROM agentcap.events WHERE run_id = 'run-limit'")
+    # agent_start and tool_invocation are stored; tool_result and agent_end are counted.
+    assert (stored, stats["events_unreadable"]) == (2, 2)
+    assert "cannot be read" in done.stderr
 
 
 SDK_SCOPE = "com.anthropic.sdk.python"

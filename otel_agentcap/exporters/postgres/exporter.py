@@ -62,6 +62,8 @@ class ExportStats:
     #: and the events they held.
     spans_dropped: int = 0
     events_dropped: int = 0
+    #: Closing events whose record an attribute value length limit cut (``Batch.unreadable``).
+    events_unreadable: int = 0
 
 
 class PostgresSpanExporter(SpanExporter):
@@ -122,6 +124,9 @@ class PostgresSpanExporter(SpanExporter):
 
     def _export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         batch = batch_from_spans(spans, raw_payloads=True)
+        if batch.unreadable:
+            with self._stats_lock:
+                self._stats.events_unreadable += batch.unreadable
         if not batch.events and not batch.agents:
             return SpanExportResult.SUCCESS
         deadline = time.monotonic() + self._retry_timeout
