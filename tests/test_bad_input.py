@@ -190,3 +190,16 @@ def test_an_async_tool_invoked_inside_itself_with_its_own_id_is_an_error_not_a_h
                     await recurse.invoke("same", 0)
 
     asyncio.run(main())
+
+
+def test_a_callable_without_a_name_needs_one():
+    import functools
+
+    def add(a: int, b: int) -> int:
+        return a + b
+
+    with pytest.raises(TypeError, match=r"tool\(name=\.\.\.\)"):
+        oa.tool(functools.partial(add, 1))
+    named = oa.tool(name="add_one")(functools.partial(add, 1))
+    with oa.run(_run_id()), oa.agent("planner"):
+        assert named.invoke("call-1", 2) == 3

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import subprocess
 import sys
 import textwrap
@@ -209,6 +210,42 @@ def test_payload_cut_by_a_length_limit_is_stored_safely_with_the_rest(pg_dsn):
             "AND event_type = 'memory_write'"
         ).fetchone()
     assert row is not None and "$agentcap.unparsed" in row[0]
+
+
+def test_a_row_the_server_refuses_costs_only_its_own_span(pg_dsn):
+    """A span whose row PostgreSQL refuses (here an agent id over the index entry limit, which
+    validation keeps capture from making) does not take the rest of its batch down: the batch is
+    written in halves and only that span's events fail."""
+    from opentelemetry.sdk.trace import ReadableSpan
+
+    with capture_events() as captured:
+        _program("run-poison")
+    spans = list(captured.spans)
+    victim = spans[len(spans) // 2]
+    poisoned = dict(victim.attributes or {})
+    huge_id = secrets.token_hex(4500)  # random, so PostgreSQL cannot compress it under the limit
+    poisoned[attr.AGENT_ID] = huge_id
+    poisoned[attr.EVENT_ID] = event_id_for("run-poison", huge_id, "poison")
+    spans.append(
+        ReadableSpan(
+            name=victim.name,
+            context=victim.context,
+            parent=victim.parent,
+            attributes=poisoned,
+            start_time=victim.start_time,
+            end_time=victim.end_time,
+            instrumentation_scope=victim.instrumentation_scope,
+        )
+    )
+    exporter = PostgresSpanExporter(pg_dsn, retry_timeout=2)
+    try:
+        assert exporter.export(spans) is SpanExportResult.FAILURE
+        stats = exporter.stats()
+    finally:
+        exporter.shutdown()
+    stored = _count(pg_dsn, "SELECT count(*) FROM agentcap.events WHERE run_id = 'run-poison'")
+    assert stored == len(captured.events)
+    assert stats.failed_batches == 1 and 1 <= stats.events_failed <= 2
 
 
 _LIMITED = textwrap.dedent(

@@ -230,7 +230,14 @@ class Tool(Generic[P, R]):
 
     def __init__(self, fn: Callable[P, R], name: str | None = None) -> None:
         self.fn = fn
-        self.name = validate_id(name if name is not None else fn.__name__, "tool name")
+        if name is None:
+            name = getattr(fn, "__name__", None)
+            if name is None:
+                raise TypeError(
+                    f"a {type(fn).__name__} has no __name__ to name the tool by: "
+                    "use tool(name=...) or Tool(fn, name=...)"
+                )
+        self.name = validate_id(name, "tool name")
         self.signature = inspect.signature(fn)
         self.is_async = inspect.iscoroutinefunction(fn)
         # Names of leading plain positional parameters: binding a call that passes only those

@@ -16,7 +16,11 @@ from otel_agentcap.exporters.postgres.database import (
     instrumentation_suppressed,
     resolve_dsn,
 )
-from otel_agentcap.exporters.postgres.errors import AgentCapStorageError, InvalidPayload
+from otel_agentcap.exporters.postgres.errors import (
+    AgentCapStorageError,
+    InvalidPayload,
+    WriteFailed,
+)
 from otel_agentcap.exporters.postgres.writer import EventWriter, WriteResult
 from otel_agentcap.mapping import SpanLike, batch_from_spans
 from otel_agentcap.model import Batch
@@ -137,6 +141,22 @@ class PostgresSpanExporter(SpanExporter):
             except AgentCapStorageError as exc:
                 with self._stats_lock:
                     self._stats.failed_attempts += 1
+                if not exc.retryable and isinstance(exc, WriteFailed) and len(spans) > 1:
+                    # One bad row rolls back the whole batch: write the halves apart, so only
+                    # the spans whose rows the server refuses are lost.
+                    _logger.warning(
+                        "agentcap: a batch of %d spans was rejected (%s); writing it in halves",
+                        len(spans),
+                        exc,
+                    )
+                    middle = len(spans) // 2
+                    first = self._export(spans[:middle])
+                    second = self._export(spans[middle:])
+                    return (
+                        SpanExportResult.SUCCESS
+                        if first is second is SpanExportResult.SUCCESS
+                        else SpanExportResult.FAILURE
+                    )
                 if (
                     not exc.retryable
                     or time.monotonic() + delay > deadline

@@ -408,6 +408,10 @@ class EventWriter:
                 raise ConnectionFailed(
                     f"no database connection within {self._connect_timeout}s: {exc}"
                 ) from exc
+            except psycopg.errors.ProgramLimitExceeded as exc:
+                # An OperationalError by SQLSTATE class, but the rows are the problem (an index
+                # entry over its size limit), not the connection: retrying cannot help.
+                raise WriteFailed(f"batch rejected and rolled back: {exc}") from exc
             except psycopg.OperationalError as exc:
                 last = exc  # broken connection: the pool discards it, the next attempt gets another
                 time.sleep(min(0.05 * 2**attempt, 1.0))
