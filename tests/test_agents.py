@@ -458,3 +458,39 @@ def test_timeout_before_the_worker_enters_still_records_the_failure():
     assert ran == []
     errors = [e for e in captured.of_type("agent_error") if e.agent_id == child.agent_id]
     assert len(errors) == 1 and errors[0].payload["timed_out"] is True
+
+
+def test_a_slow_spawn_lookup_does_not_hold_up_other_agents_spawns():
+    """The store-backed lookup of an earlier spawn (a database query) runs outside the
+    process-wide spawn registry lock: while one agent's lookup waits, another agent spawns."""
+    from otel_agentcap.capture.agents import SpawnRecord, set_spawn_lookup
+
+    release = threading.Event()
+    waiting = threading.Event()
+
+    class SlowLookup:
+        def find(self, run_id: str, child_agent_id: str) -> SpawnRecord | None:
+            if child_agent_id == "slow/c":
+                waiting.set()
+                release.wait(10)
+            return None
+
+    run_id = _run_id()
+    set_spawn_lookup(SlowLookup())
+    try:
+        with oa.run(run_id):
+
+            def slow_parent() -> None:
+                with oa.agent("slow"):
+                    oa.spawn("c", key="c")
+
+            thread = oa.start_thread(slow_parent)
+            assert waiting.wait(10)
+            with oa.agent("fast"):
+                child = oa.spawn("c", key="c")  # must not wait for the slow lookup
+            assert child.agent_id == "fast/c" and thread.is_alive()
+            release.set()
+            thread.join(10)
+    finally:
+        set_spawn_lookup(None)
+        release.set()

@@ -159,6 +159,33 @@ def test_unreachable_database_fails_the_batch_without_raising():
     assert stats.failed_attempts >= 1
 
 
+@pytest.mark.fault
+def test_a_server_that_never_answers_costs_a_capture_query_its_timeout_only():
+    """A server that accepts connections and never answers (a hung host) fails a query on the
+    capture path within its timeout, not the 5 s of the schema check."""
+    import socket
+    import threading
+
+    from otel_agentcap.exporters.postgres import Database
+    from otel_agentcap.exporters.postgres.errors import ConnectionFailed
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    held: list[socket.socket] = []
+    threading.Thread(target=lambda: held.append(server.accept()[0]), daemon=True).start()
+    database = Database(f"postgresql://u:p@127.0.0.1:{server.getsockname()[1]}/db")
+    started = time.monotonic()
+    try:
+        with pytest.raises(ConnectionFailed), database.quick_connection(timeout=2.0):
+            pass
+        elapsed = time.monotonic() - started
+    finally:
+        database.close()
+        server.close()
+    assert elapsed < 4.5  # 2 s of connect timeout, well short of the 5 s it used to take
+
+
 def test_unstamped_spans_are_ignored(pg_dsn):
     """Spans started outside any agent carry no event and store nothing."""
     from opentelemetry import trace

@@ -475,6 +475,24 @@ def spawn(name: str, *, key: str | None = None, agent_id: str | None = None) -> 
     return _spawn(parent, name, key=key, agent_id=agent_id)
 
 
+def _registered_child(
+    parent: AgentContext, child_id: str, agents: dict[str, Agent] | None = None
+) -> Agent | None:
+    """The child ``child_id`` of ``parent`` if this process spawned it already; raises if another
+    agent did. Pass ``agents`` when holding the registry lock."""
+    if agents is None:
+        with _registry_lock:
+            existing = _agents.get(parent.run_id, {}).get(child_id)
+    else:
+        existing = agents.get(child_id)
+    if existing is not None and existing.parent_agent_id != parent.agent_id:
+        raise SpawnConflictError(
+            f"agent {child_id!r} already exists in run {parent.run_id!r} with parent "
+            f"{existing.parent_agent_id!r}, not {parent.agent_id!r}"
+        )
+    return existing
+
+
 def _spawn(parent: AgentContext, name: str, *, key: str | None, agent_id: str | None) -> Agent:
     name = validate_id(name, "name")
     if key is not None:
@@ -486,18 +504,18 @@ def _spawn(parent: AgentContext, name: str, *, key: str | None, agent_id: str | 
     )
     if child_id == parent.agent_id:
         raise SpawnConflictError(f"agent {child_id!r} cannot spawn itself")
+    existing = _registered_child(parent, child_id)
+    if existing is not None:
+        return existing
+    parent.check_active()
+    # Asked outside the registry lock: a slow or unreachable database must not hold up the
+    # spawns of every other agent in the process.
+    recovered = _recover_spawn(parent.run_id, child_id)
     with _registry_lock:
         agents = _agents.setdefault(parent.run_id, {})
-        existing = agents.get(child_id)
+        existing = _registered_child(parent, child_id, agents)
         if existing is not None:
-            if existing.parent_agent_id != parent.agent_id:
-                raise SpawnConflictError(
-                    f"agent {child_id!r} already exists in run {parent.run_id!r} with parent "
-                    f"{existing.parent_agent_id!r}, not {parent.agent_id!r}"
-                )
-            return existing
-        parent.check_active()
-        recovered = _recover_spawn(parent.run_id, child_id)
+            return existing  # spawned by another thread meanwhile
         if recovered is not None:
             if recovered.parent_agent_id != parent.agent_id:
                 raise SpawnConflictError(

@@ -5,6 +5,7 @@ migrated once, on first use."""
 from __future__ import annotations
 
 import logging
+import math
 import os
 import sys
 import threading
@@ -88,22 +89,27 @@ class Database:
             raise ConnectionFailed("PostgreSQL was unreachable moments ago")
         try:
             with instrumentation_suppressed():
-                self.ensure_schema()
+                self.ensure_schema(timeout)
                 with self.pool.connection(timeout=timeout) as conn:
                     yield conn
         except Exception:
             self._down_until = time.monotonic() + cooldown
             raise
 
-    def ensure_schema(self) -> None:
-        """Migrate once per process; raises ConnectionFailed while the server is unreachable."""
+    def ensure_schema(self, timeout: float = 5.0) -> None:
+        """Migrate once per process; raises ConnectionFailed while the server is unreachable
+        (after at most ``timeout`` seconds of trying to connect; libpq counts whole seconds, at
+        least 2)."""
         if self._schema_ready:
             return
         with self._lock:
             if self._schema_ready:
                 return
+            connect_timeout = max(2, math.ceil(timeout))
             try:
-                with psycopg.connect(self.dsn, connect_timeout=5, autocommit=True) as conn:
+                with psycopg.connect(
+                    self.dsn, connect_timeout=connect_timeout, autocommit=True
+                ) as conn:
                     migrate(conn)
             except psycopg.OperationalError as exc:
                 raise ConnectionFailed(f"cannot reach PostgreSQL: {exc}") from exc
