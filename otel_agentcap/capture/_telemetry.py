@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from opentelemetry import trace
-from opentelemetry.trace import Link, Span, SpanKind
+from opentelemetry.trace import Link, Span, SpanKind, Tracer
 from opentelemetry.util.types import AttributeValue
 
 from otel_agentcap import attributes as attr
@@ -20,6 +20,18 @@ from otel_agentcap.version import __version__
 _logger = logging.getLogger("otel_agentcap")
 
 tracer = trace.get_tracer("otel_agentcap", __version__)
+# The tracer of the global provider once one is set (it is set once per process). Until then
+# ``tracer`` is the API's ProxyTracer, which forwards every call through a property and *args:
+# capture, usually imported before the provider is configured, would pay that on every span.
+_real_tracer: Tracer | None = None
+
+
+def _resolved_tracer() -> Tracer:
+    global _real_tracer
+    if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+        return tracer  # no global provider yet: the proxy resolves it later
+    _real_tracer = trace.get_tracer("otel_agentcap", __version__)
+    return _real_tracer
 
 _escape = json.encoder.encode_basestring_ascii
 json_string = json.encoder.encode_basestring
@@ -61,7 +73,9 @@ def start_span(
 ) -> Span:
     """Start a span with ``attributes`` (stamps and payload included). Never raises."""
     try:
-        return tracer.start_span(name, kind=kind, attributes=attributes, links=links)
+        return (_real_tracer or _resolved_tracer()).start_span(
+            name, kind=kind, attributes=attributes, links=links
+        )
     except Exception:
         _logger.exception("agentcap: could not start span %s", name)
         return trace.INVALID_SPAN

@@ -10,8 +10,7 @@ import inspect
 import threading
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import Any, Generic, ParamSpec, TypeVar, cast, overload
+from typing import Any, Generic, NamedTuple, ParamSpec, TypeVar, cast, overload
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -20,7 +19,7 @@ from opentelemetry.util.types import AttributeValue
 from otel_agentcap import attributes as attr
 from otel_agentcap.capture import _telemetry as tel
 from otel_agentcap.context import AgentContext, current_agent
-from otel_agentcap.model import EventRef, EventType, validate_id
+from otel_agentcap.model import EventRef, EventType, from_fields, validate_id
 from otel_agentcap.runs import lifetimes
 from otel_agentcap.stamping import stamp
 
@@ -367,7 +366,7 @@ class Tool(Generic[P, R]):
         invocation = start.ref
         if entry is not None:
             entry.invocation_event = invocation
-        finisher = _Finisher(ctx, self.name, call_id, head, key, span, invocation, claim)
+        finisher = _new_finisher((ctx, self.name, call_id, head, key, span, invocation, claim))
         if self.is_async:
             return cast(R, self._run_async(finisher, span, args, kwargs))
         token = otel_context.attach(trace.set_span_in_context(span))
@@ -396,8 +395,9 @@ class Tool(Generic[P, R]):
         return result
 
 
-@dataclass(slots=True)
-class _Finisher:
+class _Finisher(NamedTuple):
+    """Records the outcome of one invocation (a NamedTuple: one is built per call, in C)."""
+
     ctx: AgentContext
     tool: str
     call_id: str
@@ -442,6 +442,9 @@ class _Finisher:
         else:
             # Cancelled or interrupted, not failed: let the next call run the tool.
             invocations.release(key, entry)
+
+
+_new_finisher = from_fields(_Finisher)
 
 
 @overload
