@@ -33,6 +33,7 @@ def _resolved_tracer() -> Tracer:
     _real_tracer = trace.get_tracer("otel_agentcap", __version__)
     return _real_tracer
 
+
 _escape = json.encoder.encode_basestring_ascii
 json_string = json.encoder.encode_basestring
 """A str as a JSON string, as ``jsonsafe.dumps`` writes it (for ids, which are valid UTF-8 without
