@@ -23,7 +23,7 @@ from typing import Any, ParamSpec, TypeVar
 
 from otel_agentcap.clock import LamportClock, clocks
 from otel_agentcap.errors import AgentCancelled
-from otel_agentcap.model import EventRef, validate_id
+from otel_agentcap.model import EventRef, event_id_prefix, validate_id
 from otel_agentcap.runs import lifetimes
 
 P = ParamSpec("P")
@@ -49,6 +49,12 @@ class AgentContext:
     deadline: float | None = None  # time.monotonic() value
     cancelled_reason: str | None = None
     execution: Any = None  # the capture layer's object for this execution
+    #: ``model.event_id_prefix(run_id, agent_id)``, computed once for all the execution's events.
+    event_id_prefix: bytes = b""
+
+    def __post_init__(self) -> None:
+        if not self.event_id_prefix:
+            self.event_id_prefix = event_id_prefix(self.run_id, self.agent_id)
 
     def check_active(self) -> None:
         """Raise :class:`AgentCancelled` if this execution may no longer act."""

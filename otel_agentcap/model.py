@@ -83,15 +83,23 @@ def _sha1_constructor() -> Callable[[bytes], Any]:
 _sha1 = _sha1_constructor()
 
 
+def event_id_prefix(run_id: str, agent_id: str) -> bytes:
+    """What every event id of one agent hashes first (see :func:`event_id_in`)."""
+    return _NAMESPACE_BYTES + f"{run_id}\x1f{agent_id}\x1f".encode()
+
+
 def event_id_for(run_id: str, agent_id: str, idempotency_key: str) -> str:
     """The deterministic id of an event: a retried event gets the id of its first copy.
 
     Equal to ``str(uuid.uuid5(EVENT_NAMESPACE, f"{run_id}\\x1f{agent_id}\\x1f{idempotency_key}"))``,
     computed on the hex digest without building a ``UUID`` object (this runs for every captured
     event): the version nibble becomes 5 and the variant nibble's top bits 10."""
-    h = _sha1(
-        _NAMESPACE_BYTES + f"{run_id}\x1f{agent_id}\x1f{idempotency_key}".encode()
-    ).hexdigest()
+    return event_id_in(event_id_prefix(run_id, agent_id), idempotency_key)
+
+
+def event_id_in(prefix: bytes, idempotency_key: str) -> str:
+    """:func:`event_id_for` with the agent's :func:`event_id_prefix` computed once."""
+    h = _sha1(prefix + idempotency_key.encode()).hexdigest()
     return f"{h[:8]}-{h[8:12]}-5{h[13:16]}-{_VARIANT[h[16]]}{h[17:20]}-{h[20:32]}"
 
 

@@ -9,7 +9,7 @@ from opentelemetry.util.types import AttributeValue
 
 from otel_agentcap import attributes as attr
 from otel_agentcap.context import AgentContext, ambient_causal_parents
-from otel_agentcap.model import EventRef, event_id_for, from_fields
+from otel_agentcap.model import EventRef, event_id_in, from_fields
 
 
 class Stamp(NamedTuple):
@@ -87,7 +87,7 @@ def stamp(
             agent_id,
             agent.name,
             seq,
-            event_id_for(run_id, agent_id, idempotency_key),
+            event_id_in(agent.event_id_prefix, idempotency_key),
             event_type,
             idempotency_key,
             parent_ids,
