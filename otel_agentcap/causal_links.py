@@ -105,11 +105,21 @@ def model_call_for_tool_use(run_id: str, tool_use_id: str) -> EventRef | None:
 
 
 def record_tool_result(run_id: str, tool_use_id: str, ref: EventRef) -> None:
-    """Remember ``ref`` as the event that answered ``tool_use_id`` (its result or its error)."""
+    """Remember ``ref`` as the event that answered ``tool_use_id`` (its result or its error),
+    for its agent and for the run."""
     _tool_results.put((run_id, tool_use_id), ref)
+    if ref.agent_id:
+        _tool_results.put((run_id, f"{ref.agent_id}\x1f{tool_use_id}"), ref)
 
 
-def tool_result_for(run_id: str, tool_use_id: str) -> EventRef | None:
+def tool_result_for(run_id: str, tool_use_id: str, agent_id: str | None = None) -> EventRef | None:
+    """The event that answered ``tool_use_id``: ``agent_id``'s own when that agent answered it
+    (tool runs are deduplicated per agent, so two agents may each answer one id), else the run's
+    latest (the tool ran in another agent)."""
+    if agent_id:
+        ref = _tool_results.get((run_id, f"{agent_id}\x1f{tool_use_id}"))
+        if ref is not None:
+            return ref
     return _tool_results.get((run_id, tool_use_id))
 
 
@@ -156,11 +166,14 @@ def new_tool_result_ids(messages: Any) -> list[str]:
         return []
 
 
-def request_parents(run_id: str, messages: Any) -> tuple[EventRef, ...]:
-    """The recorded tool-result events for the ``tool_result`` blocks a request carries."""
+def request_parents(
+    run_id: str, messages: Any, agent_id: str | None = None
+) -> tuple[EventRef, ...]:
+    """The recorded tool-result events for the ``tool_result`` blocks a request of ``agent_id``
+    carries."""
     parents: list[EventRef] = []
     for tool_use_id in new_tool_result_ids(messages):
-        ref = tool_result_for(run_id, tool_use_id)
+        ref = tool_result_for(run_id, tool_use_id, agent_id)
         if ref is not None and ref not in parents:
             parents.append(ref)
     return tuple(parents)

@@ -134,6 +134,42 @@ def test_chain_across_two_agents(server, client, captured, instrumented):
     assert tool_agents == {worker.agent_id}
 
 
+def test_two_agents_answering_one_tool_use_id_each_name_their_own_result(
+    server, client, captured, instrumented
+):
+    """Tool runs are deduplicated per agent, so two agents may each answer the same tool_use id;
+    each agent's next model call names its own result, not the one recorded last."""
+    for city in ("Oslo", "Rome"):
+        server.enqueue(tool_use_reply([ToolCall("weather", {"city": city}, id="toolu_same")]))
+    server.enqueue(text_reply("done"), text_reply("done"))
+    answered = {}
+    with ac.run("r-same-id"):
+        for agent_id in ("p", "q"):
+            with ac.agent(agent_id):
+                reply = _turn(client, list(USER))
+                answered[agent_id] = (reply, run_tool_uses(reply, [weather]))
+        for agent_id in ("p", "q"):
+            reply, results = answered[agent_id]
+            with ac.agent(agent_id):
+                _turn(
+                    client,
+                    [
+                        *USER,
+                        {"role": "assistant", "content": [b.model_dump() for b in reply.content]},
+                        {"role": "user", "content": results},
+                    ],
+                )
+    events = runner_events(captured, "r-same-id")
+    by_id = {e["event_id"]: e for e in events}
+    for agent_id, city in (("p", "Oslo"), ("q", "Rome")):
+        last_call = [
+            e for e in events if e["event_type"] == "model_call" and e["agent_id"] == agent_id
+        ][-1]
+        parents = [by_id[p] for p in last_call["parents"]]
+        assert [(p["agent_id"], p["event_type"]) for p in parents] == [(agent_id, "tool_result")]
+        assert city in json.dumps(parents[0]["payload"])
+
+
 def test_async_chain(server, aclient, captured, instrumented):
     """arun_tool_uses and the async client give the same chain."""
     import asyncio

@@ -48,7 +48,7 @@ def request_parents(kwargs: dict[str, Any]) -> tuple[EventRef, ...]:
         ctx = current_agent()
         if ctx is None:
             return ()
-        return causal_links.request_parents(ctx.run_id, kwargs.get("messages"))
+        return causal_links.request_parents(ctx.run_id, kwargs.get("messages"), ctx.agent_id)
     except Exception:
         _logger.debug("agentcap: could not find the causes of a request", exc_info=True)
         return ()
