@@ -42,6 +42,8 @@ SpanClassifier = Callable[[str, Mapping[str, AttributeValue], str | None], str |
 
 MODEL_OPERATIONS: Final = frozenset({"chat", "text_completion", "generate_content"})
 _MODEL_CALL: Final = EventType.MODEL_CALL.value
+#: Open add-on model-call spans kept per thread and task, waiting for the SDK's span of their call.
+_MAX_OPEN_PER_TASK: Final = 16
 #: Stop reasons of responses that hold no tool_use block (the API stops with ``tool_use`` when the
 #: model asks for a tool).
 _NO_TOOL_REQUEST: Final = frozenset({"end_turn", "stop_sequence"})
@@ -90,7 +92,7 @@ class AgentCapSpanProcessor(SpanProcessor):
     def __init__(self, classifiers: tuple[SpanClassifier, ...] = (classify_genai_span,)) -> None:
         self._classifiers = classifiers
         self._open_lock = threading.Lock()
-        self._open: dict[tuple[int, int], _OpenModelCall] = {}
+        self._open: dict[tuple[int, int], list[_OpenModelCall]] = {}
 
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
         try:
@@ -131,7 +133,11 @@ class AgentCapSpanProcessor(SpanProcessor):
             with self._open_lock:
                 if len(self._open) > 10_000:
                     self._open.clear()
-                self._open[_task_key()] = _OpenModelCall(span, parent.get_span_context().span_id)
+                entries = self._open.setdefault(_task_key(), [])
+                entries.append(_OpenModelCall(span, parent.get_span_context().span_id))
+                if len(entries) > _MAX_OPEN_PER_TASK:
+                    # Spans no SDK span will join (SDK tracing off) and that never end.
+                    del entries[0]
 
     def _join_model_call(
         self, span: Span, ctx: AgentContext, scope: str | None, parent_context: Context | None
@@ -155,14 +161,21 @@ class AgentCapSpanProcessor(SpanProcessor):
             key = _task_key()
             parent_id = parent.get_span_context().span_id
             with self._open_lock:
-                candidate = self._open.get(key)
-                if (
-                    candidate is not None
-                    and candidate.parent_span_id == parent_id
-                    and candidate.span.is_recording()
-                ):
-                    del self._open[key]
-                    other = candidate.span
+                entries = self._open.get(key, [])
+                candidates = [
+                    entry
+                    for entry in entries
+                    if entry.parent_span_id == parent_id and entry.span.is_recording()
+                ]
+                # Two open add-on spans here (two stream managers created before either was
+                # entered, say) could be either call: joining the wrong one would give one
+                # call the other's stamp, so none is joined, and the log matches the records
+                # by response and request id instead.
+                if len(candidates) == 1:
+                    entries.remove(candidates[0])
+                    if not entries:
+                        del self._open[key]
+                    other = candidates[0].span
         if other is None:
             return False
         theirs = dict(attributes_of(other))  # a copy: the other span may be changing
@@ -200,10 +213,14 @@ class AgentCapSpanProcessor(SpanProcessor):
         if attributes.get(attr.EVENT_TYPE) != _MODEL_CALL:
             return
         if self._open:
+            span_id = span.context.span_id
             with self._open_lock:
-                for key, entry in list(self._open.items()):
-                    if entry.span_id == span.context.span_id:
+                for key, entries in list(self._open.items()):
+                    kept = [entry for entry in entries if entry.span_id != span_id]
+                    if not kept:
                         del self._open[key]
+                    elif len(kept) != len(entries):
+                        self._open[key] = kept
         if attributes.get(SUPERSEDED):
             return
         tool_use_ids = attributes.get(TOOL_USE_IDS)

@@ -257,6 +257,38 @@ def test_one_event_per_call_with_openllmetry(server, client, captured, instrumen
     assert len({c.event_id for c in calls}) == 3
 
 
+def test_stream_managers_created_before_entering_keep_their_own_stamps(
+    server, client, captured, instrumented, openllmetry
+):
+    """OpenLLMetry opens its span when messages.stream() is called, the SDK when the manager is
+    entered: with two managers created first, the SDK's span of one call must not take the stamp
+    of the other call's OpenLLMetry span."""
+    server.enqueue(
+        text_reply("one " * 10, input_tokens=10, output_tokens=11),
+        text_reply("two " * 10, input_tokens=20, output_tokens=22),
+    )
+    with ac.run("r-two-managers"), ac.agent("a"):
+        first = client.messages.stream(model=MODEL, max_tokens=64, messages=USER)
+        second = client.messages.stream(model=MODEL, max_tokens=64, messages=USER)
+        with first as stream:
+            one = stream.get_final_message()
+        with second as stream:
+            two = stream.get_final_message()
+    responses_by_event: dict[str, set[str]] = {}
+    for span in captured.spans:
+        attributes = span.attributes or {}
+        event_id, response_id = (
+            attributes.get("agentcap.event.id"),
+            attributes.get("gen_ai.response.id"),
+        )
+        if attributes.get("agentcap.event.type") == "model_call" and response_id:
+            responses_by_event.setdefault(str(event_id), set()).add(str(response_id))
+    assert all(len(responses) == 1 for responses in responses_by_event.values())
+    calls = [c for c in captured.of_type("model_call") if c.run_id == "r-two-managers"]
+    assert sorted(c.payload["response_id"] for c in calls) == sorted([one.id, two.id])
+    assert sorted(c.payload["usage"]["output_tokens"] for c in calls) == [11, 22]
+
+
 @pytest.mark.storage
 def test_one_event_per_call_with_openllmetry_stored(
     server, client, instrumented, openllmetry, stored, pg_dsn

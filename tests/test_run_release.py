@@ -59,7 +59,8 @@ def test_closing_the_last_scope_releases_everything_the_run_held():
     run_id = _run_id()
     with oa.run(run_id):
         _work(run_id)
-        assert _held(run_id) == {"clocks": 2, "agents": 2, "invocations": 3, "links": 1}
+        # The tool result is indexed for its agent and for the run.
+        assert _held(run_id) == {"clocks": 2, "agents": 2, "invocations": 3, "links": 2}
         assert lifetimes.is_open(run_id)
     assert _held(run_id) == {"clocks": 0, "agents": 0, "invocations": 0, "links": 0}
     assert not lifetimes.is_open(run_id)
