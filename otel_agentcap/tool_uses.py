@@ -28,7 +28,7 @@ from typing import Any
 from otel_agentcap import causal_links, jsonsafe
 from otel_agentcap.capture.tools import Tool, invocations
 from otel_agentcap.context import caused_by, current_agent
-from otel_agentcap.model import EventRef
+from otel_agentcap.model import EventRef, validate_id
 
 __all__ = [
     "arun_tool_uses",
@@ -56,9 +56,10 @@ def tool_use_blocks(message: Any) -> list[tuple[str, str, dict[str, Any]]]:
         if _get(block, "type") != "tool_use":
             continue
         tool_input = _get(block, "input")
+        block_id = _get(block, "id")
         blocks.append(
             (
-                str(_get(block, "id")),
+                block_id if isinstance(block_id, str) else "",
                 str(_get(block, "name")),
                 dict(tool_input) if isinstance(tool_input, Mapping) else {},
             )
@@ -79,6 +80,18 @@ def _content(result: Any) -> str:
         return json.dumps(jsonsafe.to_jsonable(result), ensure_ascii=False)
     except Exception:
         return repr(result)
+
+
+def _invoke(tool: Tool[..., Any], tool_use_id: str, tool_input: dict[str, Any]) -> Any:
+    """Run ``tool`` for a tool_use block: as invocation ``tool_use_id``, or, for an id that cannot
+    be one (missing, or with characters or a length ids may not have), as a plain captured call
+    without retry protection, rather than not at all."""
+    try:
+        invocation_id = validate_id(tool_use_id, "tool_use id")
+    except (TypeError, ValueError) as exc:
+        _logger.warning("agentcap: running %s without an invocation id: %s", tool.name, exc)
+        return tool(**tool_input)
+    return tool.invoke(invocation_id, **tool_input)
 
 
 def _error_block(tool_use_id: str, message: str) -> dict[str, Any]:
@@ -147,7 +160,7 @@ def run_tool_uses(message: Any, tools: ToolSet) -> list[dict[str, Any]]:
             raise TypeError(f"tool {name!r} is async; use arun_tool_uses")
         try:
             with tool_use_scope(tool_use_id, message):
-                result = tool.invoke(tool_use_id, **tool_input)
+                result = _invoke(tool, tool_use_id, tool_input)
         except Exception as error:
             results.append(_error_block(tool_use_id, f"{type(error).__name__}: {error}"))
         else:
@@ -167,7 +180,7 @@ async def arun_tool_uses(message: Any, tools: ToolSet) -> list[dict[str, Any]]:
             continue
         try:
             with tool_use_scope(tool_use_id, message):
-                outcome = tool.invoke(tool_use_id, **tool_input)
+                outcome = _invoke(tool, tool_use_id, tool_input)
                 result = await outcome if inspect.isawaitable(outcome) else outcome
         except Exception as error:
             results.append(_error_block(tool_use_id, f"{type(error).__name__}: {error}"))

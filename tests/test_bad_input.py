@@ -203,3 +203,28 @@ def test_a_callable_without_a_name_needs_one():
     named = oa.tool(name="add_one")(functools.partial(add, 1))
     with oa.run(_run_id()), oa.agent("planner"):
         assert named.invoke("call-1", 2) == 3
+
+
+def test_tool_use_blocks_whose_ids_cannot_be_invocation_ids_still_run():
+    """A block without an id, or with one no invocation id may be (U+001F, over 512 bytes), runs
+    its tool as a plain captured call; two blocks without ids are two runs, not a retry."""
+    calls: list[int] = []
+
+    @oa.tool
+    def count(n: int) -> int:
+        calls.append(n)
+        return n
+
+    message = {
+        "content": [
+            {"type": "tool_use", "name": "count", "input": {"n": 1}},
+            {"type": "tool_use", "name": "count", "input": {"n": 2}},
+            {"type": "tool_use", "id": "toolu_\x1f", "name": "count", "input": {"n": 3}},
+            {"type": "tool_use", "id": "toolu_" + "x" * 600, "name": "count", "input": {"n": 4}},
+        ]
+    }
+    with oa.run(_run_id()), oa.agent("planner"):
+        results = oa.run_tool_uses(message, [count])
+    assert calls == [1, 2, 3, 4]
+    assert [r["content"] for r in results] == ["1", "2", "3", "4"]
+    assert not any(r.get("is_error") for r in results)
