@@ -50,11 +50,10 @@ class AgentContext:
     cancelled_reason: str | None = None
     execution: Any = None  # the capture layer's object for this execution
     #: ``model.event_id_prefix(run_id, agent_id)``, computed once for all the execution's events.
-    event_id_prefix: bytes = b""
+    event_id_prefix: bytes = field(init=False)
 
     def __post_init__(self) -> None:
-        if not self.event_id_prefix:
-            self.event_id_prefix = event_id_prefix(self.run_id, self.agent_id)
+        self.event_id_prefix = event_id_prefix(self.run_id, self.agent_id)
 
     def check_active(self) -> None:
         """Raise :class:`AgentCancelled` if this execution may no longer act."""

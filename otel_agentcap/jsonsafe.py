@@ -77,22 +77,25 @@ _reprs.maxstring = _MAX_REPR
 _reprs.maxother = _MAX_REPR
 
 
-def _repr(value: Any) -> dict[str, str]:
-    try:
-        # reprlib bounds the work on big or nested containers (and writes a cycle as [...]);
-        # other objects get their own __repr__, cut.
-        text = (
-            _reprs.repr(value)
-            if isinstance(value, list | tuple | set | frozenset | dict)
-            else repr(value)
-        )
-    except Exception as exc:  # a broken __repr__ must not lose the rest of the payload
-        text = f"<unrepresentable: {type(exc).__name__}>"
+def _type_name(value: Any) -> str:
     cls = type(value)
-    return {
-        "$agentcap.repr": _encode_plain(text[:_MAX_REPR]),
-        "type": f"{cls.__module__}.{cls.__qualname__}",
-    }
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _repr(value: Any, text: str | None = None) -> dict[str, str]:
+    """The ``$agentcap.repr`` marker of ``value`` (with ``text`` instead of its repr if given)."""
+    if text is None:
+        try:
+            # reprlib bounds the work on big or nested containers (and writes a cycle as [...]);
+            # other objects get their own __repr__, cut.
+            text = (
+                _reprs.repr(value)
+                if isinstance(value, list | tuple | set | frozenset | dict)
+                else repr(value)
+            )
+        except Exception as exc:  # a broken __repr__ must not lose the rest of the payload
+            text = f"<unrepresentable: {type(exc).__name__}>"
+    return {"$agentcap.repr": _encode_plain(text[:_MAX_REPR]), "type": _type_name(value)}
 
 
 def _encode_plain(value: str) -> str:
@@ -111,11 +114,11 @@ class _Walk:
         self.budget = _MAX_VALUES
 
 
-def to_jsonable(value: Any, _depth: int = 0) -> Any:
+def to_jsonable(value: Any) -> Any:
     """Convert ``value`` to plain JSON types, applying the markers described in the module doc.
     Never raises for a value inside a container: a value that cannot be converted becomes a
     ``$agentcap.repr`` marker in place, and the rest is kept."""
-    return _convert(value, _depth, _Walk())
+    return _convert(value, 0, _Walk())
 
 
 def _convert(value: Any, depth: int, walk: _Walk) -> Any:
@@ -144,11 +147,7 @@ def _convert(value: Any, depth: int, walk: _Walk) -> Any:
     if isinstance(value, Mapping | list | tuple | set | frozenset):
         if id(value) in walk.active:
             # A cycle: marked as Python's repr marks one.
-            cls = type(value)
-            return {
-                "$agentcap.repr": "{...}" if isinstance(value, Mapping) else "[...]",
-                "type": f"{cls.__module__}.{cls.__qualname__}",
-            }
+            return _repr(value, "{...}" if isinstance(value, Mapping) else "[...]")
         walk.active.add(id(value))
         try:
             if isinstance(value, Mapping):
@@ -191,9 +190,9 @@ def _ordered(value: Any) -> Any:
 
 def _convert_mapping(value: Mapping[Any, Any], depth: int, walk: _Walk) -> Any:
     out: dict[str, Any] = {}
+    pairs: list[tuple[Any, Any]] = []  # (original key, converted value)
     lossless = True
-    items = list(value.items())
-    for key, item in items:
+    for key, item in value.items():
         try:
             skey = _json_key(key)
         except Exception:
@@ -202,13 +201,12 @@ def _convert_mapping(value: Mapping[Any, Any], depth: int, walk: _Walk) -> Any:
             skey, lossless = _encode_plain(skey), False
         if skey in out:
             lossless = False  # two keys that read the same as JSON object keys
-        out[skey] = _child(item, depth, walk)
+        converted = out[skey] = _child(item, depth, walk)
+        pairs.append((key, converted))
     if not lossless:
         # JSON object keys cannot hold these keys apart: keep every pair, keys converted as
         # values (a bad string becomes a $agentcap.str marker).
-        return {
-            "$agentcap.items": [[_child(k, depth, walk), _child(v, depth, walk)] for k, v in items]
-        }
+        return {"$agentcap.items": [[_child(key, depth, walk), item] for key, item in pairs]}
     if any(key.startswith(MARKER_PREFIX) for key in out):
         return {"$agentcap.literal": out}
     return out

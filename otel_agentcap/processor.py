@@ -216,11 +216,12 @@ class AgentCapSpanProcessor(SpanProcessor):
             span_id = span.context.span_id
             with self._open_lock:
                 for key, entries in list(self._open.items()):
-                    kept = [entry for entry in entries if entry.span_id != span_id]
-                    if not kept:
-                        del self._open[key]
-                    elif len(kept) != len(entries):
-                        self._open[key] = kept
+                    for entry in entries:
+                        if entry.span_id == span_id:
+                            entries.remove(entry)
+                            if not entries:
+                                del self._open[key]
+                            break
         if attributes.get(SUPERSEDED):
             return
         tool_use_ids = attributes.get(TOOL_USE_IDS)

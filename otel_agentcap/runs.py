@@ -57,9 +57,5 @@ class RunLifetimes:
         with self._lock:
             return run_id in self._open
 
-    def open_runs(self) -> list[str]:
-        with self._lock:
-            return list(self._open)
-
 
 lifetimes = RunLifetimes()

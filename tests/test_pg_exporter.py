@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import psycopg
@@ -22,6 +23,7 @@ from opentelemetry.trace import SpanContext, Status, StatusCode
 import otel_agentcap as ac
 from otel_agentcap import attributes as attr
 from otel_agentcap.exporters.postgres import PostgresSpanExporter
+from otel_agentcap.exporters.postgres.exporter import ExportStats
 from otel_agentcap.model import event_id_for
 from otel_agentcap.testing import capture_events
 
@@ -43,6 +45,16 @@ def _program(run_id: str) -> None:
             double.invoke("call-1", memory["k"])
 
         child.run(work)
+
+
+def _export_once(dsn: str, spans: Sequence[ReadableSpan]) -> ExportStats:
+    """Export ``spans`` in one call of a fresh exporter, which must succeed; its stats."""
+    exporter = PostgresSpanExporter(dsn)
+    try:
+        assert exporter.export(spans) is SpanExportResult.SUCCESS
+        return exporter.stats()
+    finally:
+        exporter.shutdown()
 
 
 def _count(dsn: str, sql: str, *params: object) -> int:
@@ -77,11 +89,7 @@ def test_spawn_links_land_as_data(pg_dsn):
     """The child's agent row names its parent and the parent's agent_spawn event."""
     with capture_events() as captured:
         _program("run-links")
-    exporter = PostgresSpanExporter(pg_dsn)
-    try:
-        assert exporter.export(captured.spans) is SpanExportResult.SUCCESS
-    finally:
-        exporter.shutdown()
+    _export_once(pg_dsn, captured.spans)
     with psycopg.connect(pg_dsn) as conn:
         row = conn.execute(
             """SELECT a.parent_agent_id, e.agent_id, e.event_type
@@ -105,11 +113,7 @@ def test_run_attributes_land_in_the_runs_table(pg_dsn):
         ac.agent("planner") as planner,
     ):
         planner.spawn("worker", key="w").run(lambda: None, timeout=5)
-    exporter = PostgresSpanExporter(pg_dsn)
-    try:
-        assert exporter.export(captured.spans) is SpanExportResult.SUCCESS
-    finally:
-        exporter.shutdown()
+    _export_once(pg_dsn, captured.spans)
     with psycopg.connect(pg_dsn) as conn:
         row = conn.execute(
             "SELECT attributes FROM agentcap.runs WHERE run_id = 'run-attrs'"
@@ -192,11 +196,7 @@ def test_unstamped_spans_are_ignored(pg_dsn):
 
     with capture_events() as captured, trace.get_tracer("test").start_as_current_span("plain"):
         pass
-    exporter = PostgresSpanExporter(pg_dsn)
-    try:
-        assert exporter.export(captured.spans) is SpanExportResult.SUCCESS
-    finally:
-        exporter.shutdown()
+    _export_once(pg_dsn, captured.spans)
     assert _count(pg_dsn, "SELECT count(*) FROM agentcap.events") == 0
 
 
@@ -223,11 +223,7 @@ def test_payload_cut_by_a_length_limit_is_stored_safely_with_the_rest(pg_dsn):
         end_time=victim.end_time,
         instrumentation_scope=victim.instrumentation_scope,
     )
-    exporter = PostgresSpanExporter(pg_dsn)
-    try:
-        assert exporter.export(spans) is SpanExportResult.SUCCESS
-    finally:
-        exporter.shutdown()
+    _export_once(pg_dsn, spans)
     assert _count(pg_dsn, "SELECT count(*) FROM agentcap.events WHERE run_id = 'run-cut'") == len(
         captured.events
     )
@@ -362,12 +358,7 @@ def test_model_call_recorded_twice_in_one_export_is_one_event(pg_dsn):
     """Two spans of one call with different event ids in one export: one model_call event (the
     SDK's), the other kept as a conflict and counted."""
     spans = _unjoined_model_call("run-one-batch", response_id="msg_1", request_id="req_1")
-    exporter = PostgresSpanExporter(pg_dsn)
-    try:
-        assert exporter.export(list(spans.values())) is SpanExportResult.SUCCESS
-        stats = exporter.stats()
-    finally:
-        exporter.shutdown()
+    stats = _export_once(pg_dsn, list(spans.values()))
     query = "SELECT count(*) FROM agentcap.events WHERE event_type = 'model_call'"
     assert _count(pg_dsn, query) == 1
     assert _count(pg_dsn, query + " AND payload->>'instrumentation' = %s", SDK_SCOPE) == 1
@@ -386,11 +377,7 @@ def test_model_call_through_exporter_and_ingest_is_one_event(pg_dsn, first):
     run_id = f"run-paths-{first}"
     spans = _unjoined_model_call(run_id, response_id="msg_1", request_id="req_1")
     later = ADDON_SCOPE if first == SDK_SCOPE else SDK_SCOPE
-    exporter = PostgresSpanExporter(pg_dsn)
-    try:
-        assert exporter.export([spans[first]]) is SpanExportResult.SUCCESS
-    finally:
-        exporter.shutdown()
+    _export_once(pg_dsn, [spans[first]])
     with OtlpIngestServer(pg_dsn, port=0) as server:
         result = server.ingest(encode_spans([spans[later]]).SerializeToString())
     assert (result.inserted, result.conflicts) == (0, 1)
@@ -458,11 +445,7 @@ def test_records_that_meet_only_through_a_third_are_one_event(pg_dsn):
         _recorded_call(run_id, 2, ADDON_SCOPE, response_id="msg_1", request_id="req_1"),
         _recorded_call(run_id, 3, SDK_SCOPE, request_id="req_1"),
     ]
-    exporter = PostgresSpanExporter(pg_dsn)
-    try:
-        assert exporter.export(spans) is SpanExportResult.SUCCESS
-    finally:
-        exporter.shutdown()
+    _export_once(pg_dsn, spans)
     kept = event_id_for(run_id, "a", "seq:3")
     with psycopg.connect(pg_dsn) as conn:
         stored = conn.execute(

@@ -118,11 +118,16 @@ def finish_span(span: Span, stamp: Stamp, payload: Any, error: BaseException | N
     end_span(span, error)
 
 
-def error_payload(error: BaseException, **fields: Any) -> dict[str, Any]:
+def error_type(error: BaseException) -> str:
+    """The qualified type name of ``error``, without ``builtins.``."""
     cls = type(error)
     module = "" if cls.__module__ == "builtins" else f"{cls.__module__}."
+    return f"{module}{cls.__qualname__}"
+
+
+def error_payload(error: BaseException, **fields: Any) -> dict[str, Any]:
     return {
-        "error_type": f"{module}{cls.__qualname__}",
+        "error_type": error_type(error),
         "message": _safe_str(error),
         **fields,
     }
@@ -153,7 +158,7 @@ def end_span(span: Span, error: BaseException | None = None) -> None:
                 span.add_event(
                     "exception",
                     {
-                        "exception.type": f"{type(error).__module__}.{type(error).__qualname__}",
+                        "exception.type": error_type(error),
                         "exception.message": _safe_str(error),
                     },
                 )

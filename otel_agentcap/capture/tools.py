@@ -213,13 +213,14 @@ def _stored_error(error: BaseException) -> BaseException:
 def _replay(entry: _Invocation) -> Any:
     stored = entry.error
     if stored is not None:
-        # A fresh copy for every replay: raising an exception object grows its traceback.
-        error = _copy_error(stored, 0)
-        if error is not stored:
-            error.__cause__ = stored.__cause__
-            error.__context__ = stored.__context__
-            error.__suppress_context__ = stored.__suppress_context__
-        raise error
+        # A fresh copy for every replay (raising an exception object grows its traceback),
+        # sharing the stored copy's chain, which has no tracebacks.
+        copied = _same_error(stored)
+        error = copied if copied is not None else stored
+        error.__cause__ = stored.__cause__
+        error.__context__ = stored.__context__
+        error.__suppress_context__ = stored.__suppress_context__
+        raise error.with_traceback(None)
     return entry.result
 
 
