@@ -228,6 +228,62 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_ui(args: argparse.Namespace) -> int:
+    from otel_agentcap.tokens import TokenError, read_token
+    from otel_agentcap.viewer.app import ViewerConfig
+    from otel_agentcap.viewer.serve import ViewerServer
+
+    dsn = _dsn(args)
+    with _connect(dsn) as conn:  # a bad DSN is a one-line error here, before serving
+        migrate(conn)
+    try:
+        token = read_token(args.token_file)
+        config = ViewerConfig(dsn=dsn, token=token, jaeger_url=args.jaeger_url)
+        server = ViewerServer(config, args.host, args.port)
+    except TokenError as exc:
+        raise CliError(str(exc)) from None
+    except OSError as exc:
+        raise CliError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from None
+
+    def announce(ready: ViewerServer) -> None:
+        print(f"serving the event log at {ready.url}/ (read-only; Ctrl-C stops)", file=sys.stderr)
+
+    server.serve(on_ready=announce)
+    return 0
+
+
+def _export_html(args: argparse.Namespace, conn: psycopg.Connection[Any]) -> bytes:
+    from otel_agentcap.viewer.export import export_html
+
+    return export_html(conn, args.run_id, jaeger_url=args.jaeger_url).encode()
+
+
+#: ``otel-agentcap export --format NAME``: each writer returns the bytes of one run's export.
+EXPORT_FORMATS: dict[str, Callable[[argparse.Namespace, psycopg.Connection[Any]], bytes]] = {
+    "html": _export_html,
+}
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    writer = EXPORT_FORMATS[args.format]
+    with _connect(_dsn(args)) as conn:
+        try:
+            data = writer(args, conn)
+        except RunNotFound:
+            raise CliError(f"unknown run id: {args.run_id!r} (see: otel-agentcap runs)") from None
+    if args.output == "-":
+        sys.stdout.buffer.write(data)
+        sys.stdout.flush()
+    else:
+        try:
+            with open(args.output, "wb") as out:
+                out.write(data)
+        except OSError as exc:
+            raise CliError(f"cannot write {args.output}: {exc.strerror or exc}") from None
+        print(f"wrote {args.output} ({len(data):,} bytes)", file=sys.stderr)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="otel-agentcap",
@@ -261,6 +317,28 @@ def build_parser() -> argparse.ArgumentParser:
     ingest.add_argument("--host", default="127.0.0.1")
     ingest.add_argument("--port", type=int, default=4319)
     ingest.set_defaults(func=cmd_ingest)
+
+    ui = sub.add_parser("ui", parents=[common], help="serve a read-only web view of the event log")
+    ui.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback)")
+    ui.add_argument("--port", type=int, default=8321, help="port (0: any free port)")
+    ui.add_argument(
+        "--token-file",
+        help="file holding the bearer token required on a non-loopback address "
+        "(default: $AGENTCAP_TOKEN)",
+    )
+    ui.add_argument(
+        "--jaeger-url", help="base address of a Jaeger UI, to link events to their spans"
+    )
+    ui.set_defaults(func=cmd_ui)
+
+    export = sub.add_parser("export", parents=[common], help="write one run to a file")
+    export.add_argument("run_id")
+    export.add_argument("--format", required=True, choices=sorted(EXPORT_FORMATS))
+    export.add_argument("-o", "--output", default="-", help="file to write (default: stdout)")
+    export.add_argument(
+        "--jaeger-url", help="html: base address of a Jaeger UI, to link events to their spans"
+    )
+    export.set_defaults(func=cmd_export)
 
     db = sub.add_parser("db", parents=[common], help="the embedded PostgreSQL server")
     db.add_argument("action", choices=["start", "stop", "status", "dsn", "migrate"])

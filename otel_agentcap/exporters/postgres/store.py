@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import uuid
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 import psycopg
 from psycopg.rows import class_row
@@ -135,3 +136,405 @@ def conflicts_count(conn: psycopg.Connection[Any], run_id: str | None = None) ->
     except psycopg.Error as exc:
         raise _guard(exc) from exc
     return int(row[0]) if row else 0
+
+
+# --------------------------------------------------------------------------- the web view's reads
+# Every query below is keyed by run_id first, so it stays a range scan of one run however many
+# runs the log holds. Payloads are read only where a caller asks for one event (event_detail) or
+# for the few fields a label needs (event_labels); a run's graph is ids, sequences and types.
+
+
+@dataclass(frozen=True, slots=True)
+class RunTotals:
+    """One run with what the runs list shows about it.
+
+    ``errors`` counts ``agent_error`` events and ``model_call`` events whose status is ``error``;
+    ``input_tokens`` / ``output_tokens`` add up the usage the model calls recorded (numbers only).
+    """
+
+    run_id: str
+    started_at: datetime | None
+    attributes: dict[str, Any]
+    first_wall_time: datetime | None
+    last_wall_time: datetime | None
+    agents: int
+    events: int
+    model_calls: int
+    input_tokens: int
+    output_tokens: int
+    errors: int
+    conflicts: int
+
+    @property
+    def duration_seconds(self) -> float | None:
+        if self.first_wall_time is None or self.last_wall_time is None:
+            return None
+        return (self.last_wall_time - self.first_wall_time).total_seconds()
+
+
+class GraphRow(NamedTuple):
+    """An event as the run graph needs it: identity, place and causal parents, no payload."""
+
+    event_id: str
+    agent_id: str
+    seq: int
+    event_type: str
+    causal_parent_ids: tuple[str, ...]
+
+
+class ConflictRow(NamedTuple):
+    """A row of ``agentcap.conflicts`` (``payload``: its JSON text, or ``None`` when not read)."""
+
+    conflict_id: int
+    detected_at: datetime
+    reason: str
+    existing_event_id: str | None
+    event_id: str
+    agent_id: str
+    seq: int
+    event_type: str
+    wall_time: datetime
+    causal_parent_ids: tuple[str, ...]
+    idempotency_key: str
+    trace_id: str | None
+    span_id: str | None
+    payload: Any = None
+
+
+class RunVersion(NamedTuple):
+    """Counts that change whenever rows of a run are added (the log is append-only)."""
+
+    events: int
+    agents: int
+    conflicts: int
+
+
+def _number(path: str) -> str:
+    return (
+        f"CASE WHEN jsonb_typeof(e.payload {path}) = 'number' "
+        f"THEN (e.payload {path})::text::numeric END"
+    )
+
+
+_TOTALS_SELECT: Final = f"""
+SELECT r.run_id, r.started_at, r.attributes, s.first_wall_time, s.last_wall_time,
+       (SELECT count(*) FROM agentcap.agents a WHERE a.run_id = r.run_id) AS agents,
+       s.events, s.model_calls, COALESCE(s.input_tokens, 0), COALESCE(s.output_tokens, 0),
+       s.errors,
+       (SELECT count(*) FROM agentcap.conflicts c WHERE c.run_id = r.run_id) AS conflicts
+FROM picked r
+CROSS JOIN LATERAL (
+    SELECT count(*) AS events,
+           min(e.wall_time) AS first_wall_time,
+           max(e.wall_time) AS last_wall_time,
+           count(*) FILTER (WHERE e.event_type = 'model_call') AS model_calls,
+           sum({_number("-> 'usage' -> 'input_tokens'")})
+               FILTER (WHERE e.event_type = 'model_call') AS input_tokens,
+           sum({_number("-> 'usage' -> 'output_tokens'")})
+               FILTER (WHERE e.event_type = 'model_call') AS output_tokens,
+           count(*) FILTER (
+               WHERE e.event_type = 'agent_error'
+                  OR (e.event_type = 'model_call' AND e.payload ->> 'status' = 'error')
+           ) AS errors
+    FROM agentcap.events e WHERE e.run_id = r.run_id
+) s
+ORDER BY r.started_at DESC NULLS LAST, r.run_id
+"""
+
+_RUN_TOTALS_PAGE: Final = (
+    """
+WITH picked AS (
+    SELECT run_id, started_at, attributes FROM agentcap.runs
+    WHERE %(q)s::text IS NULL
+       OR strpos(lower(run_id), lower(%(q)s)) > 0
+       OR strpos(lower(attributes::text), lower(%(q)s)) > 0
+    ORDER BY started_at DESC NULLS LAST, run_id
+    LIMIT %(limit)s OFFSET %(offset)s
+)"""
+    + _TOTALS_SELECT
+).encode()
+
+_RUN_TOTALS_ONE: Final = (
+    """
+WITH picked AS (
+    SELECT run_id, started_at, attributes FROM agentcap.runs WHERE run_id = %(run)s
+    UNION ALL
+    -- events whose run row is not stored (yet) still make a run
+    SELECT %(run)s, NULL, '{}'::jsonb
+    WHERE NOT EXISTS (SELECT 1 FROM agentcap.runs WHERE run_id = %(run)s)
+      AND EXISTS (SELECT 1 FROM agentcap.events WHERE run_id = %(run)s)
+)"""
+    + _TOTALS_SELECT
+).encode()
+
+
+def _totals_row(values: Sequence[Any]) -> RunTotals:
+    (run, started, attributes, first, last, agents, events, calls, tin, tout, errors, conflicts) = (
+        values
+    )
+    return RunTotals(
+        run_id=run,
+        started_at=started,
+        attributes=attributes if isinstance(attributes, dict) else {},
+        first_wall_time=first,
+        last_wall_time=last,
+        agents=int(agents),
+        events=int(events),
+        model_calls=int(calls),
+        input_tokens=int(tin),
+        output_tokens=int(tout),
+        errors=int(errors),
+        conflicts=int(conflicts),
+    )
+
+
+def run_totals(
+    conn: psycopg.Connection[Any], *, limit: int = 100, offset: int = 0, search: str | None = None
+) -> list[RunTotals]:
+    """A page of runs, newest first, with the totals of each; ``search`` keeps the runs whose id
+    or attributes contain it (case-insensitive)."""
+    params = {"q": search or None, "limit": limit, "offset": offset}
+    try:
+        rows = conn.execute(_RUN_TOTALS_PAGE, params).fetchall()
+    except psycopg.Error as exc:
+        raise _guard(exc) from exc
+    return [_totals_row(row) for row in rows]
+
+
+def run_totals_of(conn: psycopg.Connection[Any], run_id: str) -> RunTotals:
+    """The totals of one run; ``RunNotFound`` if neither a run row nor an event of it is stored."""
+    try:
+        row = conn.execute(_RUN_TOTALS_ONE, {"run": run_id}).fetchone()
+    except psycopg.Error as exc:
+        raise _guard(exc) from exc
+    if row is None:
+        raise RunNotFound(run_id)
+    return _totals_row(row)
+
+
+_GRAPH: Final = b"""
+SELECT event_id::text, agent_id, logical_seq, event_type, causal_parent_ids::text[]
+FROM agentcap.events WHERE run_id = %s ORDER BY agent_id, logical_seq
+"""
+
+
+def run_graph(conn: psycopg.Connection[Any], run_id: str) -> list[GraphRow]:
+    """Every event of ``run_id`` without its payload, in (agent_id, logical_seq) order."""
+    try:
+        with conn.cursor() as cur:
+            cur.execute(_GRAPH, (run_id,))
+            return [
+                GraphRow(event_id, agent, seq, event_type, tuple(parents))
+                for event_id, agent, seq, event_type, parents in cur
+            ]
+    except psycopg.Error as exc:
+        raise _guard(exc) from exc
+
+
+def moved_events(
+    conn: psycopg.Connection[Any], run_id: str, event_ids: Sequence[str]
+) -> dict[str, str]:
+    """For ids of ``run_id`` that name no stored event but a row kept in ``agentcap.conflicts``
+    (a second record of a model call), the id of the stored event that row collided with."""
+    if not event_ids:
+        return {}
+    try:
+        rows = conn.execute(
+            b"SELECT DISTINCT ON (event_id) event_id::text, existing_event_id::text"
+            b" FROM agentcap.conflicts"
+            b" WHERE run_id = %s AND event_id = ANY(%s::uuid[]) AND existing_event_id IS NOT NULL"
+            b" ORDER BY event_id, conflict_id",
+            (run_id, list(event_ids)),
+        ).fetchall()
+    except psycopg.Error as exc:
+        raise _guard(exc) from exc
+    return {event_id: existing for event_id, existing in rows}
+
+
+_CONFLICT_COLUMNS: Final = (
+    "conflict_id, detected_at, reason, existing_event_id::text, event_id::text, agent_id,"
+    " logical_seq, event_type, wall_time, causal_parent_ids::text[], idempotency_key, trace_id,"
+    " span_id"
+)
+
+
+def _conflict_row(values: Sequence[Any]) -> ConflictRow:
+    head = list(values)
+    head[9] = tuple(head[9])
+    return ConflictRow(*head)
+
+
+def run_conflicts(
+    conn: psycopg.Connection[Any], run_id: str, *, limit: int = 10_000, payloads: bool = False
+) -> list[ConflictRow]:
+    """The conflicts of ``run_id``, first detected first, at most ``limit``; with their payloads
+    (as JSON text) if ``payloads``."""
+    payload = ", payload::text" if payloads else ""
+    query = (
+        f"SELECT {_CONFLICT_COLUMNS}{payload} FROM agentcap.conflicts WHERE run_id = %s"
+        " ORDER BY conflict_id LIMIT %s"
+    ).encode()
+    try:
+        rows = conn.execute(query, (run_id, limit)).fetchall()
+    except psycopg.Error as exc:
+        raise _guard(exc) from exc
+    return [_conflict_row(row) for row in rows]
+
+
+def conflict_detail(
+    conn: psycopg.Connection[Any], run_id: str, conflict_id: int
+) -> ConflictRow | None:
+    """One conflict of ``run_id`` with its payload (as JSON text), or ``None``."""
+    query = (
+        f"SELECT {_CONFLICT_COLUMNS}, payload::text FROM agentcap.conflicts"
+        " WHERE run_id = %s AND conflict_id = %s"
+    ).encode()
+    try:
+        row = conn.execute(query, (run_id, conflict_id)).fetchone()
+    except psycopg.Error as exc:
+        raise _guard(exc) from exc
+    return _conflict_row(row) if row else None
+
+
+def event_conflicts(conn: psycopg.Connection[Any], event: Event) -> list[ConflictRow]:
+    """The conflicts that collided with ``event`` (by id) or took its (agent, sequence) place,
+    with their payloads (as JSON text)."""
+    query = (
+        f"SELECT {_CONFLICT_COLUMNS}, payload::text FROM agentcap.conflicts"
+        " WHERE run_id = %s AND (existing_event_id = %s::uuid"
+        " OR (agent_id = %s AND logical_seq = %s)) ORDER BY conflict_id LIMIT 1000"
+    ).encode()
+    try:
+        rows = conn.execute(
+            query, (event.run_id, event.event_id, event.agent_id, event.seq)
+        ).fetchall()
+    except psycopg.Error as exc:
+        raise _guard(exc) from exc
+    return [_conflict_row(row) for row in rows]
+
+
+_DETAIL: Final = b"""
+SELECT event_id::text, run_id, agent_id, logical_seq, event_type, idempotency_key, wall_time,
+       causal_parent_ids::text[], payload::text, trace_id, span_id
+FROM agentcap.events WHERE run_id = %s AND agent_id = %s AND logical_seq = %s
+"""
+
+
+def event_detail(
+    conn: psycopg.Connection[Any], run_id: str, agent_id: str, seq: int
+) -> Event | None:
+    """The event at (``run_id``, ``agent_id``, ``seq``), or ``None``. Its ``payload`` is the JSON
+    text PostgreSQL stores (never parsed here, so a number keeps every digit for the reader)."""
+    try:
+        with conn.cursor(row_factory=_event_row) as cur:
+            found: Event | None = cur.execute(_DETAIL, (run_id, agent_id, seq)).fetchone()
+            return found
+    except psycopg.Error as exc:
+        raise _guard(exc) from exc
+
+
+def _text_field(name: str) -> str:
+    return f"'{name}', left(payload ->> '{name}', 160)"
+
+
+# The few payload fields a one-line label uses, each cut short, so a window of labels never
+# carries a large payload (a memory value, a tool result) to the caller.
+_LABEL_FIELDS: Final = ", ".join(
+    [
+        *(
+            _text_field(n)
+            for n in (
+                "tool",
+                "invocation_id",
+                "memory",
+                "key",
+                "op",
+                "child_agent_id",
+                "error_type",
+                "message",
+                "model",
+                "status",
+                "stop_reason",
+                "timed_out",
+                "found",
+            )
+        ),
+        "'input_tokens', left(payload -> 'usage' ->> 'input_tokens', 24)",
+        "'output_tokens', left(payload -> 'usage' ->> 'output_tokens', 24)",
+        "'tool_uses', CASE WHEN jsonb_typeof(payload -> 'tool_use_ids') = 'array'"
+        " THEN jsonb_array_length(payload -> 'tool_use_ids') END",
+    ]
+)
+
+_LABELS: Final = f"""
+SELECT agent_id, logical_seq, event_type,
+       jsonb_strip_nulls(CASE WHEN jsonb_typeof(payload) = 'object'
+                         THEN jsonb_build_object({_LABEL_FIELDS}) END)
+FROM agentcap.events
+WHERE run_id = %s AND logical_seq BETWEEN %s AND %s
+  AND (%s::text[] IS NULL OR agent_id = ANY(%s::text[]))
+""".encode()
+
+
+def event_labels(
+    conn: psycopg.Connection[Any],
+    run_id: str,
+    seq_from: int,
+    seq_to: int,
+    agent_ids: Sequence[str] | None = None,
+) -> list[tuple[str, int, str, dict[str, Any]]]:
+    """(agent_id, seq, event_type, label fields) of the events of ``run_id`` (of ``agent_ids``
+    only, if given) whose sequence is within [``seq_from``, ``seq_to``]; the fields are short text
+    cut from the payload."""
+    agents = list(agent_ids) if agent_ids is not None else None
+    try:
+        rows = conn.execute(_LABELS, (run_id, seq_from, seq_to, agents, agents)).fetchall()
+    except psycopg.Error as exc:
+        raise _guard(exc) from exc
+    return [(agent, seq, event_type, fields or {}) for agent, seq, event_type, fields in rows]
+
+
+def run_version(conn: psycopg.Connection[Any], run_id: str) -> RunVersion:
+    """Counts of a run's events, agents and conflicts: a cheap test of whether it grew."""
+    try:
+        row = conn.execute(
+            b"SELECT (SELECT count(*) FROM agentcap.events WHERE run_id = %s),"
+            b" (SELECT count(*) FROM agentcap.agents WHERE run_id = %s),"
+            b" (SELECT count(*) FROM agentcap.conflicts WHERE run_id = %s)",
+            (run_id, run_id, run_id),
+        ).fetchone()
+    except psycopg.Error as exc:
+        raise _guard(exc) from exc
+    assert row is not None
+    return RunVersion(int(row[0]), int(row[1]), int(row[2]))
+
+
+class EventText(NamedTuple):
+    """The columns of an event the graph leaves out, with its payload as stored JSON text."""
+
+    event_id: str
+    agent_id: str
+    seq: int
+    wall_time: datetime
+    idempotency_key: str
+    trace_id: str | None
+    span_id: str | None
+    payload: str | None
+
+
+def run_event_texts(conn: psycopg.Connection[Any], run_id: str) -> Iterator[EventText]:
+    """Every event of ``run_id`` in (agent_id, logical_seq) order with its payload as JSON text,
+    streamed from a server-side cursor (a large run is never held twice in memory)."""
+    try:
+        with conn.cursor(name=f"agentcap_events_{uuid.uuid4().hex}") as cur:
+            cur.itersize = 2_000
+            cur.execute(
+                b"SELECT event_id::text, agent_id, logical_seq, wall_time, idempotency_key,"
+                b" trace_id, span_id, payload::text"
+                b" FROM agentcap.events WHERE run_id = %s ORDER BY agent_id, logical_seq",
+                (run_id,),
+            )
+            for row in cur:
+                yield EventText(*row)
+    except psycopg.Error as exc:
+        raise _guard(exc) from exc

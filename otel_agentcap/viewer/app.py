@@ -1,0 +1,311 @@
+"""The Starlette application of ``otel-agentcap ui``: pages, static assets and a read-only JSON
+API over the event log.
+
+Every database session it opens is read-only (``default_transaction_read_only``) with a statement
+timeout. Bound to loopback it answers only requests whose ``Host`` names this machine (so a web page
+on another origin cannot reach it through DNS rebinding); bound elsewhere it needs the bearer token
+on every request, or the cookie that ``/login`` sets once the token is typed in a browser.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import hmac
+import json
+import logging
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from typing import Any, Final
+from urllib.parse import parse_qs, quote
+
+import psycopg
+from psycopg_pool import ConnectionPool, PoolTimeout
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from otel_agentcap.exporters.postgres.errors import AgentCapStorageError
+from otel_agentcap.tokens import bearer_matches
+
+from . import documents
+
+_log = logging.getLogger(__name__)
+
+COOKIE: Final = "agentcap_session"
+STATEMENT_TIMEOUT_MS: Final = 30_000
+LOOPBACK_HOSTS: Final = frozenset({"localhost", "127.0.0.1", "::1"})
+
+_CSP: Final = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ViewerConfig:
+    dsn: str
+    #: Required on every request when set (a server bound beyond loopback must set it).
+    token: str | None = None
+    #: Base address of a Jaeger UI, for links to an event's span (``None``: no links).
+    jaeger_url: str | None = None
+    #: Host names (without port) a request may name; ``None`` accepts any (token-protected).
+    allowed_hosts: frozenset[str] | None = LOOPBACK_HOSTS
+    #: How often an open run page asks whether the run grew.
+    poll_seconds: float = 2.0
+    pool_size: int = 4
+
+
+def static_text(name: str) -> str:
+    """A file shipped in ``otel_agentcap/viewer/static``."""
+    return resources.files("otel_agentcap.viewer").joinpath("static", name).read_text("utf-8")
+
+
+@cache
+def _page(name: str) -> str:
+    return static_text(name)
+
+
+@cache
+def _run_page() -> str:
+    from .pages import served_run_page
+
+    return served_run_page()
+
+
+def session_value(token: str) -> str:
+    """What the session cookie holds: derived from the token, never the token itself."""
+    return hmac.new(token.encode(), b"otel-agentcap ui session", hashlib.sha256).hexdigest()
+
+
+def _host_name(raw: str) -> str:
+    if raw.startswith("["):  # [::1]:8080
+        return raw[1:].split("]", 1)[0].lower()
+    return raw.rsplit(":", 1)[0].lower() if raw.count(":") == 1 else raw.lower()
+
+
+class GuardMiddleware:
+    """Host check, token check and security headers, in front of every route."""
+
+    def __init__(self, app: ASGIApp, config: ViewerConfig) -> None:
+        self.app = app
+        self.config = config
+        self.session = session_value(config.token) if config.token else None
+
+    def _authorised(self, scope: Scope) -> bool:
+        assert self.config.token is not None and self.session is not None
+        headers = dict(scope.get("headers") or [])
+        if bearer_matches(headers.get(b"authorization", b"").decode("latin-1"), self.config.token):
+            return True
+        cookies = headers.get(b"cookie", b"").decode("latin-1")
+        for part in cookies.split(";"):
+            name, _, value = part.strip().partition("=")
+            if name == COOKIE and hmac.compare_digest(value.encode(), self.session.encode()):
+                return True
+        return False
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers") or [])
+        allowed = self.config.allowed_hosts
+        host = _host_name(headers.get(b"host", b"").decode("latin-1"))
+        if allowed is not None and host not in allowed:
+            await JSONResponse({"error": "unknown host"}, status_code=400)(scope, receive, send)
+            return
+        path: str = scope["path"]
+        public = path == "/login" or path.startswith("/static/")
+        if self.config.token is not None and not public and not self._authorised(scope):
+            if path.startswith("/api/"):
+                response: Response = JSONResponse(
+                    {"error": "a bearer token is required"},
+                    status_code=401,
+                    headers={"WWW-Authenticate": "Bearer"},
+                )
+            else:
+                response = RedirectResponse(f"/login?next={quote(path)}", status_code=303)
+            await response(scope, receive, send)
+            return
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                extra = [
+                    (b"content-security-policy", _CSP.encode()),
+                    (b"x-content-type-options", b"nosniff"),
+                    (b"referrer-policy", b"no-referrer"),
+                    (b"cache-control", b"no-store"),
+                ]
+                message["headers"] = [*message.get("headers", []), *extra]
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
+
+
+class _JsonResponse(JSONResponse):
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, ensure_ascii=False, separators=(",", ":"), default=str).encode()
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status)
+
+
+def _int_param(request: Request, name: str, default: int | None = None) -> int:
+    raw = request.query_params.get(name)
+    if raw is None:
+        if default is None:
+            raise ValueError(f"missing parameter {name!r}")
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"parameter {name!r} must be an integer") from None
+
+
+def _run_param(request: Request) -> str:
+    run_id = request.query_params.get("run")
+    if not run_id:
+        raise ValueError("missing parameter 'run'")
+    return run_id
+
+
+def create_app(config: ViewerConfig) -> Starlette:
+    """The ASGI application; its lifespan opens and closes the read-only connection pool."""
+    pool: ConnectionPool[Any] = ConnectionPool(
+        config.dsn,
+        min_size=1,
+        max_size=config.pool_size,
+        open=False,
+        name="agentcap-ui",
+        kwargs={"autocommit": True},
+        configure=_configure_connection,
+        reconnect_timeout=0,
+    )
+
+    @contextlib.contextmanager
+    def connection() -> Iterator[psycopg.Connection[Any]]:
+        with pool.connection(timeout=10) as conn:
+            yield conn
+
+    def api(handler: Callable[[Request, psycopg.Connection[Any]], Any]) -> Callable[..., Any]:
+        def endpoint(request: Request) -> Response:
+            try:
+                with connection() as conn:
+                    return _JsonResponse(handler(request, conn))
+            except ValueError as exc:
+                return _error(400, str(exc))
+            except LookupError as exc:  # RunNotFound is one
+                return _error(404, str(exc))
+            except (PoolTimeout, AgentCapStorageError, psycopg.OperationalError) as exc:
+                _log.warning("the event log is unavailable: %s", exc)
+                return _error(503, f"the event log is unavailable: {exc}")
+
+        return endpoint
+
+    def runs(request: Request, conn: psycopg.Connection[Any]) -> Any:
+        return documents.runs_document(
+            conn,
+            limit=_int_param(request, "limit", 200),
+            offset=_int_param(request, "offset", 0),
+            search=request.query_params.get("q") or None,
+        )
+
+    def run(request: Request, conn: psycopg.Connection[Any]) -> Any:
+        return documents.run_document(conn, _run_param(request))
+
+    def version(request: Request, conn: psycopg.Connection[Any]) -> Any:
+        return documents.version_document(conn, _run_param(request))
+
+    def labels(request: Request, conn: psycopg.Connection[Any]) -> Any:
+        agents = request.query_params.getlist("agent") or None
+        return documents.labels_document(
+            conn,
+            _run_param(request),
+            _int_param(request, "from"),
+            _int_param(request, "to"),
+            agents,
+        )
+
+    def event(request: Request, conn: psycopg.Connection[Any]) -> Any:
+        agent = request.query_params.get("agent")
+        if agent is None:
+            raise ValueError("missing parameter 'agent'")
+        return documents.event_document(
+            conn, _run_param(request), agent, _int_param(request, "seq")
+        )
+
+    def conflict(request: Request, conn: psycopg.Connection[Any]) -> Any:
+        return documents.conflict_document(conn, _run_param(request), _int_param(request, "id"))
+
+    def settings(request: Request) -> Response:
+        return _JsonResponse(
+            {"jaeger_url": config.jaeger_url, "poll_ms": int(config.poll_seconds * 1000)}
+        )
+
+    def runs_page(request: Request) -> Response:
+        return HTMLResponse(_page("runs.html"))
+
+    def run_page(request: Request) -> Response:
+        return HTMLResponse(_run_page())
+
+    async def login(request: Request) -> Response:
+        if config.token is None:
+            return RedirectResponse("/", status_code=303)
+        target = request.query_params.get("next", "/")
+        if not target.startswith("/") or target.startswith("//"):
+            target = "/"
+        if request.method == "POST":
+            form = parse_qs((await request.body())[:4096].decode("utf-8", "replace"))
+            presented = (form.get("token") or [""])[0]
+            if hmac.compare_digest(presented.strip().encode(), config.token.encode()):
+                response = RedirectResponse(target, status_code=303)
+                response.set_cookie(
+                    COOKIE,
+                    session_value(config.token),
+                    httponly=True,
+                    samesite="strict",
+                    secure=request.url.scheme == "https",
+                )
+                return response
+            return HTMLResponse(_page("login.html"), status_code=401)
+        return HTMLResponse(_page("login.html"))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        pool.open(wait=False)
+        try:
+            yield
+        finally:
+            pool.close()
+
+    static = resources.files("otel_agentcap.viewer").joinpath("static")
+    routes = [
+        Route("/", runs_page),
+        Route("/runs/{run_id:path}", run_page),
+        Route("/login", login, methods=["GET", "POST"]),
+        Route("/api/config", settings),
+        Route("/api/runs", api(runs)),
+        Route("/api/run", api(run)),
+        Route("/api/run/version", api(version)),
+        Route("/api/run/labels", api(labels)),
+        Route("/api/run/event", api(event)),
+        Route("/api/run/conflict", api(conflict)),
+        Mount("/static", app=StaticFiles(directory=str(static)), name="static"),
+    ]
+    return Starlette(
+        routes=routes,
+        middleware=[Middleware(GuardMiddleware, config=config)],
+        lifespan=lifespan,
+    )
+
+
+def _configure_connection(conn: psycopg.Connection[Any]) -> None:
+    conn.execute(b"SET default_transaction_read_only = on")
+    conn.execute(f"SET statement_timeout = {STATEMENT_TIMEOUT_MS}".encode())
