@@ -67,7 +67,7 @@
         const event = {
           event_id: ev.id[i], agent_id: agent, seq: seq, event_type: g.types[g.type[i]],
           wall_time: ev.wall[i], idempotency_key: ev.key[i], trace_id: ev.trace[i],
-          span_id: ev.span[i], payload: ev.payload[i], causal_parent_ids: ev.parent_ids[i],
+          span_id: ev.span[i], payload: ev.payload[i],
         };
         const conflicts = (data.conflict_rows || []).filter((c) =>
           c.existing_event_id === event.event_id || (c.agent_id === agent && String(c.seq) === String(seq)));
@@ -398,6 +398,8 @@
         class: cls, transform: `translate(${x(g.col[i])},${y(g.lane[i])})`,
         "data-i": i, "data-agent": S.lanes[g.lane[i]].agent, "data-seq": seq, "data-type": name,
       }, nodes);
+      const hitW = Math.max(26, colW - 8);
+      svgEl("rect", { class: "hit", x: -hitW / 2, y: -18, width: hitW, height: showText ? 62 : 36 }, node);
       svgEl("circle", { class: "halo", r: 15.5 }, node);
       svgEl("path", { class: "shape", d: shapePath(info.shape) }, node);
       if (info.glyph) svgEl("text", { class: "glyph", y: info.shape === "triangle-down" ? -2 : info.shape === "triangle-up" ? 2 : 0 }, node).textContent = info.glyph;
@@ -639,13 +641,13 @@
         el("p", { class: "hint" }, "Message content was not recorded (content capture is off).", root);
       }
     } else if (name === "tool_invocation" || name === "tool_result") {
-      const t = section(name === "tool_result" ? "Tool result" : "Tool call");
+      const t = section(root, name === "tool_result" ? "Tool result" : "Tool call");
       row(t, "tool", payload.tool);
       row(t, "invocation id", payload.invocation_id, true);
       if (name === "tool_invocation" && payload.arguments !== undefined) { el("div", {}, "arguments", root); pre(payload.arguments, root); }
       if (name === "tool_result" && payload.result !== undefined) { el("div", {}, "result", root); pre(payload.result, root); }
     } else if (name === "memory_read" || name === "memory_write") {
-      const t = section(name === "memory_read" ? "Memory read" : "Memory write");
+      const t = section(root, name === "memory_read" ? "Memory read" : "Memory write");
       row(t, "memory", payload.memory);
       row(t, "key", typeof payload.key === "string" ? payload.key : JSON.stringify(payload.key), true);
       if (name === "memory_read") {
