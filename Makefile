@@ -5,7 +5,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: install demo test check pytest test-storage bench clean
+.PHONY: install demo test check pytest test-storage bench screenshots clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,10 @@ test: check pytest
 #   AGENTCAP_TEST_DSN=postgresql://postgres:postgres@127.0.0.1:5432/postgres make test-storage
 test-storage: install
 	$(BIN)/pytest -m storage
+
+# Screenshots of the web view for the README, taken by the browser tests on the demo run.
+screenshots: install
+	AGENTCAP_SCREENSHOT_DIR=docs/screenshots $(BIN)/pytest -m browser -k "runs_list or screenshot" -q
 
 bench: install
 	$(BIN)/python bench/bench_capture.py

@@ -68,3 +68,38 @@ def test_bad_dsn_and_server_down_are_one_line(dsn, expected):
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and expected in lines[0], result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.storage
+def test_export_html_writes_one_self_contained_file(pg_dsn, tmp_path):
+    """export --format html writes the run's page to stdout or a file; an unknown run is one
+    line and exit 1."""
+    from otel_agentcap.testing.synthetic import synthetic_run, write_batches
+
+    write_batches(pg_dsn, synthetic_run("exported", 50, agents=3))
+    out = _cli("export", "exported", "--format", "html", "--dsn", pg_dsn)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("<!doctype html>")
+    assert 'id="agentcap-data"' in out.stdout and "Content-Security-Policy" in out.stdout
+    target = tmp_path / "run.html"
+    written = _cli("export", "exported", "--format", "html", "--dsn", pg_dsn, "-o", str(target))
+    assert written.returncode == 0 and target.read_text() == out.stdout
+    unknown = _cli("export", "nope", "--format", "html", "--dsn", pg_dsn)
+    assert unknown.returncode == 1
+    assert unknown.stderr.strip().splitlines() == [
+        "otel-agentcap: unknown run id: 'nope' (see: otel-agentcap runs)"
+    ]
+    bad = _cli("export", "exported", "--format", "pdf", "--dsn", pg_dsn)
+    assert bad.returncode == 2 and "invalid choice" in bad.stderr
+
+
+@pytest.mark.storage
+def test_ui_refuses_a_public_address_without_a_token(pg_dsn):
+    """ui on a non-loopback address without a token exits 1 with one line, serving nothing."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "AGENTCAP_TOKEN"}
+    result = _cli("ui", "--host", "0.0.0.0", "--port", "0", "--dsn", pg_dsn, env=env)
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--token-file" in lines[0], result.stderr

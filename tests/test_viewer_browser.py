@@ -427,8 +427,8 @@ def test_exported_html_opens_from_disk_with_the_same_lanes(
 
     target = tmp_path / "run.html"
     result = subprocess.run(
-        [sys.executable, "-m", "otel_agentcap.cli", "export", demo_run, "--format", "html"]
-        + ["--dsn", log_dsn, "-o", str(target)],
+        [sys.executable, "-m", "otel_agentcap.cli", "export", demo_run, "--format", "html",
+         "--dsn", log_dsn, "-o", str(target)],
         capture_output=True,
         text=True,
         timeout=120,

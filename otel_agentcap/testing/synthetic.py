@@ -17,7 +17,13 @@ from otel_agentcap.model import AgentRecord, Batch, Event, RunRecord, event_id_f
 _START = datetime(2026, 1, 1, tzinfo=UTC)
 
 
-def synthetic_run(run_id: str, events: int, agents: int = 8, batch: int = 2_000) -> Iterator[Batch]:
+def synthetic_run(
+    run_id: str,
+    events: int,
+    agents: int = 8,
+    batch: int = 2_000,
+    start: datetime = _START,
+) -> Iterator[Batch]:
     """Batches holding exactly ``events`` events of ``run_id`` (at most ``batch`` per batch)."""
     if agents < 1 or events < 3 * agents - 1:
         raise ValueError("need at least 3 * agents - 1 events (start, spawn and end of each)")
@@ -46,7 +52,7 @@ def synthetic_run(run_id: str, events: int, agents: int = 8, batch: int = 2_000)
             seq=seq,
             event_type=kind,
             idempotency_key=idem,
-            wall_time=_START + timedelta(milliseconds=count),
+            wall_time=start + timedelta(milliseconds=count),
             causal_parent_ids=tuple(p.event_id for p in parents),
             payload=payload,
             trace_id=f"{rng.getrandbits(128):032x}",
@@ -157,7 +163,7 @@ def synthetic_run(run_id: str, events: int, agents: int = 8, batch: int = 2_000)
         )
     for agent in names:
         emit(agent, "agent_end", {"state_committed": True})
-    run = RunRecord(run_id, _START)
+    run = RunRecord(run_id, start)
     for start in range(0, len(made), batch):
         yield Batch(
             events=tuple(made[start : start + batch]),

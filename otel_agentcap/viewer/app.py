@@ -60,6 +60,8 @@ class ViewerConfig:
     #: How often an open run page asks whether the run grew.
     poll_seconds: float = 2.0
     pool_size: int = 4
+    #: How long a request waits for a database connection before answering 503.
+    connect_timeout: float = 10.0
 
 
 def static_text(name: str) -> str:
@@ -191,7 +193,7 @@ def create_app(config: ViewerConfig) -> Starlette:
 
     @contextlib.contextmanager
     def connection() -> Iterator[psycopg.Connection[Any]]:
-        with pool.connection(timeout=10) as conn:
+        with pool.connection(timeout=config.connect_timeout) as conn:
             yield conn
 
     def api(handler: Callable[[Request, psycopg.Connection[Any]], Any]) -> Callable[..., Any]:

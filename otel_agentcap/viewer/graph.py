@@ -123,6 +123,11 @@ def run_graph_document(
     for row in rows:  # rows come in (agent, seq) order, but do not rely on it
         if row.seq < first_seq.get(row.agent_id, row.seq + 1):
             first_seq[row.agent_id] = row.seq
+    with_events = set(first_seq)
+    for conflict in conflicts:  # an agent known only from its conflicts sits where they are
+        if conflict.agent_id not in with_events:
+            known_seq = first_seq.get(conflict.agent_id, conflict.seq)
+            first_seq[conflict.agent_id] = min(known_seq, conflict.seq)
     spawn_seq: dict[str, int] = {}
     for record in known.values():
         spawn = by_id.get(record.spawned_at_event_id or "")
