@@ -401,7 +401,7 @@ def test_run_page_screenshot(browser, server, demo_run, log_dsn, shots):
            AND agent_id = 'planner/writer' AND event_type = 'model_call'""",
         run=demo_run,
     )
-    context = browser.new_context(viewport={"width": 1900, "height": 900})
+    context = browser.new_context(viewport={"width": 2900, "height": 700})
     try:
         shot = context.new_page()
         _open_run(shot, server, demo_run, f"#e=planner%2Fwriter@{seq}")

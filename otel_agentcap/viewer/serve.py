@@ -6,6 +6,7 @@ from __future__ import annotations
 import socket
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import uvicorn
@@ -39,7 +40,9 @@ class ViewerServer:
     def __init__(self, config: ViewerConfig, host: str = "127.0.0.1", port: int = 0) -> None:
         require_token(host, config.token)
         if not is_loopback(host):
-            config = _replace_hosts(config, None)
+            config = replace(config, allowed_hosts=None)
+        elif config.allowed_hosts is not None:  # e.g. 127.0.0.2: its own address is a host name
+            config = replace(config, allowed_hosts=config.allowed_hosts | {host.strip("[]")})
         self.config = config
         self._socket = _bind(host, port)
         bound = self._socket.getsockname()
@@ -88,12 +91,6 @@ class ViewerServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def _replace_hosts(config: ViewerConfig, hosts: frozenset[str] | None) -> ViewerConfig:
-    from dataclasses import replace
-
-    return replace(config, allowed_hosts=hosts)
 
 
 __all__ = ["LOOPBACK_HOSTS", "ViewerConfig", "ViewerServer"]
