@@ -164,10 +164,10 @@ def synthetic_run(
     for agent in names:
         emit(agent, "agent_end", {"state_committed": True})
     run = RunRecord(run_id, start)
-    for start in range(0, len(made), batch):
+    for first in range(0, len(made), batch):
         yield Batch(
-            events=tuple(made[start : start + batch]),
-            agents=tuple(records) if start == 0 else (),
+            events=tuple(made[first : first + batch]),
+            agents=tuple(records) if first == 0 else (),
             runs=(run,),
         )
 
