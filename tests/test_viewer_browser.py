@@ -418,6 +418,7 @@ def test_run_page_screenshot(browser, server, demo_run, log_dsn, shots):
 def test_exported_html_opens_from_disk_with_the_same_lanes(
     page, server, demo_run, log_dsn, tmp_path
 ):
+    browser_context = page.context
     """export --format html writes one file that opens from file:// with no request beyond
     itself and shows the same lanes, events, edges, highlights and payloads as the server."""
     _open_run(page, server, demo_run)
@@ -427,8 +428,19 @@ def test_exported_html_opens_from_disk_with_the_same_lanes(
 
     target = tmp_path / "run.html"
     result = subprocess.run(
-        [sys.executable, "-m", "otel_agentcap.cli", "export", demo_run, "--format", "html",
-         "--dsn", log_dsn, "-o", str(target)],
+        [
+            sys.executable,
+            "-m",
+            "otel_agentcap.cli",
+            "export",
+            demo_run,
+            "--format",
+            "html",
+            "--dsn",
+            log_dsn,
+            "-o",
+            str(target),
+        ],
         capture_output=True,
         text=True,
         timeout=120,
@@ -437,6 +449,8 @@ def test_exported_html_opens_from_disk_with_the_same_lanes(
     html = target.read_text()
     assert not re.search(r"""(src|href)=["']?(https?:)?//""", html)
 
+    page.close()  # the served page polls; the file gets a page of its own
+    page = browser_context.new_page()
     requests: list[str] = []
     page.on("request", lambda request: requests.append(request.url))
     page.goto(target.as_uri())

@@ -488,6 +488,7 @@
         }
       }
       S.blocks.set(block, "done");
+      for (const b of detail.querySelectorAll("button.ref")) b.textContent = refText(Number(b.dataset.i));
       scheduleDraw();
     } catch (err) {
       S.blocks.delete(block);
@@ -528,12 +529,14 @@
     showDetail(i);
   }
 
+  function refText(i) {
+    const label = S.labels[i] ? " " + S.labels[i] : "";
+    return `${typeInfo(typeName(i)).name} #${seqOf(i)}${label} \u00b7 ${agentOf(i)}`;
+  }
+
   function refButton(i, parent) {
     const li = el("li", {}, null, parent);
-    const b = el("button", { type: "button", "data-i": i }, null, li);
-    const info = typeInfo(typeName(i));
-    const label = S.labels[i] ? " " + S.labels[i] : "";
-    b.textContent = `${info.name} #${seqOf(i)} \u00b7 ${agentOf(i)}${label}`;
+    const b = el("button", { type: "button", class: "ref", "data-i": i }, refText(i), li);
     b.addEventListener("click", () => select(i));
     return li;
   }
@@ -644,21 +647,21 @@
       const t = section(root, name === "tool_result" ? "Tool result" : "Tool call");
       row(t, "tool", payload.tool);
       row(t, "invocation id", payload.invocation_id, true);
-      if (name === "tool_invocation" && payload.arguments !== undefined) { el("div", {}, "arguments", root); pre(payload.arguments, root); }
-      if (name === "tool_result" && payload.result !== undefined) { el("div", {}, "result", root); pre(payload.result, root); }
+      if (name === "tool_invocation" && payload.arguments !== undefined) { el("div", { class: "sub" }, "arguments", root); pre(payload.arguments, root); }
+      if (name === "tool_result" && payload.result !== undefined) { el("div", { class: "sub" }, "result", root); pre(payload.result, root); }
     } else if (name === "memory_read" || name === "memory_write") {
       const t = section(root, name === "memory_read" ? "Memory read" : "Memory write");
       row(t, "memory", payload.memory);
       row(t, "key", typeof payload.key === "string" ? payload.key : JSON.stringify(payload.key), true);
       if (name === "memory_read") {
         row(t, "found", payload.found === undefined ? null : String(payload.found));
-        if (payload.found !== false && payload.value !== undefined) { el("div", {}, "value", root); pre(payload.value, root); }
+        if (payload.found !== false && payload.value !== undefined) { el("div", { class: "sub" }, "value", root); pre(payload.value, root); }
       } else {
         row(t, "operation", payload.op);
-        el("div", {}, "before", root);
+        el("div", { class: "sub" }, "before", root);
         if (payload.before_found === false) el("p", { class: "hint" }, "(no value: the key was not set)", root);
         else pre(payload.before === undefined ? null : payload.before, root);
-        el("div", {}, "after", root);
+        el("div", { class: "sub" }, "after", root);
         if (payload.after_found === false) el("p", { class: "hint" }, "(no value: the key was deleted)", root);
         else pre(payload.after === undefined ? null : payload.after, root);
       }
@@ -835,18 +838,25 @@
     el("span", { class: "key-future" }, "\u25cf causal future", legend);
   }
 
+  // Asks every poll_ms whether the run grew; after a minute without change, five times less often.
+  let unchanged = 0;
   async function poll() {
     if (!S.source.live) return;
-    const delay = S.config.poll_ms || 2000;
+    const every = S.config.poll_ms || 2000;
     try {
       if (!document.hidden) {
         const body = await S.source.version();
-        if (JSON.stringify(body.version) !== JSON.stringify(S.version)) await reload(true);
+        if (JSON.stringify(body.version) !== JSON.stringify(S.version)) {
+          unchanged = 0;
+          await reload(true);
+        } else {
+          unchanged++;
+        }
       }
     } catch (err) {
       document.getElementById("live").textContent = "offline: " + err.message;
     }
-    setTimeout(poll, delay);
+    setTimeout(poll, unchanged * every > 60000 ? every * 5 : every);
   }
 
   async function reload(keepSelection) {
