@@ -138,6 +138,8 @@ def test_errors_are_json_with_status(server):
     assert status == 404 and "nope" in body["error"]
     assert _get(f"{server.url}/api/run/labels?run=x&from=a&to=2")[0] == 400
     assert _get(f"{server.url}/api/run")[0] == 400
+    status, _, body = _get(f"{server.url}/api/run/event?run=x&agent=a&seq={2**70}")
+    assert status == 404 and body["error"]  # beyond bigint: no such event, not a crash
 
 
 def test_database_down_is_503(tmp_path):

@@ -208,6 +208,9 @@ def create_app(config: ViewerConfig) -> Starlette:
             except (PoolTimeout, AgentCapStorageError, psycopg.OperationalError) as exc:
                 _log.warning("the event log is unavailable: %s", exc)
                 return _error(503, f"the event log is unavailable: {exc}")
+            except psycopg.Error as exc:
+                _log.exception("query of the web view failed")
+                return _error(500, f"database error: {str(exc).strip().splitlines()[0]}")
 
         return endpoint
 
