@@ -12,9 +12,12 @@ from otel_agentcap.capture import (
     AgentScope,
     Lookup,
     Memory,
+    RunCarrier,
     Tool,
     agent,
     current_execution,
+    run,
+    run_context,
     spawn,
     tool,
 )
@@ -23,7 +26,6 @@ from otel_agentcap.context import (
     caused_by,
     current_agent,
     current_run,
-    run,
     start_thread,
     wrap,
 )
@@ -31,6 +33,7 @@ from otel_agentcap.errors import (
     AgentCancelled,
     AgentCapError,
     AgentTimeoutError,
+    RunExistsError,
     SpawnConflictError,
 )
 from otel_agentcap.model import Event, EventRef, EventType
@@ -51,6 +54,8 @@ __all__ = [
     "EventType",
     "Lookup",
     "Memory",
+    "RunCarrier",
+    "RunExistsError",
     "SpawnConflictError",
     "Tool",
     "__version__",
@@ -61,6 +66,7 @@ __all__ = [
     "current_execution",
     "current_run",
     "run",
+    "run_context",
     "run_tool_uses",
     "spawn",
     "start_thread",

@@ -14,6 +14,9 @@ GEN_AI_CONVERSATION_ID: Final = "gen_ai.conversation.id"
 GEN_AI_TOOL_NAME: Final = "gen_ai.tool.name"
 GEN_AI_TOOL_CALL_ID: Final = "gen_ai.tool.call.id"
 GEN_AI_TOOL_TYPE: Final = "gen_ai.tool.type"
+#: Tool arguments and result as JSON text: content, set only when content capture is on.
+GEN_AI_TOOL_CALL_ARGUMENTS: Final = "gen_ai.tool.call.arguments"
+GEN_AI_TOOL_CALL_RESULT: Final = "gen_ai.tool.call.result"
 GEN_AI_REQUEST_MODEL: Final = "gen_ai.request.model"
 GEN_AI_RESPONSE_MODEL: Final = "gen_ai.response.model"
 GEN_AI_RESPONSE_ID: Final = "gen_ai.response.id"
@@ -27,6 +30,8 @@ OP_INVOKE_AGENT: Final = "invoke_agent"
 OP_CREATE_AGENT: Final = "create_agent"
 OP_EXECUTE_TOOL: Final = "execute_tool"
 OP_CHAT: Final = "chat"
+#: The root span of a run (``ac.run``): a GenAI workflow.
+OP_INVOKE_WORKFLOW: Final = "invoke_workflow"
 
 # otel_agentcap's own attributes. A span holding an event carries RUN_ID, AGENT_ID, EVENT_ID,
 # EVENT_TYPE, EVENT_SEQ and the GenAI agent id and name; EVENT_IDEMPOTENCY_KEY only when it is not
@@ -36,6 +41,14 @@ RUN_ID: Final = "agentcap.run.id"
 #: agent executions (stored in ``agentcap.runs.attributes``).
 RUN_ATTRIBUTES: Final = "agentcap.run.attributes"
 AGENT_ID: Final = "agentcap.agent.id"
+#: On a run's root span (``invoke_workflow {run id}``): true. Its ``agentcap.run.id`` is the run's.
+RUN_ROOT: Final = "agentcap.run.root"
+#: Attribute of each span link that names a causal parent: the parent event's id (also listed in
+#: the span's ``agentcap.event.causal_parent_ids``, as link attributes do not survive every
+#: translation, Jaeger's included).
+LINK_EVENT_ID: Final = "agentcap.causal_parent.event_id"
+#: Links per span made for causal parents; parents beyond it stay in the attributes only.
+MAX_CAUSAL_LINKS: Final = 32
 EVENT_ID: Final = "agentcap.event.id"
 EVENT_TYPE: Final = "agentcap.event.type"
 EVENT_SEQ: Final = "agentcap.event.seq"

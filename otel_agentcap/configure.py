@@ -9,7 +9,9 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
+from otel_agentcap.capture import _telemetry
 from otel_agentcap.capture.agents import set_spawn_lookup
+from otel_agentcap.capture.runs import set_run_registry
 from otel_agentcap.clock import clocks
 from otel_agentcap.exporters.postgres import (
     Database,
@@ -17,7 +19,7 @@ from otel_agentcap.exporters.postgres import (
     PostgresSpanExporter,
     resolve_dsn,
 )
-from otel_agentcap.exporters.postgres.recovery import PostgresSpawnLookup
+from otel_agentcap.exporters.postgres.recovery import PostgresRunRegistry, PostgresSpawnLookup
 from otel_agentcap.exporters.queue import EventLogSpanProcessor, Overflow
 from otel_agentcap.processor import AgentCapSpanProcessor
 
@@ -47,7 +49,9 @@ def configure(
       ``"drop"``; drops are counted in ``stats().events_dropped`` (see ``exporters.queue``).
     * ``sequence_blocks``: reserve sequence blocks in the database so that several processes
       serving one agent, or an agent resumed after a restart, never repeat a sequence.
-      A spawn retried in a new process finds the child stored by the earlier one.
+      A spawn retried in a new process finds the child stored by the earlier one, and a run id
+      is claimed in the database when its run opens (``run(run_id)`` on a stored run needs
+      ``resume=True`` or a carried context, see ``otel_agentcap.capture.runs``).
     * ``set_global``: install the provider as the global one (capture uses the global provider).
 
     Raises only for configuration errors (e.g. the embedded server cannot start); a database that
@@ -76,6 +80,8 @@ def configure(
     if sequence_blocks:
         clocks.configure(PostgresSequenceSource(database))
     set_spawn_lookup(PostgresSpawnLookup(database))
+    set_run_registry(PostgresRunRegistry(database))
+    _telemetry.refresh_content_capture()
     if set_global:
         trace.set_tracer_provider(provider)
     provider.agentcap_exporter = exporter  # type: ignore[attr-defined]

@@ -17,14 +17,13 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, ParamSpec, TypeVar
 
 from otel_agentcap.clock import LamportClock, clocks
 from otel_agentcap.errors import AgentCancelled
 from otel_agentcap.model import EventRef, event_id_prefix, validate_id
-from otel_agentcap.runs import lifetimes
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -126,26 +125,6 @@ def new_agent_context(
         spawned_at=spawned_at,
         deadline=None if timeout is None else time.monotonic() + timeout,
     )
-
-
-@contextmanager
-def run(run_id: str | None = None, **attributes: Any) -> Iterator[RunContext]:
-    """Group what happens inside into one run; ``run_id`` defaults to a generated one.
-
-    The run's in-process state (clocks, agents and their committed state, tool outcomes) is
-    released when its last ``run()`` scope and agent execution in this process close."""
-    ctx = RunContext(
-        validate_id(run_id, "run_id") if run_id is not None else new_id("run"), attributes
-    )
-    token = bind_run(ctx)
-    lifetimes.enter(ctx.run_id)
-    try:
-        yield ctx
-    finally:
-        # Closed in another context (a generator finalised elsewhere): nothing to reset there.
-        with suppress(ValueError):
-            reset_run(token)
-        lifetimes.leave(ctx.run_id)
 
 
 ambient_causal_parents: Callable[[], tuple[EventRef, ...]] = _causal_parents.get

@@ -18,3 +18,9 @@ class AgentTimeoutError(AgentCapError, TimeoutError):
 
 class SpawnConflictError(AgentCapError, ValueError):
     """A spawn reused the identity of an agent that has another parent."""
+
+
+class RunExistsError(AgentCapError, ValueError):
+    """``run(run_id)`` named a run that already exists (in the event log, or opened before in this
+    process) without ``resume=True`` or a context carried from the run: merging a new run into a
+    stored one silently would mix their events."""

@@ -24,7 +24,15 @@ from opentelemetry.util.types import AttributeValue
 
 from otel_agentcap import attributes as attr
 from otel_agentcap import jsonsafe
-from otel_agentcap.model import AgentRecord, Batch, Event, EventType, RunRecord, from_fields
+from otel_agentcap.model import (
+    AgentRecord,
+    Batch,
+    Event,
+    EventType,
+    RunRecord,
+    SpanRecord,
+    from_fields,
+)
 from otel_agentcap.model_calls import SUPERSEDED, call_ids, is_sdk_scope, model_call_payload
 from otel_agentcap.span_attributes import attributes_of, has_events
 
@@ -401,6 +409,47 @@ class _ModelCalls:
 _NO_RUN_ATTRIBUTES: Mapping[str, Any] = {}
 
 
+def _enum_value(value: Any, default: int) -> int:
+    number = getattr(value, "value", value)
+    return number if type(number) is int else default
+
+
+def _service_name(span: SpanLike) -> str | None:
+    resource = getattr(span, "resource", None)
+    attributes = getattr(resource, "attributes", None)
+    if attributes is None:
+        attributes = getattr(span, "resource_attributes", None)  # an OTLP-decoded span
+    name = attributes.get("service.name") if attributes else None
+    return name if isinstance(name, str) else None
+
+
+def span_record(span: SpanLike, run_id: str) -> SpanRecord | None:
+    """The envelope of a span that carries events of ``run_id`` (or is its root span)."""
+    ctx = span.context
+    if ctx is None:
+        return None
+    parent = getattr(span, "parent", None)
+    parent_id = getattr(parent, "span_id", 0) if parent is not None else 0
+    status = getattr(span, "status", None)
+    message = getattr(status, "description", None)
+    start = span.start_time
+    end = span.end_time
+    return SpanRecord(
+        run_id,
+        _trace_id_hex(ctx.trace_id),
+        f"{ctx.span_id:016x}",
+        f"{parent_id:016x}" if parent_id else None,
+        span.name,
+        _enum_value(getattr(span, "kind", None), 0),
+        _time(start),
+        _time(end if end is not None else start),
+        _enum_value(getattr(status, "status_code", None), 0),
+        message if isinstance(message, str) else None,
+        _service_name(span),
+        _scope_name(span),
+    )
+
+
 def _add_run_attributes(
     into: dict[str, dict[str, Any]], attributes: Mapping[str, AttributeValue], declared: object
 ) -> None:
@@ -425,13 +474,16 @@ def batch_from_spans(spans: Iterable[SpanLike], *, raw_payloads: bool = False) -
     seen: set[tuple[object, ...]] = set()
     started: dict[str, datetime] = {}
     run_attributes: dict[str, dict[str, Any]] = {}
+    roots: dict[str, tuple[str, str]] = {}
+    envelopes: list[SpanRecord] = []
     lost = [0]
     for span in spans:
         attributes = attributes_of(span)  # read only, never copied: the spans have ended
         declared = attributes.get(attr.RUN_ATTRIBUTES)
         if declared is not None:
             _add_run_attributes(run_attributes, attributes, declared)
-        for event in _events(span, attributes, raw_payloads, lost):
+        span_events = _events(span, attributes, raw_payloads, lost)
+        for event in span_events:
             if event.event_type == _MODEL_CALL:
                 calls.add(event, is_sdk_scope(_scope_name(span)))
             else:
@@ -440,6 +492,19 @@ def batch_from_spans(spans: Iterable[SpanLike], *, raw_payloads: bool = False) -
             first = started.get(event.run_id)
             if first is None or event.wall_time < first:
                 started[event.run_id] = event.wall_time
+        if span_events:
+            envelope = span_record(span, span_events[0].run_id)
+            if envelope is not None:
+                envelopes.append(envelope)
+        elif attributes.get(attr.RUN_ROOT) is True:
+            run_id = attributes.get(attr.RUN_ID)
+            envelope = span_record(span, run_id) if type(run_id) is str else None
+            if envelope is not None and type(run_id) is str:
+                envelopes.append(envelope)
+                roots[run_id] = (envelope.trace_id, envelope.span_id)
+                first = started.get(run_id)
+                if first is None or envelope.start_time < first:
+                    started[run_id] = envelope.start_time
         # Most spans name the same agent again: build its record only once.
         identity = tuple(map(attributes.get, _AGENT_KEYS))
         if identity in seen:
@@ -452,7 +517,9 @@ def batch_from_spans(spans: Iterable[SpanLike], *, raw_payloads: bool = False) -
             agents[record] = None
     superseded, kept = calls.set_aside()
     runs = tuple(
-        RunRecord(run_id, at, run_attributes.get(run_id, _NO_RUN_ATTRIBUTES))
+        RunRecord(run_id, at, run_attributes.get(run_id, _NO_RUN_ATTRIBUTES), *roots[run_id])
+        if run_id in roots
+        else RunRecord(run_id, at, run_attributes.get(run_id, _NO_RUN_ATTRIBUTES))
         for run_id, at in started.items()
     )
-    return Batch(tuple(events), tuple(agents), runs, superseded, kept, lost[0])
+    return Batch(tuple(events), tuple(agents), runs, superseded, kept, lost[0], tuple(envelopes))

@@ -14,7 +14,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from types import MappingProxyType
-from typing import Any, Final, NamedTuple, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Final, NamedTuple, TypeVar, cast
+
+if TYPE_CHECKING:  # the API's SpanContext, only as a type: the model imports no OpenTelemetry
+    from opentelemetry.trace import SpanContext
 
 #: Namespace of deterministic event ids: ``uuid5(EVENT_NAMESPACE, run \x1f agent \x1f key)``.
 EVENT_NAMESPACE: Final = uuid.UUID("5b0f6f7e-3c55-4d2b-9a51-6a3d7f0c2e11")
@@ -117,11 +120,13 @@ def from_fields(cls: type[_Row]) -> Callable[[tuple[object, ...]], _Row]:
 
 
 class EventRef(NamedTuple):
-    """Enough of an event to name it as a causal parent: its id and its sequence."""
+    """Enough of an event to name it as a causal parent: its id, its sequence, and (when known)
+    the span that carries it, which a child event's span links to."""
 
     event_id: str
     seq: int
     agent_id: str = ""
+    span: SpanContext | None = None
 
 
 class Event(NamedTuple):
@@ -162,6 +167,29 @@ class RunRecord(NamedTuple):
     run_id: str
     started_at: datetime
     attributes: Mapping[str, Any] = _NO_ATTRIBUTES
+    #: The run's root span (``ac.run``), hex, when this record comes from it.
+    trace_id: str | None = None
+    root_span_id: str | None = None
+
+
+class SpanRecord(NamedTuple):
+    """The envelope of one span that carries a run's events (or is the run's root span): what a
+    trace viewer needs beyond the events to draw the trace as it was recorded. Ids are hex."""
+
+    run_id: str
+    trace_id: str
+    span_id: str
+    parent_span_id: str | None
+    name: str
+    #: OpenTelemetry ``SpanKind`` value (0 internal, 1 server, 2 client, 3 producer, 4 consumer).
+    kind: int
+    start_time: datetime
+    end_time: datetime
+    #: 0 unset, 1 ok, 2 error (OpenTelemetry ``StatusCode`` values).
+    status_code: int = 0
+    status_message: str | None = None
+    service_name: str | None = None
+    scope_name: str | None = None
 
 
 class Batch(NamedTuple):
@@ -182,3 +210,5 @@ class Batch(NamedTuple):
     #: Closing events the spans held but that could not be read back (an attribute value length
     #: limit cut their record before its identity): counted, since they cannot be stored.
     unreadable: int = 0
+    #: The envelopes of the spans that carried the events (and of run root spans).
+    spans: tuple[SpanRecord, ...] = ()

@@ -127,7 +127,10 @@ class AgentCapSpanProcessor(SpanProcessor):
             return
         if event_type == _MODEL_CALL and self._join_model_call(span, ctx, scope, parent_context):
             return
-        add_attributes(span, stamp(ctx, event_type).attributes())
+        event = stamp(ctx, event_type)
+        add_attributes(span, event.attributes())
+        for link in event.links:  # the spans of its causal parents (tool results, say)
+            span.add_link(link.context, link.attributes)
         if event_type == _MODEL_CALL and not is_sdk_scope(scope):
             parent = trace.get_current_span(parent_context)
             with self._open_lock:
@@ -188,6 +191,9 @@ class AgentCapSpanProcessor(SpanProcessor):
         copied[attr.GEN_AI_AGENT_NAME] = ctx.name
         other_scope = other.instrumentation_scope.name if other.instrumentation_scope else None
         add_attributes(span, copied)
+        for link in other.links:
+            if link.attributes and attr.LINK_EVENT_ID in link.attributes:
+                span.add_link(link.context, dict(link.attributes))
         if sdk and not is_sdk_scope(other_scope):
             other.set_attribute(SUPERSEDED, True)
         elif other is parent:
@@ -237,7 +243,7 @@ class AgentCapSpanProcessor(SpanProcessor):
             return
         causal_links.record_model_call(
             run_id,
-            EventRef(event_id, seq, str(attributes.get(attr.AGENT_ID, ""))),
+            EventRef(event_id, seq, str(attributes.get(attr.AGENT_ID, "")), span.context),
             response_id=response_id if type(response_id) is str else None,
             tool_use_ids=[str(i) for i in tool_use_ids]
             if isinstance(tool_use_ids, tuple | list)

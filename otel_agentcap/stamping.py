@@ -5,9 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
+from opentelemetry.trace import Link, SpanContext
 from opentelemetry.util.types import AttributeValue
 
 from otel_agentcap import attributes as attr
+from otel_agentcap.attributes import LINK_EVENT_ID, MAX_CAUSAL_LINKS
 from otel_agentcap.context import AgentContext, ambient_causal_parents
 from otel_agentcap.model import EventRef, event_id_in, from_fields
 
@@ -23,10 +25,18 @@ class Stamp(NamedTuple):
     event_type: str
     idempotency_key: str
     causal_parent_ids: tuple[str, ...]
+    #: One span link per causal parent whose span is known (at most ``MAX_CAUSAL_LINKS``), each
+    #: with the parent's event id as ``agentcap.causal_parent.event_id``.
+    links: tuple[Link, ...] = ()
 
     @property
     def ref(self) -> EventRef:
-        return _new_ref((self.event_id, self.seq, self.agent_id))
+        """This event as a causal parent, without its span (see :meth:`ref_on`)."""
+        return _new_ref((self.event_id, self.seq, self.agent_id, None))
+
+    def ref_on(self, span_context: SpanContext | None) -> EventRef:
+        """This event as a causal parent carried by the span with ``span_context``."""
+        return _new_ref((self.event_id, self.seq, self.agent_id, span_context))
 
     def attributes(self) -> dict[str, AttributeValue]:
         """The stamp as span attributes. What can be derived is left out (every attribute costs
@@ -63,18 +73,26 @@ def stamp(
     """
     ambient = ambient_causal_parents()
     parent_ids: tuple[str, ...] = ()
+    links: tuple[Link, ...] = ()
     if len(parents) == 1 and not ambient:  # e.g. a tool's result, caused by its invocation
-        parent_ids = (parents[0].event_id,)
-        seq = agent.clock.tick(parents[0].seq)
+        parent = parents[0]
+        parent_ids = (parent.event_id,)
+        seq = agent.clock.tick(parent.seq)
+        if parent.span is not None:
+            links = (_link(parent),)
     elif parents or ambient:
         after = 0
         ids: list[str] = []
+        linked: list[Link] = []
         for parent in (*parents, *ambient):
             if parent.seq > after:
                 after = parent.seq
             if parent.event_id not in ids:
                 ids.append(parent.event_id)
+                if parent.span is not None and len(linked) < MAX_CAUSAL_LINKS:
+                    linked.append(_link(parent))
         parent_ids = tuple(ids)
+        links = tuple(linked)
         seq = agent.clock.tick(after)
     else:
         seq = agent.clock.tick()
@@ -91,8 +109,14 @@ def stamp(
             event_type,
             idempotency_key,
             parent_ids,
+            links,
         )
     )
+
+
+def _link(parent: EventRef) -> Link:
+    """The span link to the span that carries the causal parent ``parent``."""
+    return Link(parent.span, {LINK_EVENT_ID: parent.event_id})  # type: ignore[arg-type]
 
 
 _new_stamp = from_fields(Stamp)

@@ -77,19 +77,22 @@ def test_concurrent_spawns_of_one_identity_give_one_child():
     assert len(captured.of_type("agent_spawn")) == 1
 
 
-def test_child_invoke_span_links_to_spawn_span():
-    """The child's invoke_agent span has an OpenTelemetry Link to the parent's create_agent span."""
+def test_child_invoke_span_is_a_child_of_and_links_to_its_spawn_span():
+    """The child's invoke_agent span is a child of the parent's create_agent span and links to
+    it (the spawn is its causal parent), with the spawn event's id on the link."""
     with capture_events() as captured, oa.run(_run_id()):
         with oa.agent("parent"):
             child = oa.spawn("worker")
         with child.scope():
             pass
-    create = next(s for s in captured.spans if s.name == "create_agent worker")
-    invoke = next(s for s in captured.spans if s.name == "invoke_agent worker")
+    create = next(s for s in captured.spans if s.name == "create_agent parent/worker")
+    invoke = next(s for s in captured.spans if s.name == "invoke_agent parent/worker")
     assert create.attributes[attr.GEN_AI_OPERATION_NAME] == "create_agent"
     assert invoke.attributes[attr.GEN_AI_OPERATION_NAME] == "invoke_agent"
+    assert invoke.parent is not None and invoke.parent.span_id == create.context.span_id
     assert [link.context.span_id for link in invoke.links] == [create.context.span_id]
     assert invoke.links[0].context.trace_id == create.context.trace_id
+    assert invoke.links[0].attributes[attr.LINK_EVENT_ID] == create.attributes[attr.EVENT_ID]
 
 
 def test_child_start_records_where_it_was_spawned():
@@ -103,7 +106,7 @@ def test_child_start_records_where_it_was_spawned():
     spawn_event = captured.of_type("agent_spawn")[0]
     start = next(e for e in captured.of_type("agent_start") if e.agent_id == child.agent_id)
     assert start.causal_parent_ids == (spawn_event.event_id,)
-    invoke = next(s for s in captured.spans if s.name == "invoke_agent worker")
+    invoke = next(s for s in captured.spans if s.name == "invoke_agent parent/w1")
     assert invoke.attributes[attr.SPAWNED_AT_EVENT_ID] == spawn_event.event_id
     assert invoke.attributes[attr.PARENT_AGENT_ID] == "parent"
     record = captured.agents[(run_id, child.agent_id)]
@@ -333,6 +336,8 @@ def test_span_outside_agent_untouched():
         tracer.start_span("plain", attributes={"x": 1}).end()
         tracer.start_span("chat m", attributes={attr.GEN_AI_OPERATION_NAME: "chat"}).end()
     for span in captured.spans:
+        if span.attributes.get(attr.RUN_ROOT):
+            continue  # the run's own root span
         assert not any(k.startswith("agentcap.") for k in span.attributes)
     assert captured.events == []
 

@@ -256,7 +256,7 @@ def test_untracked_write_breaks_the_chain_instead_of_lying():
         with oa.run("run-gap"), oa.agent("a"):
             first = memory.set("k", 1)
         memory["k"] = 2  # outside any agent
-        with oa.run("run-gap"), oa.agent("a"):
+        with oa.run("run-gap", resume=True), oa.agent("a"):
             memory.set("k", 3)
     writes = captured.of_type("memory_write")
     assert len(writes) == 2

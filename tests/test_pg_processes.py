@@ -24,7 +24,7 @@ _WORKER = textwrap.dedent(
     from otel_agentcap.exporters.postgres import Database, PostgresSequenceSource
     clocks.configure(PostgresSequenceSource(Database(dsn)), block_size=8)
     memory = ac.Memory("shared")
-    with ac.run(run_id):
+    with ac.run(run_id, resume=True):
         with ac.agent("worker") as worker:
             if mode == "spawn":
                 child = worker.spawn("helper", key="h")

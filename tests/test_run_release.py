@@ -57,7 +57,7 @@ def _work(run_id: str) -> None:
 
 def test_closing_the_last_scope_releases_everything_the_run_held():
     run_id = _run_id()
-    with oa.run(run_id):
+    with oa.run(run_id, resume=True):
         _work(run_id)
         # The tool result is indexed for its agent and for the run.
         assert _held(run_id) == {"clocks": 2, "agents": 2, "invocations": 3, "links": 2}
@@ -78,7 +78,7 @@ def test_many_runs_leave_the_registries_as_they_were():
     before = (len(clocks), len(invocations), len(causal_links._tool_results))
     for _ in range(200):
         run_id = _run_id()
-        with oa.run(run_id):
+        with oa.run(run_id, resume=True):
             _work(run_id)
     assert (len(clocks), len(invocations), len(causal_links._tool_results)) == before
 
@@ -97,7 +97,7 @@ def test_a_run_stays_held_while_another_scope_of_it_is_open():
     leave = threading.Event()
 
     def other() -> None:
-        with oa.run(run_id), oa.agent("planner"):
+        with oa.run(run_id, resume=True), oa.agent("planner"):
             once.invoke("shared", 1)
             inside.set()
             leave.wait(10)
@@ -106,7 +106,7 @@ def test_a_run_stays_held_while_another_scope_of_it_is_open():
     thread = threading.Thread(target=other)
     thread.start()
     assert inside.wait(10)
-    with oa.run(run_id), oa.agent("planner"):
+    with oa.run(run_id, resume=True), oa.agent("planner"):
         pass
     leave.set()
     thread.join(10)
@@ -122,7 +122,7 @@ def test_a_run_entered_again_continues_above_its_released_sequences():
     run_id = _run_id()
     with capture_events() as captured:
         for _ in range(3):
-            with oa.run(run_id), oa.agent("planner"):
+            with oa.run(run_id, resume=True), oa.agent("planner"):
                 double(1)
     events = captured.events
     seqs = _sequences(events, "planner")
@@ -147,11 +147,11 @@ def test_a_thread_that_outlives_its_run_shares_the_clock_of_a_later_entry():
         done.set()
 
     with capture_events() as captured:
-        with oa.run(run_id), oa.agent("planner"):
+        with oa.run(run_id, resume=True), oa.agent("planner"):
             oa.start_thread(late)
         released.set()
         assert _held(run_id)["clocks"] == 0
-        with oa.run(run_id), oa.agent("planner"):
+        with oa.run(run_id, resume=True), oa.agent("planner"):
             go.set()
             for i in range(50):
                 double(i)
@@ -193,7 +193,7 @@ def test_a_stored_error_keeps_its_chain_but_no_frames():
 
 def test_a_replayed_error_is_the_recorded_one_after_storage():
     run_id = _run_id()
-    with oa.run(run_id), oa.agent("planner"):
+    with oa.run(run_id, resume=True), oa.agent("planner"):
         with pytest.raises(ValueError, match="bad 2") as first:
             fail.invoke("call", 2)
         with pytest.raises(ValueError, match="bad 2") as replayed:

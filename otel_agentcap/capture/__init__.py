@@ -9,6 +9,7 @@ from otel_agentcap.capture.agents import (
     spawn,
 )
 from otel_agentcap.capture.memory import MISSING, Lookup, Memory
+from otel_agentcap.capture.runs import RunCarrier, run, run_context
 from otel_agentcap.capture.tools import Tool, tool
 
 __all__ = [
@@ -18,9 +19,12 @@ __all__ = [
     "AgentScope",
     "Lookup",
     "Memory",
+    "RunCarrier",
     "Tool",
     "agent",
     "current_execution",
+    "run",
+    "run_context",
     "spawn",
     "tool",
 ]

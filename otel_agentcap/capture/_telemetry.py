@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Sequence
 from typing import Any
 
 from opentelemetry import trace
+from opentelemetry.context import Context
 from opentelemetry.trace import Link, Span, SpanKind, Tracer
 from opentelemetry.util.types import AttributeValue
 
@@ -46,12 +48,46 @@ class Encoded(str):
     __slots__ = ()
 
 
+CAPTURE_CONTENT_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
+
+
+def _content_capture_from_env() -> bool:
+    return os.environ.get(CAPTURE_CONTENT_ENV, "").strip().lower() in ("1", "true", "yes")
+
+
+class _ContentCapture:
+    """Whether content goes on the GenAI attributes of agentcap's own spans (tool arguments and
+    results as ``gen_ai.tool.call.arguments`` / ``.result``). Read from the environment when this
+    module is imported and again by :func:`refresh_content_capture` (``configure()`` and the
+    Anthropic instrumentor call it), not on every tool call."""
+
+    __slots__ = ("enabled",)
+
+    def __init__(self) -> None:
+        self.enabled = _content_capture_from_env()
+
+
+content = _ContentCapture()
+
+
+def refresh_content_capture(enabled: bool | None = None) -> bool:
+    """Set content capture (``None``: from ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT``);
+    returns the new setting."""
+    content.enabled = _content_capture_from_env() if enabled is None else enabled
+    return content.enabled
+
+
 def tool_payload(head: str, field: str, value: Any) -> str:
     """The payload ``{"tool": ..., "invocation_id": ..., field: value}`` of a tool event, given
     ``head``, its encoded beginning up to the invocation id. Only ``value`` is encoded here, with
     ``jsonsafe.dumps``, so a value over the size limit becomes a truncation marker under ``field``
     while the tool and invocation id stay readable."""
     return f'{head},"{field}":{jsonsafe.dumps(value)}}}'
+
+
+def tool_payload_encoded(head: str, field: str, encoded: str) -> str:
+    """:func:`tool_payload` with ``value`` already encoded by ``jsonsafe.dumps``."""
+    return f'{head},"{field}":{encoded}}}'
 
 
 def event_attributes(
@@ -71,11 +107,13 @@ def start_span(
     attributes: dict[str, AttributeValue],
     links: Sequence[Link] = (),
     kind: SpanKind = SpanKind.INTERNAL,
+    context: Context | None = None,
 ) -> Span:
-    """Start a span with ``attributes`` (stamps and payload included). Never raises."""
+    """Start a span with ``attributes`` (stamps and payload included), a child of the current
+    span or of the span in ``context``. Never raises."""
     try:
         return (_real_tracer or _resolved_tracer()).start_span(
-            name, kind=kind, attributes=attributes, links=links
+            name, context, kind, attributes, links
         )
     except Exception:
         _logger.exception("agentcap: could not start span %s", name)
@@ -87,11 +125,12 @@ def start_event_span(
     stamp: Stamp,
     payload: Any,
     extra: dict[str, AttributeValue] | None = None,
-    links: Sequence[Link] = (),
     kind: SpanKind = SpanKind.INTERNAL,
+    context: Context | None = None,
 ) -> Span:
-    """Start a span whose primary event is ``stamp``. Never raises."""
-    return start_span(name, event_attributes(stamp, payload, extra), links, kind)
+    """Start a span whose primary event is ``stamp``, linked to the spans of its causal parents.
+    Never raises."""
+    return start_span(name, event_attributes(stamp, payload, extra), stamp.links, kind, context)
 
 
 def outcome_record(stamp: Stamp, payload: Any) -> str:
@@ -109,13 +148,41 @@ def outcome_record(stamp: Stamp, payload: Any) -> str:
     )
 
 
-def finish_span(span: Span, stamp: Stamp, payload: Any, error: BaseException | None = None) -> None:
-    """End ``span`` with its closing event ``stamp`` (see ``attributes.OUTCOME``). Never raises."""
+def finish_span(
+    span: Span,
+    stamp: Stamp,
+    payload: Any,
+    error: BaseException | None = None,
+    extra: dict[str, AttributeValue] | None = None,
+) -> None:
+    """End ``span`` with its closing event ``stamp`` (see ``attributes.OUTCOME``), linked to the
+    spans of its causal parents other than ``span`` itself. Never raises."""
     try:
-        add_attributes(span, {attr.OUTCOME: outcome_record(stamp, payload)})
+        attributes: dict[str, AttributeValue] = {attr.OUTCOME: outcome_record(stamp, payload)}
+        if extra:
+            attributes.update(extra)
+        add_attributes(span, attributes)
+        if stamp.links:
+            add_links(span, stamp.links)
     except Exception:
         _logger.exception("agentcap: could not record %s", stamp.event_type)
     end_span(span, error)
+
+
+def add_links(span: Span, links: Sequence[Link]) -> None:
+    """Add ``links`` to the running ``span``, except links to itself and links to parent events
+    it links to already (those of its start event), up to ``attributes.MAX_CAUSAL_LINKS`` in all."""
+    own = span.get_span_context().span_id
+    existing = getattr(span, "links", ())
+    known = {(link.attributes or {}).get(attr.LINK_EVENT_ID) for link in existing}
+    room = attr.MAX_CAUSAL_LINKS - len(existing)
+    for link in links:
+        event_id = (link.attributes or {}).get(attr.LINK_EVENT_ID)
+        if link.context.span_id == own or event_id in known or room <= 0:
+            continue
+        known.add(event_id)
+        room -= 1
+        span.add_link(link.context, link.attributes)
 
 
 def error_type(error: BaseException) -> str:

@@ -14,7 +14,7 @@ from typing import Any, Protocol, TypeVar
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.trace import Link, Span, SpanContext
+from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, SpanKind
 
 from otel_agentcap import attributes as attr
 from otel_agentcap import jsonsafe
@@ -62,6 +62,9 @@ class Agent:
         self.parent_agent_id = parent_agent_id
         self.spawned_at = spawned_at
         self.spawn_span_context = spawn_span_context
+        #: ``invoke_agent {agent id}``: the id, not only the name, so that the rows of five
+        #: agents named ``researcher`` can be told apart in a trace viewer.
+        self.span_name = f"invoke_agent {agent_id}"
         self._state: dict[str, Any] = {}
         self._state_lock = threading.Lock()
 
@@ -239,7 +242,8 @@ class AgentScope:
             spawned_at=agent.spawned_at,
             timeout=self.timeout,
         )
-        parents = (agent.spawned_at,) if agent.spawned_at is not None else ()
+        spawned_at = agent.spawned_at
+        parents = (spawned_at,) if spawned_at is not None else ()
         start = stamp(ctx, EventType.AGENT_START, parents=parents)
         extra: dict[str, Any] = {
             attr.GEN_AI_OPERATION_NAME: attr.OP_INVOKE_AGENT,
@@ -251,14 +255,19 @@ class AgentScope:
         run = current_run()
         if run is not None and run.run_id == agent.run_id and run.attributes:
             extra[attr.RUN_ATTRIBUTES] = jsonsafe.dumps(run.attributes)
-        links = (
-            [Link(agent.spawn_span_context)]
-            if agent.spawn_span_context is not None and agent.spawn_span_context.is_valid
-            else []
+        # A spawned child runs under the create_agent span that spawned it, wherever it runs
+        # (also in another process, from the stored spawn); anything else under the current span.
+        spawn_span = agent.spawn_span_context
+        parent = (
+            trace.set_span_in_context(NonRecordingSpan(spawn_span))
+            if spawn_span is not None and spawn_span.is_valid
+            else None
         )
         payload = {"name": agent.name, "timeout": self.timeout}
-        span = tel.start_event_span(f"invoke_agent {agent.name}", start, payload, extra, links)
-        execution = AgentExecution(agent, ctx, span, start.ref)
+        span = tel.start_event_span(
+            agent.span_name, start, payload, extra, SpanKind.INTERNAL, parent
+        )
+        execution = AgentExecution(agent, ctx, span, start.ref_on(span.get_span_context()))
         ctx.execution = execution
         return execution
 
@@ -398,9 +407,19 @@ class SpawnLookup(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class SpawnRecord:
+    """A stored spawn: the child's parent and name, the ``agent_spawn`` event, and the span that
+    carries it (the ``create_agent`` span), under which the child's executions run so that a
+    child resumed in another process joins the run's trace."""
+
     parent_agent_id: str
     name: str | None
     spawned_at: EventRef
+    span_context: SpanContext | None = None
+
+    @property
+    def spawn_span(self) -> SpanContext | None:
+        """The ``create_agent`` span of the spawn, if known."""
+        return self.span_context if self.span_context is not None else self.spawned_at.span
 
 
 _spawn_lookup: SpawnLookup | None = None
@@ -522,14 +541,20 @@ def _spawn(parent: AgentContext, name: str, *, key: str | None, agent_id: str | 
                     f"agent {child_id!r} was spawned in run {parent.run_id!r} by "
                     f"{recovered.parent_agent_id!r}, not {parent.agent_id!r}"
                 )
-            # Spawned by an earlier process: same child, no second spawn event.
+            # Spawned by an earlier process: same child, no second spawn event; it runs under
+            # the stored spawn's span, in the run's trace.
             parent.clock.observe(recovered.spawned_at.seq)
+            spawn_span = recovered.spawn_span
+            spawned_at = recovered.spawned_at
+            if spawned_at.span is None and spawn_span is not None:
+                spawned_at = spawned_at._replace(span=spawn_span)
             child = Agent(
                 parent.run_id,
                 child_id,
                 recovered.name or name,
                 parent_agent_id=parent.agent_id,
-                spawned_at=recovered.spawned_at,
+                spawned_at=spawned_at,
+                spawn_span_context=spawn_span,
             )
             clocks.get(parent.run_id, child_id).observe(recovered.spawned_at.seq)
             agents[child_id] = child
@@ -541,15 +566,16 @@ def _spawn(parent: AgentContext, name: str, *, key: str | None, agent_id: str | 
             attr.CHILD_AGENT_NAME: name,
         }
         payload = {"child_agent_id": child_id, "child_name": name, "key": key}
-        span = tel.start_event_span(f"create_agent {name}", spawn_stamp, payload, extra)
+        span = tel.start_event_span(f"create_agent {child_id}", spawn_stamp, payload, extra)
         tel.end_span(span)
+        spawn_span = span.get_span_context()
         child = Agent(
             parent.run_id,
             child_id,
             name,
             parent_agent_id=parent.agent_id,
-            spawned_at=spawn_stamp.ref,
-            spawn_span_context=span.get_span_context(),
+            spawned_at=spawn_stamp.ref_on(spawn_span if spawn_span.is_valid else None),
+            spawn_span_context=spawn_span,
         )
         # The child's first event must come after the spawn, whatever thread runs it.
         clocks.get(parent.run_id, child_id).observe(spawn_stamp.seq)

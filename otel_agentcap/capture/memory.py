@@ -18,6 +18,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Final
 
+from opentelemetry.trace import Span
+
 from otel_agentcap import jsonsafe
 from otel_agentcap.capture import _telemetry as tel
 from otel_agentcap.context import current_agent
@@ -144,7 +146,7 @@ class Memory:
         ctx = current_agent()
         if ctx is not None:
             ctx.check_active()
-        pending: tuple[Stamp, str] | None = None
+        pending: Span | None = None
         with self._lock:
             before = self._slots.get(key)
             if before is None and value is MISSING:
@@ -169,9 +171,12 @@ class Memory:
                 if value is not MISSING:
                     payload["after"] = value
                 # Serialised here under the lock, so later mutation of a stored object cannot
-                # change what the event says; the span is emitted after the lock is released.
-                pending = (event, jsonsafe.dumps(payload))
-                event_ref = event.ref
+                # change what the event says. The span starts here too, so the write's reference
+                # (which the key's next read and write link to) names its span; it ends after
+                # the lock is released (an exporter running synchronously must not hold up
+                # other agents).
+                pending = self._start("memory_write", event, jsonsafe.dumps(payload), key)
+                event_ref = event.ref_on(pending.get_span_context())
             if value is MISSING:
                 self._slots.pop(key, None)
                 if event_ref is not None:
@@ -184,14 +189,16 @@ class Memory:
                 self._slots[key] = _Slot(value, event_ref)
                 self._deletes.pop(key, None)
         if pending is not None:
-            self._emit("memory_write", pending[0], pending[1], key)
+            tel.end_span(pending)
         return event_ref, before is not None
 
     def _emit(self, name: str, event: Stamp, encoded_payload: str, key: str) -> None:
-        span = tel.start_event_span(
+        tel.end_span(self._start(name, event, encoded_payload, key))
+
+    def _start(self, name: str, event: Stamp, encoded_payload: str, key: str) -> Span:
+        return tel.start_event_span(
             name,
             event,
             tel.Encoded(encoded_payload),
             {MEMORY_KEY: key, MEMORY_NAME: self.name},
         )
-        tel.end_span(span)

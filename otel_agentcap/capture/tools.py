@@ -17,6 +17,7 @@ from opentelemetry import trace
 from opentelemetry.util.types import AttributeValue
 
 from otel_agentcap import attributes as attr
+from otel_agentcap import jsonsafe
 from otel_agentcap.capture import _telemetry as tel
 from otel_agentcap.context import AgentContext, current_agent
 from otel_agentcap.model import EventRef, EventType, from_fields, validate_id
@@ -358,12 +359,17 @@ class Tool(Generic[P, R]):
         # The invocation id is escaped once and used in both payloads.
         head = f"{self._payload_prefix}{tel.json_string(call_id)}"
         attributes = start.attributes()
-        attributes[attr.EVENT_PAYLOAD] = tel.tool_payload(
-            head, "arguments", self._arguments(args, kwargs)
-        )
+        if tel.content.enabled:
+            encoded = jsonsafe.dumps(self._arguments(args, kwargs))
+            attributes[attr.EVENT_PAYLOAD] = tel.tool_payload_encoded(head, "arguments", encoded)
+            attributes[attr.GEN_AI_TOOL_CALL_ARGUMENTS] = encoded
+        else:
+            attributes[attr.EVENT_PAYLOAD] = tel.tool_payload(
+                head, "arguments", self._arguments(args, kwargs)
+            )
         attributes.update(self._span_attributes)
         attributes[attr.GEN_AI_TOOL_CALL_ID] = call_id
-        span = tel.start_span(self._span_name, attributes)
+        span = tel.start_span(self._span_name, attributes, start.links)
         invocation = start.ref
         if entry is not None:
             entry.invocation_event = invocation
@@ -416,12 +422,17 @@ class _Finisher(NamedTuple):
             key=None if self.key is None else f"{self.key}:result",
             parents=(self.invocation,),
         )
-        payload = tel.Encoded(tel.tool_payload(self.payload_head, "result", result))
-        tel.finish_span(self.span, done, payload)
+        if tel.content.enabled:
+            encoded = jsonsafe.dumps(result)
+            payload = tel.Encoded(tel.tool_payload_encoded(self.payload_head, "result", encoded))
+            tel.finish_span(self.span, done, payload, None, {attr.GEN_AI_TOOL_CALL_RESULT: encoded})
+        else:
+            payload = tel.Encoded(tel.tool_payload(self.payload_head, "result", result))
+            tel.finish_span(self.span, done, payload)
         if self.claim is not None:
             key, entry = self.claim
             entry.result = result
-            entry.result_event = done.ref
+            entry.result_event = done.ref_on(self.span.get_span_context())
             invocations.complete(key, entry)
 
     def failed(self, error: BaseException) -> None:
@@ -438,7 +449,7 @@ class _Finisher(NamedTuple):
         key, entry = self.claim
         if isinstance(error, Exception):
             entry.error = _stored_error(error)
-            entry.result_event = failed.ref
+            entry.result_event = failed.ref_on(self.span.get_span_context())
             invocations.complete(key, entry)
         else:
             # Cancelled or interrupted, not failed: let the next call run the tool.

@@ -1,21 +1,59 @@
-"""Spawn recovery: a spawn retried in a new process finds the child an earlier process created."""
+"""What a process finds in the log when it continues a run: spawns an earlier process made (a
+spawn retried in a new process finds its child), and whether a run id is taken (a run is claimed
+when it opens)."""
 
 from __future__ import annotations
 
+from opentelemetry.trace import SpanContext, TraceFlags
+
 from otel_agentcap.capture.agents import SpawnRecord
+from otel_agentcap.capture.runs import StoredRun
 from otel_agentcap.exporters.postgres.database import Database
 from otel_agentcap.model import EventRef
 
 _FIND = """
-SELECT a.parent_agent_id, a.name, a.spawned_at_event_id::text, e.logical_seq
+SELECT a.parent_agent_id, a.name, a.spawned_at_event_id::text, e.logical_seq, e.trace_id, e.span_id
 FROM agentcap.agents a
 JOIN agentcap.events e ON e.event_id = a.spawned_at_event_id
 WHERE a.run_id = %s AND a.agent_id = %s AND a.parent_agent_id IS NOT NULL
 """
 
+_CLAIM = """
+INSERT INTO agentcap.runs (run_id, started_at, trace_id, root_span_id)
+VALUES (%s, now(), %s, %s)
+ON CONFLICT (run_id) DO NOTHING
+RETURNING run_id
+"""
+
+_STORED_RUN = "SELECT trace_id, root_span_id FROM agentcap.runs WHERE run_id = %s"
+
+
+def span_context_of(trace_id: object, span_id: object) -> SpanContext | None:
+    """The (remote, sampled) span context of hex ids as the log stores them; None when absent or
+    not valid hex."""
+    if not isinstance(trace_id, str) or not isinstance(span_id, str):
+        return None
+    try:
+        context = SpanContext(
+            int(trace_id, 16),
+            int(span_id, 16),
+            is_remote=True,
+            trace_flags=TraceFlags(TraceFlags.SAMPLED),
+        )
+    except ValueError:
+        return None
+    return context if context.is_valid else None
+
+
+def _hex(context: SpanContext | None) -> tuple[str | None, str | None]:
+    if context is None or not context.is_valid:
+        return None, None
+    return f"{context.trace_id:032x}", f"{context.span_id:016x}"
+
 
 class PostgresSpawnLookup:
-    """A :class:`~otel_agentcap.capture.agents.SpawnLookup` over ``agentcap.agents``.
+    """A :class:`~otel_agentcap.capture.agents.SpawnLookup` over ``agentcap.agents``, with the
+    spawn's span (the child runs under it, in the run's trace).
 
     It sees spawns that an earlier process exported; a spawn still in another live process's
     export queue is not visible yet (that process's own registry answers its own retries)."""
@@ -30,5 +68,28 @@ class PostgresSpawnLookup:
             conn.rollback()
         if row is None:
             return None
-        parent, name, event_id, seq = row
-        return SpawnRecord(str(parent), name, EventRef(str(event_id), int(seq), str(parent)))
+        parent, name, event_id, seq, trace_id, span_id = row
+        span = span_context_of(trace_id, span_id)
+        return SpawnRecord(
+            str(parent), name, EventRef(str(event_id), int(seq), str(parent), span), span
+        )
+
+
+class PostgresRunRegistry:
+    """A :class:`~otel_agentcap.capture.runs.RunRegistry` over ``agentcap.runs``: a run opened
+    with a new id inserts its row (with the root span's ids) at once, so a second ``run()`` of
+    the same id, in any process, finds it."""
+
+    def __init__(self, database: Database, *, timeout: float = 2.0) -> None:
+        self._database = database
+        self._timeout = timeout
+
+    def claim(self, run_id: str, root_span: SpanContext | None) -> StoredRun | None:
+        trace_id, span_id = _hex(root_span)
+        with self._database.quick_connection(self._timeout) as conn, conn.transaction():
+            created = conn.execute(_CLAIM, (run_id, trace_id, span_id)).fetchone()
+            row = None if created else conn.execute(_STORED_RUN, (run_id,)).fetchone()
+        if created:
+            return None
+        stored_trace, stored_span = row if row is not None else (None, None)
+        return StoredRun(run_id, span_context_of(stored_trace, stored_span))

@@ -11,7 +11,7 @@ import json
 import struct
 import uuid
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final, NamedTuple
 
@@ -21,7 +21,7 @@ from psycopg.pq import Format
 from psycopg.types.json import Jsonb
 
 from otel_agentcap import jsonsafe
-from otel_agentcap.model import AgentRecord, Batch, Event, EventType
+from otel_agentcap.model import AgentRecord, Batch, Event, EventType, SpanRecord
 from otel_agentcap.model_calls import call_ids
 
 from .errors import InvalidBatch
@@ -78,8 +78,9 @@ class EventRow(NamedTuple):
 class PreparedBatch:
     events: list[EventRow]
     in_batch_duplicates: int
-    runs: list[tuple[str, datetime | None, Jsonb]]
+    runs: list[RunRow]
     agents: list[tuple[str, str, str | None, str | None, uuid.UUID | None]]
+    spans: list[SpanRow] = field(default_factory=list)
 
 
 def clean_text(value: str) -> str:
@@ -342,14 +343,21 @@ def merge_agents(
     return [(k[0], k[1], v[0], v[1], v[2]) for k, v in sorted(merged.items())]
 
 
+RunRow = tuple[str, datetime | None, Jsonb, str | None, str | None]
+
+
 def merge_runs(
     batch: Batch, rows: Sequence[EventRow], dumps: Callable[[Any], bytes]
-) -> list[tuple[str, datetime | None, Jsonb]]:
-    """One row per run named by the batch: earliest known start, attributes merged (first wins)."""
+) -> list[RunRow]:
+    """One row per run named by the batch: earliest known start, attributes merged (first wins),
+    the root span's trace and span id (first wins)."""
     started: dict[str, datetime | None] = {}
     attributes: dict[str, dict[str, Any]] = {}
+    roots: dict[str, tuple[str, str]] = {}
     for run in batch.runs:
         run_id = clean_text(run.run_id)
+        if run.trace_id and run.root_span_id and run_id not in roots:
+            roots[run_id] = (clean_text(run.trace_id), clean_text(run.root_span_id))
         start = _utc(run.started_at) if run.started_at is not None else None
         previous = started.get(run_id)
         started[run_id] = (
@@ -364,9 +372,44 @@ def merge_runs(
         if previous is None or row.wall_time < previous:
             started[row.run_id] = row.wall_time
     return [
-        (run_id, started[run_id], Jsonb(attributes.get(run_id, {}), dumps))
+        (
+            run_id,
+            started[run_id],
+            Jsonb(attributes.get(run_id, {}), dumps),
+            *roots.get(run_id, _NO_ROOT),
+        )
         for run_id in sorted(started)
     ]
+
+
+_NO_ROOT: Final = (None, None)
+
+SpanRow = tuple[
+    str, str, str, str | None, str, int, datetime, datetime, int, str | None, str | None, str | None
+]
+
+
+def span_rows(spans: Iterable[SpanRecord]) -> list[SpanRow]:
+    """The batch's span envelopes as rows, one per (run, trace, span) (the first wins), sorted."""
+    rows: dict[tuple[str, str, str], SpanRow] = {}
+    for span in spans:
+        run_id = clean_text(span.run_id)
+        key = (run_id, clean_text(span.trace_id), clean_text(span.span_id))
+        if key in rows:
+            continue
+        rows[key] = (
+            *key,
+            _opt_text(span.parent_span_id),
+            clean_text(span.name),
+            int(span.kind),
+            _utc(span.start_time),
+            _utc(span.end_time),
+            int(span.status_code),
+            _opt_text(span.status_message),
+            _opt_text(span.service_name),
+            _opt_text(span.scope_name),
+        )
+    return [rows[key] for key in sorted(rows)]
 
 
 def prepare(batch: Batch, max_payload_chars: int = DEFAULT_MAX_PAYLOAD_CHARS) -> PreparedBatch:
@@ -374,5 +417,9 @@ def prepare(batch: Batch, max_payload_chars: int = DEFAULT_MAX_PAYLOAD_CHARS) ->
     dumps = payload_dumps(max_payload_chars)
     events, duplicates = resolve_events(batch.events, dumps, batch.superseded, batch.superseded_by)
     return PreparedBatch(
-        events, duplicates, merge_runs(batch, events, dumps), merge_agents(batch.agents, events)
+        events,
+        duplicates,
+        merge_runs(batch, events, dumps),
+        merge_agents(batch.agents, events),
+        span_rows(batch.spans),
     )

@@ -59,18 +59,32 @@ _COPY_TYPES: Final = [pgtype for _, pgtype in STAGING_COLUMNS]
 _STAGING_NAME_RE: Final = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
 _RUNS_UPSERT: Final = b"""
-INSERT INTO agentcap.runs AS r (run_id, started_at, attributes)
-SELECT v.run_id, v.started_at, v.attributes
-FROM unnest(%s::text[], %s::timestamptz[], %s::jsonb[]) AS v(run_id, started_at, attributes)
+INSERT INTO agentcap.runs AS r (run_id, started_at, attributes, trace_id, root_span_id)
+SELECT v.run_id, v.started_at, v.attributes, v.trace_id, v.root_span_id
+FROM unnest(%s::text[], %s::timestamptz[], %s::jsonb[], %s::text[], %s::text[])
+    AS v(run_id, started_at, attributes, trace_id, root_span_id)
 WHERE NOT EXISTS (
     SELECT 1 FROM agentcap.runs x
     WHERE x.run_id = v.run_id
       AND (v.started_at IS NULL OR x.started_at <= v.started_at)
+      AND (v.trace_id IS NULL OR x.trace_id IS NOT NULL)
       AND COALESCE((SELECT bool_and(x.attributes ? k) FROM jsonb_object_keys(v.attributes) k), true))
 ORDER BY v.run_id
 ON CONFLICT (run_id) DO UPDATE SET
     started_at = LEAST(r.started_at, EXCLUDED.started_at),
-    attributes = EXCLUDED.attributes || r.attributes
+    attributes = EXCLUDED.attributes || r.attributes,
+    trace_id = COALESCE(r.trace_id, EXCLUDED.trace_id),
+    root_span_id = CASE WHEN r.trace_id IS NULL THEN EXCLUDED.root_span_id ELSE r.root_span_id END
+"""
+
+# Span envelopes: the first writer wins; a re-sent span changes nothing.
+_SPANS_INSERT: Final = b"""
+INSERT INTO agentcap.spans (run_id, trace_id, span_id, parent_span_id, name, kind, start_time,
+                            end_time, status_code, status_message, service_name, scope_name)
+SELECT * FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::text[], %s::int2[],
+                     %s::timestamptz[], %s::timestamptz[], %s::int2[], %s::text[], %s::text[],
+                     %s::text[])
+ON CONFLICT (run_id, trace_id, span_id) DO NOTHING
 """
 
 _AGENTS_UPSERT: Final = b"""
@@ -350,16 +364,11 @@ class EventWriter:
     ) -> tuple[int, int, int]:
         with conn.transaction():
             if batch.runs:
-                conn.execute(
-                    _RUNS_UPSERT,
-                    (
-                        [r[0] for r in batch.runs],
-                        [r[1] for r in batch.runs],
-                        [r[2] for r in batch.runs],
-                    ),
-                )
+                conn.execute(_RUNS_UPSERT, [[r[i] for r in batch.runs] for i in range(5)])
             if batch.agents:
                 conn.execute(_AGENTS_UPSERT, [[a[i] for a in batch.agents] for i in range(5)])
+            if batch.spans:
+                conn.execute(_SPANS_INSERT, [[r[i] for r in batch.spans] for i in range(12)])
             if not batch.events:
                 return 0, 0, 0
             conn.execute(sql.SQL("TRUNCATE {}").format(self._staging))

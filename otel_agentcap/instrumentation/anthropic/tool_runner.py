@@ -218,7 +218,8 @@ def _streaming_model_call(runner: Any) -> Callable[[], EventRef | None]:
                 or not isinstance(agent_id, str)
             ):
                 return None
-            return EventRef(event_id, seq, agent_id)
+            span_context = span.get_span_context() if span is not None else None
+            return EventRef(event_id, seq, agent_id, span_context)
         except Exception:
             _logger.debug("agentcap: could not find a streaming model call", exc_info=True)
             return None

@@ -1,0 +1,357 @@
+"""Runs: the root span of a run, a run's identity, and carrying a run to another process.
+
+``run(run_id)`` opens the run's root span, ``invoke_workflow {run id}``: every agent started inside
+it, top-level or spawned, runs in its trace. A run id is claimed when its run opens: in the event
+log when one is configured (``configure()`` installs the PostgreSQL :class:`RunRegistry`), and in
+this process's record of the runs it opened. A run id that is already claimed is continued only
+when the caller says so:
+
+* ``run(run_id, resume=True)`` continues the stored run (or starts it, if there is none): no new
+  root span; agents run under the stored root span, in the run's trace;
+* ``run(context=carried)`` continues a run whose context another process carried over with
+  :func:`run_context` (W3C ``traceparent`` and the run id in W3C ``baggage``): agents run under
+  the span that was current where the context was taken;
+
+and otherwise fails with :class:`~otel_agentcap.errors.RunExistsError`, never merging a new run into
+a stored one silently. Needs only ``opentelemetry-api``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from typing import Any, Final, Protocol
+
+from opentelemetry import baggage, trace
+from opentelemetry import context as otel_context
+from opentelemetry.baggage.propagation import W3CBaggagePropagator
+from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, SpanKind
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from opentelemetry.util.types import AttributeValue
+
+from otel_agentcap import attributes as attr
+from otel_agentcap import jsonsafe
+from otel_agentcap.capture import _telemetry as tel
+from otel_agentcap.context import RunContext, bind_run, current_run, new_id, reset_run
+from otel_agentcap.errors import RunExistsError
+from otel_agentcap.model import validate_id
+from otel_agentcap.runs import lifetimes
+
+_logger = logging.getLogger("otel_agentcap")
+
+#: The baggage entry that carries the run id (W3C baggage, percent-encoded by the propagator).
+RUN_ID_BAGGAGE: Final = "agentcap.run.id"
+#: The environment variable the documentation uses to hand a run to a child process.
+RUN_CONTEXT_ENV: Final = "AGENTCAP_RUN_CONTEXT"
+#: Run ids this process remembers having opened (most recent kept).
+MAX_RECORDED_RUNS: Final = 100_000
+
+_traceparent = TraceContextTextMapPropagator()
+_baggage = W3CBaggagePropagator()
+
+
+# --------------------------------------------------------------------------- carrying a run
+
+
+@dataclass(frozen=True, slots=True)
+class RunCarrier:
+    """A run's context, to continue it in another process: the run id and the span to continue
+    under (W3C trace context). Serialise it with :meth:`to_dict` (e.g. into a queue message's
+    headers) or :meth:`to_string` (e.g. into an environment variable), and continue the run with
+    ``run(context=...)``, which takes either form."""
+
+    run_id: str
+    span_context: SpanContext | None = None
+
+    def to_dict(self) -> dict[str, str]:
+        """``{"traceparent": ..., "baggage": "agentcap.run.id=..."}`` (W3C formats; no
+        ``traceparent`` when no span was recording)."""
+        carrier: dict[str, str] = {}
+        ctx = baggage.set_baggage(RUN_ID_BAGGAGE, self.run_id, otel_context.Context())
+        if self.span_context is not None and self.span_context.is_valid:
+            ctx = trace.set_span_in_context(NonRecordingSpan(self.span_context), ctx)
+            _traceparent.inject(carrier, ctx)
+        _baggage.inject(carrier, ctx)
+        return carrier
+
+    def to_string(self) -> str:
+        """:meth:`to_dict` as one line of JSON."""
+        return json.dumps(self.to_dict(), separators=(",", ":"), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, carrier: Mapping[str, str]) -> RunCarrier:
+        """Read what :meth:`to_dict` wrote (keys case-insensitive, as in HTTP headers); raises
+        ``ValueError`` when it names no run."""
+        lowered = {str(k).lower(): str(v) for k, v in carrier.items()}
+        ctx = _baggage.extract(lowered)
+        run_id = baggage.get_baggage(RUN_ID_BAGGAGE, ctx)
+        if not isinstance(run_id, str):
+            raise ValueError(f"the carried context names no run (no {RUN_ID_BAGGAGE} baggage)")
+        span_context = trace.get_current_span(_traceparent.extract(lowered)).get_span_context()
+        return cls(
+            validate_id(run_id, "carried run id"),
+            span_context if span_context.is_valid else None,
+        )
+
+    @classmethod
+    def from_string(cls, text: str) -> RunCarrier:
+        """Read what :meth:`to_string` wrote."""
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise ValueError(f"not a carried run context: {exc}") from None
+        if not isinstance(data, dict):
+            raise ValueError("not a carried run context: expected a JSON object")
+        return cls.from_dict(data)
+
+    @classmethod
+    def parse(cls, value: RunCarrier | Mapping[str, str] | str) -> RunCarrier:
+        if isinstance(value, RunCarrier):
+            return value
+        if isinstance(value, str):
+            return cls.from_string(value)
+        if isinstance(value, Mapping):
+            return cls.from_dict(value)
+        raise TypeError(f"context must be a RunCarrier, dict or str, not {type(value).__name__}")
+
+
+def run_context() -> RunCarrier:
+    """The current run's context, to continue it in another process: the run and the current
+    span (inside an agent, that agent's ``invoke_agent`` span). Raises ``RuntimeError`` outside a
+    run."""
+    current = current_run()
+    if current is None:
+        raise RuntimeError("run_context() must be called inside a run")
+    span_context = trace.get_current_span().get_span_context()
+    return RunCarrier(current.run_id, span_context if span_context.is_valid else None)
+
+
+# --------------------------------------------------------------------------- run identity
+
+
+@dataclass(frozen=True, slots=True)
+class StoredRun:
+    """A run the store knows, with its root span when that was recorded."""
+
+    run_id: str
+    root_span: SpanContext | None = None
+
+
+class RunRegistry(Protocol):
+    """Claims run ids in a store shared by processes (``configure()`` installs the PostgreSQL
+    one). Called when a run opens, outside any lock; may raise (the run then opens unchecked,
+    with a warning)."""
+
+    def claim(self, run_id: str, root_span: SpanContext | None) -> StoredRun | None:
+        """Record ``run_id`` as started, with its root span; return None when this call created
+        it, or the stored run, unchanged, when it existed."""
+        ...
+
+
+_registry: RunRegistry | None = None
+
+
+def set_run_registry(registry: RunRegistry | None) -> None:
+    """Install the store-backed run registry (``configure()`` installs the PostgreSQL one)."""
+    global _registry
+    _registry = registry
+
+
+class _Missing:
+    __slots__ = ()
+
+
+_NEW: Final = _Missing()
+
+
+class _RecordedRuns:
+    """The runs opened in this process, with their root span: run ids are claimed here too, so
+    that without a store a run id is not reused silently either. Bounded (oldest forgotten)."""
+
+    def __init__(self, limit: int = MAX_RECORDED_RUNS) -> None:
+        self._lock = threading.Lock()
+        self._runs: OrderedDict[str, SpanContext | None] = OrderedDict()
+        self.limit = limit
+
+    def claim(self, run_id: str, root_span: SpanContext | None) -> SpanContext | _Missing | None:
+        """Record ``run_id`` with ``root_span`` and return ``_NEW``, or return the root span it
+        was recorded with."""
+        with self._lock:
+            if run_id in self._runs:
+                return self._runs[run_id]
+            self._put(run_id, root_span)
+            return _NEW
+
+    def set(self, run_id: str, root_span: SpanContext | None) -> None:
+        with self._lock:
+            self._put(run_id, root_span)
+
+    def _put(self, run_id: str, root_span: SpanContext | None) -> None:
+        self._runs[run_id] = root_span
+        self._runs.move_to_end(run_id)
+        while len(self._runs) > self.limit:
+            self._runs.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._runs.clear()
+
+    def __contains__(self, run_id: object) -> bool:
+        with self._lock:
+            return run_id in self._runs
+
+
+recorded_runs = _RecordedRuns()
+
+
+def forget_runs() -> None:
+    """Forget which run ids this process opened (tests that reuse run ids call it between tests);
+    the store's record is untouched."""
+    recorded_runs.clear()
+
+
+def _claim_in_store(run_id: str, root_span: SpanContext | None) -> StoredRun | None:
+    registry = _registry
+    if registry is None:
+        return None
+    try:
+        return registry.claim(run_id, root_span)
+    except Exception:
+        _logger.warning(
+            "agentcap: could not check run %s in the event log; opening it unchecked",
+            run_id,
+            exc_info=True,
+        )
+        return None
+
+
+def _start_root(run_id: str, attributes: dict[str, Any]) -> Span:
+    span_attributes: dict[str, AttributeValue] = {
+        attr.GEN_AI_OPERATION_NAME: attr.OP_INVOKE_WORKFLOW,
+        attr.RUN_ID: run_id,
+        attr.RUN_ROOT: True,
+    }
+    if attributes:
+        span_attributes[attr.RUN_ATTRIBUTES] = jsonsafe.dumps(attributes)
+    return tel.start_span(f"invoke_workflow {run_id}", span_attributes, (), SpanKind.INTERNAL)
+
+
+def _valid(span_context: SpanContext | None) -> SpanContext | None:
+    return span_context if span_context is not None and span_context.is_valid else None
+
+
+def _open(
+    run_id: str, resume: bool, attributes: dict[str, Any]
+) -> tuple[Span | None, SpanContext | None]:
+    """Claim ``run_id``: returns the new root span (None when continuing a run) and the span
+    context to run under. Raises :class:`RunExistsError` for a claimed run without ``resume``.
+
+    The root span is started before the claim, since the claim records its ids; when the run
+    turns out to exist it is dropped without being ended, so it is never exported."""
+    root = _start_root(run_id, attributes)
+    root_span = _valid(root.get_span_context())
+    prior = recorded_runs.claim(run_id, root_span)
+    if not isinstance(prior, _Missing):
+        if not resume:
+            raise RunExistsError(
+                f"run {run_id!r} was opened before in this process; use run({run_id!r}, "
+                "resume=True) to continue it, or a new run id"
+            )
+        return None, prior
+    stored = _claim_in_store(run_id, root_span)
+    if stored is not None:
+        recorded_runs.set(run_id, stored.root_span)
+        if not resume:
+            raise RunExistsError(
+                f"run {run_id!r} already exists in the event log; use run({run_id!r}, "
+                "resume=True) to continue it, or a new run id"
+            )
+        return None, _valid(stored.root_span)
+    return root, root_span
+
+
+@contextmanager
+def run(
+    run_id: str | None = None,
+    *,
+    resume: bool = False,
+    context: RunCarrier | Mapping[str, str] | str | None = None,
+    **attributes: Any,
+) -> Iterator[RunContext]:
+    """Run what happens inside as one run, in one trace under the run's root span
+    ``invoke_workflow {run id}``.
+
+    * ``run_id``: any id (see ``model.validate_id``); default a new ``run-`` followed by 16 random
+      hex digits. An id that exists already (in the event log, or opened before in this process)
+      raises :class:`~otel_agentcap.errors.RunExistsError` unless ``resume=True``.
+    * ``resume=True``: continue the run if it exists (agents run under its stored root span, no
+      new root span), else start it.
+    * ``context``: continue a run carried from another process (:func:`run_context`; a
+      :class:`RunCarrier`, or its dict or string form); ``run_id`` may be left out.
+    * ``attributes``: JSON-encoded onto the root span and the spans of the run's agent executions,
+      stored in ``agentcap.runs.attributes``.
+
+    Re-entering the run that is current (nested) continues it. The run's in-process state
+    (clocks, agents and their committed state, tool outcomes) is released when its last scope
+    and agent execution in this process close.
+    """
+    carrier = RunCarrier.parse(context) if context is not None else None
+    if run_id is not None:
+        run_id = validate_id(run_id, "run_id")
+    if carrier is not None:
+        if run_id is not None and run_id != carrier.run_id:
+            raise ValueError(
+                f"run id {run_id!r} differs from the carried context's {carrier.run_id!r}"
+            )
+        run_id = carrier.run_id
+    current = current_run()
+    if current is not None and run_id is not None and current.run_id == run_id:
+        lifetimes.enter(run_id)
+        try:
+            yield current
+        finally:
+            lifetimes.leave(run_id)
+        return
+    root: Span | None = None
+    parent: SpanContext | None = None
+    if carrier is not None:
+        parent = carrier.span_context
+        recorded_runs.set(carrier.run_id, parent)
+    elif run_id is None:
+        run_id = new_id("run")  # random: never stored before, but claimed for resume elsewhere
+        root = _start_root(run_id, attributes)
+        parent = _valid(root.get_span_context())
+        recorded_runs.set(run_id, parent)
+        _claim_in_store(run_id, parent)
+    else:
+        root, parent = _open(run_id, resume, attributes)
+    assert run_id is not None
+    ctx = RunContext(run_id, attributes)
+    token = bind_run(ctx)
+    span_token = None
+    if root is not None:
+        span_token = otel_context.attach(trace.set_span_in_context(root))
+    elif parent is not None:
+        span_token = otel_context.attach(trace.set_span_in_context(NonRecordingSpan(parent)))
+    lifetimes.enter(run_id)
+    error: BaseException | None = None
+    try:
+        yield ctx
+    except BaseException as exc:
+        error = exc
+        raise
+    finally:
+        if span_token is not None:
+            # Closed in another context (a generator finalised elsewhere): nothing to detach.
+            with suppress(Exception):
+                otel_context.detach(span_token)
+        with suppress(ValueError):
+            reset_run(token)
+        lifetimes.leave(run_id)
+        if root is not None:
+            tel.end_span(root, error if isinstance(error, Exception) else None)
