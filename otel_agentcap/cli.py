@@ -15,6 +15,7 @@ from typing import Any
 
 import psycopg
 
+from otel_agentcap.errors import RunExistsError
 from otel_agentcap.exporters.postgres import embedded, store
 from otel_agentcap.exporters.postgres.database import ENV_DSN, resolve_dsn
 from otel_agentcap.exporters.postgres.errors import AgentCapStorageError, RunNotFound
@@ -75,7 +76,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
         else contextlib.nullcontext()
     )
     with status:
-        result = run_demo(args.run_id, live=args.live)
+        try:
+            result = run_demo(args.run_id, live=args.live)
+        except RunExistsError as exc:
+            provider.shutdown()
+            raise CliError(f"{exc} (or leave out --run-id)") from None
         provider.force_flush()
     elapsed = time.monotonic() - started
     exporter = exporter_of(provider)
@@ -178,6 +183,40 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_import(args: argparse.Namespace) -> int:
+    from otel_agentcap.exporters.postgres.database import Database
+    from otel_agentcap.transfer.load import import_file
+
+    try:
+        if args.file == "-":
+            data = sys.stdin.buffer.read()
+        else:
+            with open(args.file, "rb") as source:
+                data = source.read()
+    except OSError as exc:
+        raise CliError(f"cannot read {args.file}: {exc.strerror or exc}") from None
+    dsn = _dsn(args)
+    with _connect(dsn) as conn:  # a bad DSN is a one-line error here
+        migrate(conn)
+    database = Database(dsn, name="import")
+    try:
+        result = import_file(database, data)
+    except ValueError as exc:
+        raise CliError(f"cannot import {args.file}: {exc}") from None
+    finally:
+        database.close()
+    if args.json:
+        _print_json(asdict(result))
+        return 0
+    print(
+        f"imported {result.format} into {len(result.runs)} run(s) "
+        f"({', '.join(result.runs) or 'none'}): {result.events_inserted} events stored, "
+        f"{result.duplicates} already there, {result.conflicts} conflicting"
+        + (f", {result.conflicts_imported} conflict rows" if result.format == "agentcap-pb" else "")
+    )
+    return 0
+
+
 def cmd_db(args: argparse.Namespace) -> int:
     action = args.action
     if action == "start":
@@ -258,14 +297,33 @@ def _export_html(args: argparse.Namespace, conn: psycopg.Connection[Any]) -> byt
     return export_html(conn, args.run_id, jaeger_url=args.jaeger_url).encode()
 
 
+def _log_format(name: str) -> Callable[[argparse.Namespace, psycopg.Connection[Any]], bytes]:
+    """The writer of a format of ``otel_agentcap.transfer.formats`` (agentcap-pb, otlp-json,
+    jaeger-json: the run's rows or its rebuilt trace)."""
+
+    def write(args: argparse.Namespace, conn: psycopg.Connection[Any]) -> bytes:
+        from otel_agentcap.transfer.formats import export_run
+
+        return export_run(conn, args.run_id, name)
+
+    return write
+
+
 #: ``otel-agentcap export --format NAME``: each writer returns the bytes of one run's export.
 EXPORT_FORMATS: dict[str, Callable[[argparse.Namespace, psycopg.Connection[Any]], bytes]] = {
     "html": _export_html,
+    "agentcap-pb": _log_format("agentcap-pb"),
+    "otlp-json": _log_format("otlp-json"),
+    "jaeger-json": _log_format("jaeger-json"),
 }
+#: Formats whose output is binary: not written to a terminal.
+BINARY_FORMATS: frozenset[str] = frozenset({"agentcap-pb"})
 
 
 def cmd_export(args: argparse.Namespace) -> int:
     writer = EXPORT_FORMATS[args.format]
+    if args.output == "-" and args.format in BINARY_FORMATS and sys.stdout.isatty():
+        raise CliError(f"{args.format} is binary: write it to a file with -o FILE, or redirect")
     with _connect(_dsn(args)) as conn:
         try:
             data = writer(args, conn)
@@ -311,6 +369,14 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("run_id")
     show.set_defaults(func=cmd_show)
 
+    load = sub.add_parser(
+        "import",
+        parents=[common],
+        help="load an agentcap-pb or OTLP (JSON or protobuf) file into the log, deduplicated",
+    )
+    load.add_argument("file", help="the file, or - for standard input")
+    load.set_defaults(func=cmd_import)
+
     ingest = sub.add_parser(
         "ingest", parents=[common], help="receive OTLP/HTTP traces from a collector into the log"
     )
@@ -331,7 +397,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ui.set_defaults(func=cmd_ui)
 
-    export = sub.add_parser("export", parents=[common], help="write one run to a file")
+    export = sub.add_parser(
+        "export",
+        parents=[common],
+        help="write one run to a file",
+        description="Formats: html, the web view in one file; agentcap-pb, the log's rows "
+        "(proto/agentcap/eventlog/v1), which import reads back; otlp-json, the run's trace as "
+        "OTLP/JSON, which import reads back; jaeger-json, the run's trace as Jaeger's "
+        "/api/traces JSON (the Jaeger UI opens it from a file).",
+    )
     export.add_argument("run_id")
     export.add_argument("--format", required=True, choices=sorted(EXPORT_FORMATS))
     export.add_argument("-o", "--output", default="-", help="file to write (default: stdout)")

@@ -283,7 +283,8 @@ def _instrument(stack: ExitStack) -> None:
 
 
 def run_demo(run_id: str | None = None, *, live: bool = False) -> DemoResult:
-    """Run the demo once; returns what happened. Safe to call again with the same run id."""
+    """Run the demo once, as a new run (``run_id``, default a generated one); returns what
+    happened. A ``run_id`` the log (or this process) holds already raises ``RunExistsError``."""
     with ExitStack() as stack:
         _instrument(stack)
         client, aclient = _clients(stack, live)

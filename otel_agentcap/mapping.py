@@ -444,9 +444,9 @@ def span_record(span: SpanLike, run_id: str) -> SpanRecord | None:
         _time(start),
         _time(end if end is not None else start),
         _enum_value(getattr(status, "status_code", None), 0),
-        message if isinstance(message, str) else None,
+        message if isinstance(message, str) and message else None,
         _service_name(span),
-        _scope_name(span),
+        _scope_name(span) or None,
     )
 
 

@@ -41,7 +41,7 @@ def write_spans(
     """
     if batch is None:
         batch = batch_from_spans(spans, raw_payloads=True)
-    if not batch.events and not batch.agents:
+    if not batch.events and not batch.agents and not batch.spans:
         return WriteResult(0, 0, 0, 0)
     with instrumentation_suppressed():
         database.ensure_schema()
@@ -131,7 +131,7 @@ class PostgresSpanExporter(SpanExporter):
         if batch.unreadable:
             with self._stats_lock:
                 self._stats.events_unreadable += batch.unreadable
-        if not batch.events and not batch.agents:
+        if not batch.events and not batch.agents and not batch.spans:
             return SpanExportResult.SUCCESS
         deadline = time.monotonic() + self._retry_timeout
         delay = 0.05

@@ -1,0 +1,78 @@
+"""The formats of ``otel-agentcap export``: a registry, so another format (a web page, say) is one
+:func:`register_format` call away. A format turns a :class:`~.snapshot.RunSnapshot` (everything the
+log holds of a run) into the bytes of a file; the same snapshot always gives the same bytes."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from otel_agentcap.transfer import agentcap_pb, jaeger_json, otlp_json
+from otel_agentcap.transfer.snapshot import RunSnapshot, load_run
+from otel_agentcap.transfer.traces import rebuild
+
+
+@dataclass(frozen=True, slots=True)
+class ExportFormat:
+    name: str
+    #: One line for ``--help``.
+    description: str
+    write: Callable[[RunSnapshot], bytes]
+    #: Whether the output is text (printed to a terminal) or binary.
+    binary: bool = False
+    #: Whether ``otel-agentcap import`` reads it back.
+    importable: bool = False
+
+
+_lock = threading.Lock()
+_formats: dict[str, ExportFormat] = {}
+
+
+def register_format(fmt: ExportFormat) -> None:
+    """Make ``fmt`` available to ``otel-agentcap export --format NAME``; a name can be registered
+    once."""
+    with _lock:
+        if fmt.name in _formats:
+            raise ValueError(f"export format {fmt.name!r} is registered already")
+        _formats[fmt.name] = fmt
+
+
+def export_formats() -> dict[str, ExportFormat]:
+    with _lock:
+        return dict(_formats)
+
+
+def export_run(conn: Any, run_id: str, format_name: str) -> bytes:
+    """The run ``run_id`` of the log behind ``conn`` in the format ``format_name``."""
+    fmt = export_formats().get(format_name)
+    if fmt is None:
+        raise ValueError(f"unknown export format {format_name!r}")
+    return fmt.write(load_run(conn, run_id))
+
+
+register_format(
+    ExportFormat(
+        "agentcap-pb",
+        "the log's own rows (proto/agentcap/eventlog/v1), length-delimited protobuf",
+        agentcap_pb.dumps,
+        binary=True,
+        importable=True,
+    )
+)
+register_format(
+    ExportFormat(
+        "otlp-json",
+        "the run's trace as an OTLP/JSON ExportTraceServiceRequest",
+        lambda snapshot: otlp_json.dumps(rebuild(snapshot)),
+        importable=True,
+    )
+)
+register_format(
+    ExportFormat(
+        "jaeger-json",
+        "the run's trace as Jaeger's /api/traces JSON (the Jaeger UI opens it from a file)",
+        lambda snapshot: jaeger_json.dumps(rebuild(snapshot)),
+    )
+)

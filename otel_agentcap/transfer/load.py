@@ -1,0 +1,216 @@
+"""``otel-agentcap import``: load a file into any event log, deduplicated.
+
+Accepted: ``agentcap-pb`` (every row, conflicts included), OTLP/JSON (an ``ExportTraceServiceRequest``
+or ``TracesData``, such as ``export --format otlp-json`` writes) and OTLP protobuf (a serialized
+``ExportTraceServiceRequest``; needs ``opentelemetry-proto``). Rows go through the same writer as
+the exporter, so what is stored already is counted as a duplicate, a different event on a stored
+id goes to ``agentcap.conflicts``, and nothing stored is ever changed.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any, Final
+
+from otel_agentcap import jsonsafe
+from otel_agentcap.exporters.postgres.database import Database, instrumentation_suppressed
+from otel_agentcap.exporters.postgres.exporter import write_spans
+from otel_agentcap.exporters.postgres.writer import EventWriter, WriteResult
+from otel_agentcap.mapping import batch_from_spans
+from otel_agentcap.model import AgentRecord, Batch, Event, RunRecord, SpanRecord
+from otel_agentcap.transfer import agentcap_pb
+from otel_agentcap.transfer.otlp_json import spans_from_json
+from otel_agentcap.transfer.snapshot import EventRow, RunSnapshot
+
+_EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
+EVENTS_PER_WRITE: Final = 5000
+
+
+@dataclass
+class ImportResult:
+    format: str
+    runs: list[str] = field(default_factory=list)
+    events_inserted: int = 0
+    duplicates: int = 0
+    conflicts: int = 0
+    """Events of the file that collided with different stored events (kept in conflicts)."""
+    conflicts_imported: int = 0
+    """Conflict rows of an agentcap-pb file added to agentcap.conflicts (repeats not counted)."""
+
+    def add(self, result: WriteResult) -> None:
+        self.events_inserted += result.inserted
+        self.duplicates += result.duplicates
+        self.conflicts += result.conflicts
+
+
+def _time(us: int) -> datetime:
+    return _EPOCH + timedelta(microseconds=us)
+
+
+def _event(row: EventRow) -> Event:
+    return Event(
+        event_id=row.event_id,
+        run_id=row.run_id,
+        agent_id=row.agent_id,
+        seq=row.logical_seq,
+        event_type=row.event_type,
+        idempotency_key=row.idempotency_key,
+        wall_time=_time(row.wall_time_us),
+        causal_parent_ids=row.causal_parent_ids,
+        payload=None if row.payload_json is None else jsonsafe.raw_or_loads(row.payload_json),
+        trace_id=row.trace_id,
+        span_id=row.span_id,
+    )
+
+
+def snapshot_batches(snapshot: RunSnapshot) -> list[Batch]:
+    """The batches that store ``snapshot`` (its conflicts aside): the run, agents and spans with
+    the first events, then the other events in chunks."""
+    run = snapshot.run
+    attributes = jsonsafe.loads(run.attributes_json)
+    events = [_event(row) for row in snapshot.events]
+    started = (
+        _time(run.started_at_us)
+        if run.started_at_us is not None
+        else min((e.wall_time for e in events), default=_EPOCH)
+    )
+    head = Batch(
+        events=tuple(events[:EVENTS_PER_WRITE]),
+        agents=tuple(
+            AgentRecord(a.run_id, a.agent_id, a.name, a.parent_agent_id, a.spawned_at_event_id)
+            for a in snapshot.agents
+        ),
+        runs=(
+            RunRecord(
+                run.run_id,
+                started,
+                attributes if isinstance(attributes, dict) else {},
+                run.trace_id,
+                run.root_span_id,
+            ),
+        ),
+        spans=tuple(
+            SpanRecord(
+                s.run_id,
+                s.trace_id,
+                s.span_id,
+                s.parent_span_id,
+                s.name,
+                s.kind,
+                _time(s.start_us),
+                _time(s.end_us),
+                s.status_code,
+                s.status_message,
+                s.service_name,
+                s.scope_name,
+            )
+            for s in snapshot.spans
+        ),
+    )
+    rest = [
+        Batch(events=tuple(events[start : start + EVENTS_PER_WRITE]))
+        for start in range(EVENTS_PER_WRITE, len(events), EVENTS_PER_WRITE)
+    ]
+    return [head, *rest]
+
+
+_INSERT_CONFLICT: Final = """
+INSERT INTO agentcap.conflicts (reason, existing_event_id, row_digest, detected_at, event_id,
+    run_id, agent_id, logical_seq, wall_time, event_type, causal_parent_ids, idempotency_key,
+    trace_id, span_id, payload)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s::uuid[], %s, %s, %s, %s::jsonb)
+ON CONFLICT (reason, existing_event_id, row_digest) DO NOTHING
+"""
+
+
+def _import_conflicts(database: Database, snapshot: RunSnapshot) -> int:
+    if not snapshot.conflicts:
+        return 0
+    added = 0
+    with database.pool.connection() as conn, conn.transaction():
+        for conflict in snapshot.conflicts:
+            e = conflict.event
+            cursor = conn.execute(
+                _INSERT_CONFLICT,
+                (
+                    conflict.reason,
+                    conflict.existing_event_id,
+                    conflict.row_digest,
+                    _time(conflict.detected_at_us),
+                    e.event_id,
+                    e.run_id,
+                    e.agent_id,
+                    e.logical_seq,
+                    _time(e.wall_time_us),
+                    e.event_type,
+                    list(e.causal_parent_ids),
+                    e.idempotency_key,
+                    e.trace_id,
+                    e.span_id,
+                    e.payload_json,
+                ),
+            )
+            added += cursor.rowcount
+    return added
+
+
+def detect_format(data: bytes) -> str:
+    """``agentcap-pb``, ``otlp-json`` or ``otlp-protobuf``."""
+    if data.lstrip()[:1] == b"{":
+        return "otlp-json"
+    if agentcap_pb.is_agentcap_pb(data):
+        return "agentcap-pb"
+    return "otlp-protobuf"
+
+
+def _otlp_spans(data: bytes, fmt: str) -> list[Any]:
+    if fmt == "otlp-json":
+        try:
+            document = json.loads(data)
+        except ValueError as exc:
+            raise ValueError(f"not OTLP/JSON: {exc}") from None
+        if not isinstance(document, dict):
+            raise ValueError("not OTLP/JSON: expected an object")
+        try:
+            return list(spans_from_json(document))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"malformed OTLP/JSON: {exc!r}") from None
+    try:
+        from otel_agentcap.ingest.otlp import spans_from_otlp
+    except ImportError as exc:
+        raise ValueError(
+            f"not agentcap-pb or OTLP/JSON, and reading OTLP protobuf needs opentelemetry-proto "
+            f"({exc})"
+        ) from None
+    try:
+        return list(spans_from_otlp(data))
+    except Exception as exc:  # google.protobuf.message.DecodeError
+        raise ValueError(f"not agentcap-pb, OTLP/JSON or OTLP protobuf: {exc}") from None
+
+
+def import_file(database: Database, data: bytes) -> ImportResult:
+    """Load ``data`` into the log of ``database``; raises ``ValueError`` for a file it cannot read
+    and ``AgentCapStorageError`` when the write fails (nothing of that write is stored)."""
+    fmt = detect_format(data)
+    result = ImportResult(fmt)
+    writer = EventWriter(database.pool)
+    try:
+        with instrumentation_suppressed():
+            database.ensure_schema()
+            if fmt == "agentcap-pb":
+                for snapshot in agentcap_pb.loads(data):
+                    result.runs.append(snapshot.run.run_id)
+                    for batch in snapshot_batches(snapshot):
+                        result.add(writer.write(batch))
+                    result.conflicts_imported += _import_conflicts(database, snapshot)
+            else:
+                spans = _otlp_spans(data, fmt)
+                batch = batch_from_spans(spans, raw_payloads=True)
+                result.runs.extend(dict.fromkeys(r.run_id for r in batch.runs))
+                if batch.events or batch.agents or batch.runs:
+                    result.add(write_spans(database, writer, spans, batch))
+    finally:
+        writer.close()
+    return result

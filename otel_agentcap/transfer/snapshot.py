@@ -1,0 +1,168 @@
+"""A run as the log holds it (run, agents, span envelopes, events, conflicts), read in one
+repeatable-read transaction, in a fixed order, with values in the exact form every export writes
+(times in microseconds since the epoch, JSON as PostgreSQL's canonical ``jsonb`` text), so that the
+same log always exports to the same bytes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Final
+
+import psycopg
+
+from otel_agentcap.exporters.postgres.errors import RunNotFound
+
+
+@dataclass(frozen=True, slots=True)
+class RunRow:
+    run_id: str
+    started_at_us: int | None
+    attributes_json: str
+    trace_id: str | None
+    root_span_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class AgentRow:
+    run_id: str
+    agent_id: str
+    name: str | None
+    parent_agent_id: str | None
+    spawned_at_event_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class EventRow:
+    event_id: str
+    run_id: str
+    agent_id: str
+    logical_seq: int
+    wall_time_us: int
+    event_type: str
+    causal_parent_ids: tuple[str, ...]
+    idempotency_key: str
+    trace_id: str | None
+    span_id: str | None
+    payload_json: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class SpanRow:
+    run_id: str
+    trace_id: str
+    span_id: str
+    parent_span_id: str | None
+    name: str
+    kind: int
+    start_us: int
+    end_us: int
+    status_code: int
+    status_message: str | None
+    service_name: str | None
+    scope_name: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ConflictRow:
+    reason: str
+    existing_event_id: str | None
+    detected_at_us: int
+    row_digest: str
+    event: EventRow
+
+
+@dataclass(frozen=True, slots=True)
+class RunSnapshot:
+    run: RunRow
+    agents: tuple[AgentRow, ...]
+    spans: tuple[SpanRow, ...]
+    events: tuple[EventRow, ...]
+    conflicts: tuple[ConflictRow, ...]
+
+
+def _us(column: str) -> str:
+    return f"(extract(epoch FROM {column}) * 1000000)::bigint"
+
+
+_RUN: Final = f"""
+SELECT run_id, {_us("started_at")}, attributes::text, trace_id, root_span_id
+FROM agentcap.runs WHERE run_id = %s
+"""
+_AGENTS: Final = """
+SELECT run_id, agent_id, name, parent_agent_id, spawned_at_event_id::text
+FROM agentcap.agents WHERE run_id = %s ORDER BY agent_id
+"""
+_SPANS: Final = f"""
+SELECT run_id, trace_id, span_id, parent_span_id, name, kind, {_us("start_time")},
+       {_us("end_time")}, status_code, status_message, service_name, scope_name
+FROM agentcap.spans WHERE run_id = %s ORDER BY trace_id, span_id
+"""
+_EVENT_COLUMNS: Final = f"""event_id::text, run_id, agent_id, logical_seq, {_us("wall_time")},
+       event_type, causal_parent_ids::text[], idempotency_key, trace_id, span_id, payload::text"""
+_EVENTS: Final = f"""
+SELECT {_EVENT_COLUMNS}
+FROM agentcap.events WHERE run_id = %s ORDER BY agent_id, logical_seq, event_id
+"""
+_CONFLICTS: Final = f"""
+SELECT reason, existing_event_id::text, {_us("detected_at")}, row_digest, {_EVENT_COLUMNS}
+FROM agentcap.conflicts WHERE run_id = %s
+ORDER BY agent_id, logical_seq, event_id, reason, row_digest
+"""
+
+
+def _event(values: tuple[Any, ...]) -> EventRow:
+    (event_id, run, agent, seq, wall, kind, parents, key, trace, span, payload) = values
+    return EventRow(
+        event_id,
+        run,
+        agent,
+        int(seq),
+        int(wall),
+        kind,
+        tuple(parents or ()),
+        key,
+        trace,
+        span,
+        payload,
+    )
+
+
+def load_run(conn: psycopg.Connection[Any], run_id: str) -> RunSnapshot:
+    """Everything the log holds of ``run_id``; raises ``RunNotFound`` when it holds nothing."""
+    with conn.transaction():
+        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        run = conn.execute(_RUN, (run_id,)).fetchone()
+        agents = conn.execute(_AGENTS, (run_id,)).fetchall()
+        spans = conn.execute(_SPANS, (run_id,)).fetchall()
+        events = conn.execute(_EVENTS, (run_id,)).fetchall()
+        conflicts = conn.execute(_CONFLICTS, (run_id,)).fetchall()
+    if run is None and not events and not agents:
+        raise RunNotFound(run_id)
+    run_row = (
+        RunRow(run[0], None if run[1] is None else int(run[1]), run[2], run[3], run[4])
+        if run is not None
+        else RunRow(run_id, None, "{}", None, None)
+    )
+    return RunSnapshot(
+        run_row,
+        tuple(AgentRow(*row) for row in agents),
+        tuple(
+            SpanRow(
+                r[0],
+                r[1],
+                r[2],
+                r[3],
+                r[4],
+                int(r[5]),
+                int(r[6]),
+                int(r[7]),
+                int(r[8]),
+                r[9],
+                r[10],
+                r[11],
+            )
+            for r in spans
+        ),
+        tuple(_event(row) for row in events),
+        tuple(ConflictRow(r[0], r[1], int(r[2]), r[3], _event(tuple(r[4:]))) for r in conflicts),
+    )
