@@ -42,7 +42,7 @@ from opentelemetry.instrumentation.instrumentor import (  # type: ignore[attr-de
 )
 from opentelemetry.instrumentation.utils import unwrap
 
-from otel_agentcap.instrumentation.anthropic import patch, tool_runner
+from otel_agentcap.instrumentation.anthropic import patch, stream_content, tool_runner
 from otel_agentcap.instrumentation.anthropic.package import _instruments
 from otel_agentcap.instrumentation.anthropic.version import __version__
 
@@ -131,6 +131,12 @@ class AnthropicInstrumentor(BaseInstrumentor):  # type: ignore[misc]
                 self._wrap(module_name, cls_name, "stream", patch.causal_stream())
             for module_name in _RESPONSE_HOOKS:
                 self._wrap_function(module_name, "set_response_attributes")
+            self._wrap(
+                "anthropic.lib._tracing._streaming",
+                "StreamedMessage",
+                "item",
+                stream_content.stream_content_hook(),
+            )
             return
         tracer = trace.get_tracer(
             "otel_agentcap.instrumentation.anthropic",
