@@ -26,10 +26,10 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
+from urllib.parse import quote, unquote
 
-from opentelemetry import baggage, trace
 from opentelemetry import context as otel_context
-from opentelemetry.baggage.propagation import W3CBaggagePropagator
+from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.util.types import AttributeValue
@@ -52,7 +52,6 @@ RUN_CONTEXT_ENV: Final = "AGENTCAP_RUN_CONTEXT"
 MAX_RECORDED_RUNS: Final = 100_000
 
 _traceparent = TraceContextTextMapPropagator()
-_baggage = W3CBaggagePropagator()
 
 
 # --------------------------------------------------------------------------- carrying a run
@@ -69,14 +68,13 @@ class RunCarrier:
     span_context: SpanContext | None = None
 
     def to_dict(self) -> dict[str, str]:
-        """``{"traceparent": ..., "baggage": "agentcap.run.id=..."}`` (W3C formats; no
-        ``traceparent`` when no span was recording)."""
+        """``{"traceparent": ..., "baggage": "agentcap.run.id=..."}`` (W3C formats: the run id
+        percent-encoded as a baggage value; no ``traceparent`` when no span was recording)."""
         carrier: dict[str, str] = {}
-        ctx = baggage.set_baggage(RUN_ID_BAGGAGE, self.run_id, otel_context.Context())
         if self.span_context is not None and self.span_context.is_valid:
-            ctx = trace.set_span_in_context(NonRecordingSpan(self.span_context), ctx)
+            ctx = trace.set_span_in_context(NonRecordingSpan(self.span_context))
             _traceparent.inject(carrier, ctx)
-        _baggage.inject(carrier, ctx)
+        carrier["baggage"] = f"{RUN_ID_BAGGAGE}={quote(self.run_id, safe='')}"
         return carrier
 
     def to_string(self) -> str:
@@ -88,9 +86,8 @@ class RunCarrier:
         """Read what :meth:`to_dict` wrote (keys case-insensitive, as in HTTP headers); raises
         ``ValueError`` when it names no run."""
         lowered = {str(k).lower(): str(v) for k, v in carrier.items()}
-        ctx = _baggage.extract(lowered)
-        run_id = baggage.get_baggage(RUN_ID_BAGGAGE, ctx)
-        if not isinstance(run_id, str):
+        run_id = _baggage_value(lowered.get("baggage", ""), RUN_ID_BAGGAGE)
+        if run_id is None:
             raise ValueError(f"the carried context names no run (no {RUN_ID_BAGGAGE} baggage)")
         span_context = trace.get_current_span(_traceparent.extract(lowered)).get_span_context()
         return cls(
@@ -118,6 +115,16 @@ class RunCarrier:
         if isinstance(value, Mapping):
             return cls.from_dict(value)
         raise TypeError(f"context must be a RunCarrier, dict or str, not {type(value).__name__}")
+
+
+def _baggage_value(header: str, key: str) -> str | None:
+    """The value of ``key`` in a W3C ``baggage`` header (members ``key=value;properties`` separated
+    by commas, optional whitespace around each part, values percent-encoded)."""
+    for member in header.split(","):
+        name, sep, rest = member.partition("=")
+        if sep and name.strip() == key:
+            return unquote(rest.split(";", 1)[0].strip())
+    return None
 
 
 def run_context() -> RunCarrier:

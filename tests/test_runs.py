@@ -1,0 +1,208 @@
+"""Runs: the root span, run identity (a claimed run id continues only when the caller says so),
+and carrying a run to another process."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import textwrap
+import uuid
+
+import psycopg
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import otel_agentcap as ac
+from otel_agentcap import attributes as attr
+from otel_agentcap.capture.runs import RunCarrier, forget_runs
+from otel_agentcap.model import validate_id
+from otel_agentcap.testing import capture_events
+
+
+def _run_id() -> str:
+    return f"runs-{uuid.uuid4().hex[:12]}"
+
+
+def _by_name(spans, prefix):
+    return [s for s in spans if s.name.startswith(prefix)]
+
+
+def test_run_opens_a_root_span_that_parents_its_top_level_agents():
+    """ac.run opens invoke_workflow {run id}; agents in it, in threads and tasks too, are its
+    children, in its trace."""
+    run_id = _run_id()
+    with capture_events() as captured, ac.run(run_id):
+        with ac.agent("a"):
+            pass
+        ac.ContextThreadPoolExecutor(1).submit(lambda: ac.agent("b").__enter__()).result()
+    (root,) = _by_name(captured.spans, "invoke_workflow")
+    assert root.name == f"invoke_workflow {run_id}"
+    assert root.parent is None
+    assert root.attributes[attr.RUN_ID] == run_id
+    assert root.attributes[attr.GEN_AI_OPERATION_NAME] == "invoke_workflow"
+    agents = _by_name(captured.spans, "invoke_agent")
+    assert {s.name for s in agents} >= {"invoke_agent a"}
+    for span in agents:
+        assert span.context.trace_id == root.context.trace_id
+        assert span.parent is not None and span.parent.span_id == root.context.span_id
+
+
+def test_a_run_id_opened_before_needs_resume_and_resume_joins_its_trace():
+    """Opening a run id again raises RunExistsError; with resume=True it continues under the
+    same root span (no second root span), in the same trace."""
+    run_id = _run_id()
+    with capture_events() as captured:
+        with ac.run(run_id), ac.agent("first"):
+            pass
+        with pytest.raises(ac.RunExistsError, match="resume=True"), ac.run(run_id):
+            pass
+        with ac.run(run_id, resume=True), ac.agent("second"):
+            pass
+    (root,) = _by_name(captured.spans, "invoke_workflow")
+    (second,) = _by_name(captured.spans, "invoke_agent second")
+    assert second.context.trace_id == root.context.trace_id
+    assert second.parent is not None and second.parent.span_id == root.context.span_id
+    assert {e.run_id for e in captured.events} == {run_id}
+
+
+def test_resume_of_an_unknown_run_starts_it():
+    """resume=True on a run id nobody opened starts the run, with its root span."""
+    run_id = _run_id()
+    with capture_events() as captured, ac.run(run_id, resume=True), ac.agent("a"):
+        pass
+    assert len(_by_name(captured.spans, "invoke_workflow")) == 1
+
+
+def test_generated_run_ids_are_fresh():
+    """run() without an id generates run- and 16 hex digits, a new one each time."""
+    seen = set()
+    for _ in range(3):
+        with ac.run() as run:
+            assert re.fullmatch(r"run-[0-9a-f]{16}", run.run_id)
+            seen.add(run.run_id)
+    assert len(seen) == 3
+
+
+def test_entering_the_current_run_again_continues_it():
+    """A nested run() of the run that is current is the same run, not a new claim."""
+    run_id = _run_id()
+    with capture_events() as captured, ac.run(run_id), ac.run(run_id) as inner, ac.agent("a"):
+        assert inner.run_id == run_id
+    assert len(_by_name(captured.spans, "invoke_workflow")) == 1
+
+
+ids = st.text(min_size=1, max_size=60).filter(
+    lambda s: s.strip() and "\x00" not in s and "\x1f" not in s
+)
+
+
+@given(run_id=ids, trace_id=st.integers(1, 2**128 - 1), span_id=st.integers(1, 2**64 - 1))
+def test_a_carried_context_round_trips_through_its_dict_and_string(run_id, trace_id, span_id):
+    """RunCarrier.to_dict / to_string read back to the same run and span (any run id)."""
+    try:
+        validate_id(run_id, "run_id")
+    except ValueError:
+        return
+    from opentelemetry.trace import SpanContext, TraceFlags
+
+    carrier = RunCarrier(
+        run_id, SpanContext(trace_id, span_id, True, TraceFlags(TraceFlags.SAMPLED))
+    )
+    for form in (carrier.to_dict(), carrier.to_string()):
+        back = RunCarrier.parse(form)
+        assert back.run_id == run_id
+        assert back.span_context is not None
+        assert (back.span_context.trace_id, back.span_context.span_id) == (trace_id, span_id)
+    assert set(carrier.to_dict()) == {"traceparent", "baggage"}
+
+
+def test_a_carried_context_continues_the_run_under_the_carried_span():
+    """run(context=...) continues the carried run without a claim: its agents run under the span
+    where the context was taken, in the run's trace."""
+    run_id = _run_id()
+    with capture_events() as captured:
+        with ac.run(run_id), ac.agent("sender"):
+            carried = ac.run_context().to_string()
+        forget_runs()  # as in another process
+        with ac.run(context=carried) as run, ac.agent("receiver"):
+            assert run.run_id == run_id
+    (sender,) = _by_name(captured.spans, "invoke_agent sender")
+    (receiver,) = _by_name(captured.spans, "invoke_agent receiver")
+    assert receiver.context.trace_id == sender.context.trace_id
+    assert receiver.parent is not None and receiver.parent.span_id == sender.context.span_id
+    assert len(_by_name(captured.spans, "invoke_workflow")) == 1
+
+
+def test_a_carried_context_must_name_a_run():
+    """A context without the run id, or one that is not a carrier at all, is a clear error."""
+    with pytest.raises(ValueError, match="names no run"), ac.run(context={"traceparent": "x"}):
+        pass
+    with pytest.raises(ValueError, match="not a carried run context"), ac.run(context="nope"):
+        pass
+    with pytest.raises(RuntimeError, match="inside a run"):
+        ac.run_context()
+
+
+_PROCESS = textwrap.dedent(
+    """
+    import sys
+    import otel_agentcap as ac
+    from otel_agentcap.configure import configure
+
+    dsn, run_id, mode = sys.argv[1:4]
+    provider = configure(dsn, announce=False)
+    try:
+        with ac.run(run_id, resume=(mode == "resume")), ac.agent(f"agent-{mode}"):
+            pass
+    except ac.RunExistsError as exc:
+        print(f"RunExistsError: {exc}")
+        sys.exit(3)
+    finally:
+        provider.shutdown()
+    """
+)
+
+
+def _process(dsn: str, run_id: str, mode: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", _PROCESS, dsn, run_id, mode],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.mark.storage
+@pytest.mark.multiprocess
+def test_a_stored_run_is_not_merged_into_by_another_process(pg_dsn):
+    """A second process opening a stored run id fails with RunExistsError and stores nothing;
+    with resume=True it continues the run in its trace, under the stored root span."""
+    run_id = _run_id()
+    first = _process(pg_dsn, run_id, "new")
+    assert first.returncode == 0, first.stderr
+    again = _process(pg_dsn, run_id, "again")
+    assert again.returncode == 3, again.stderr
+    assert "already exists in the event log" in again.stdout
+    resumed = _process(pg_dsn, run_id, "resume")
+    assert resumed.returncode == 0, resumed.stderr
+    with psycopg.connect(pg_dsn) as conn:
+        agents = [
+            r[0]
+            for r in conn.execute(
+                "SELECT agent_id FROM agentcap.agents WHERE run_id = %s ORDER BY 1", (run_id,)
+            )
+        ]
+        trace_id, root = conn.execute(
+            "SELECT trace_id, root_span_id FROM agentcap.runs WHERE run_id = %s", (run_id,)
+        ).fetchone()
+        spans = conn.execute(
+            "SELECT name, trace_id, parent_span_id FROM agentcap.spans WHERE run_id = %s",
+            (run_id,),
+        ).fetchall()
+    assert agents == ["agent-new", "agent-resume"]
+    assert trace_id and root
+    assert {s[1] for s in spans} == {trace_id}
+    assert ("invoke_agent agent-resume", trace_id, root) in spans
+    assert [s[0] for s in spans].count(f"invoke_workflow {run_id}") == 1
