@@ -1,0 +1,266 @@
+"""otel-agentcap export / import: byte-identical round trips (agentcap-pb and OTLP/JSON) on the demo
+and on a run with every event type, the Jaeger JSON the UI reads, and deduplicated imports."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from opentelemetry import trace
+
+import otel_agentcap as ac
+from otel_agentcap.exporters.postgres import PostgresSpanExporter
+from otel_agentcap.exporters.postgres.database import Database
+from otel_agentcap.exporters.postgres.writer import EventWriter
+from otel_agentcap.model import EVENT_TYPES, Batch, Event
+from otel_agentcap.testing import capture_events
+
+pytestmark = pytest.mark.storage
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        [sys.executable, "-m", "otel_agentcap.cli", *args], capture_output=True, timeout=180
+    )
+
+
+def _export(dsn: str, run_id: str, fmt: str, path: Path) -> bytes:
+    done = _cli("export", run_id, "--dsn", dsn, "--format", fmt, "-o", str(path))
+    assert done.returncode == 0, done.stderr.decode()
+    return path.read_bytes()
+
+
+def _import(dsn: str, path: Path) -> dict[str, Any]:
+    done = _cli("import", str(path), "--dsn", dsn, "--json")
+    assert done.returncode == 0, done.stderr.decode()
+    return json.loads(done.stdout)
+
+
+def _demo(dsn: str) -> str:
+    done = _cli("demo", "--dsn", dsn, "--json")
+    assert done.returncode == 0, done.stderr.decode()
+    return str(json.loads(done.stdout)["run_id"])
+
+
+def _rows(dsn: str, run_id: str) -> dict[str, list[tuple[Any, ...]]]:
+    queries = {
+        "events": "SELECT event_id, agent_id, logical_seq, wall_time, event_type, causal_parent_ids,"
+        " idempotency_key, trace_id, span_id, payload FROM agentcap.events WHERE run_id = %s"
+        " ORDER BY event_id",
+        "agents": "SELECT agent_id, name, parent_agent_id, spawned_at_event_id FROM agentcap.agents"
+        " WHERE run_id = %s ORDER BY agent_id",
+        "runs": "SELECT started_at, attributes, trace_id, root_span_id FROM agentcap.runs"
+        " WHERE run_id = %s",
+        "spans": "SELECT trace_id, span_id, parent_span_id, name, kind, start_time, end_time,"
+        " status_code, status_message, service_name, scope_name FROM agentcap.spans"
+        " WHERE run_id = %s ORDER BY span_id",
+        "conflicts": "SELECT reason, existing_event_id, row_digest, detected_at, event_id"
+        " FROM agentcap.conflicts WHERE run_id = %s ORDER BY event_id, reason",
+    }
+    with psycopg.connect(dsn) as conn:
+        return {name: conn.execute(q, (run_id,)).fetchall() for name, q in queries.items()}
+
+
+@pytest.mark.parametrize("fmt", ["agentcap-pb", "otlp-json"])
+def test_demo_round_trip_is_byte_identical(pg_dsn, pg_empty_dsn, tmp_path, fmt):
+    """Export the demo run, import it into an empty database, export again: the same bytes, the
+    same rows, and the same Jaeger view."""
+    run_id = _demo(pg_dsn)
+    first = _export(pg_dsn, run_id, fmt, tmp_path / "first")
+    result = _import(pg_empty_dsn, tmp_path / "first")
+    assert result["runs"] == [run_id]
+    assert result["events_inserted"] == len(_rows(pg_dsn, run_id)["events"])
+    assert result["conflicts"] == 0
+    second = _export(pg_empty_dsn, run_id, fmt, tmp_path / "second")
+    assert second == first
+    assert _rows(pg_empty_dsn, run_id) == _rows(pg_dsn, run_id)
+    jaeger = [
+        _export(dsn, run_id, "jaeger-json", tmp_path / f"jaeger-{i}")
+        for i, dsn in enumerate((pg_dsn, pg_empty_dsn))
+    ]
+    assert jaeger[0] == jaeger[1]
+
+
+def test_import_twice_stores_nothing_twice(pg_dsn, pg_empty_dsn, tmp_path):
+    """A second import of the same file counts every event as a duplicate and changes no row."""
+    run_id = _demo(pg_dsn)
+    path = tmp_path / "run.pb"
+    _export(pg_dsn, run_id, "agentcap-pb", path)
+    first = _import(pg_empty_dsn, path)
+    before = _rows(pg_empty_dsn, run_id)
+    second = _import(pg_empty_dsn, path)
+    assert second["events_inserted"] == 0
+    assert second["duplicates"] == first["events_inserted"]
+    assert _rows(pg_empty_dsn, run_id) == before
+
+
+def _every_event_type(run_id: str) -> None:
+    """A run with every event type, odd payload values, a failed tool, a timed-out agent."""
+    memory = ac.Memory("mem")
+    chat = trace.get_tracer("test.genai")
+
+    @ac.tool
+    def echo(value: object) -> object:
+        return value
+
+    @ac.tool
+    def broken() -> None:
+        raise RuntimeError("no")
+
+    with ac.run(run_id, purpose="round trip", n=3), ac.agent("lead") as lead:
+        memory["odd"] = {"bytes": b"\x00\xff", "nan": float("nan"), "text": "caf\u00e9 \U0001f600"}
+        with chat.start_as_current_span(
+            "chat m",
+            attributes={"gen_ai.operation.name": "chat", "gen_ai.response.id": "msg_1"},
+        ):
+            pass
+        child = lead.spawn("helper", key="h")
+        child.run(lambda: (memory.lookup("odd"), echo.invoke("t1", [1, 2.5, None])))
+        with pytest.raises(RuntimeError):
+            child.run(lambda: broken.invoke("t2"))
+        del memory["odd"]
+
+
+def _stored_run(dsn: str, run_id: str) -> None:
+    exporter = PostgresSpanExporter(dsn)
+    with capture_events() as captured:
+        _every_event_type(run_id)
+    try:
+        assert {e.event_type for e in captured.events} == EVENT_TYPES
+        assert exporter.export(captured.spans).name == "SUCCESS"
+        # And a conflict: a different event on a stored event's (run, agent, seq).
+        stored = captured.for_agent("lead")[1]
+        clash = Event(
+            "00000000-0000-5000-8000-000000000001",
+            run_id,
+            "lead",
+            stored.seq,
+            "memory_write",
+            "other",
+            stored.wall_time,
+            payload={"other": True},
+        )
+        database = Database(dsn)
+        writer = EventWriter(database.pool)
+        assert writer.write(Batch(events=(clash,))).conflicts == 1
+        writer.close()
+        database.close()
+    finally:
+        exporter.shutdown()
+
+
+@pytest.mark.parametrize("fmt", ["agentcap-pb", "otlp-json"])
+def test_round_trip_of_a_run_with_every_event_type(pg_dsn, pg_empty_dsn, tmp_path, fmt):
+    """A run with every event type (a conflict too) exports, imports into an empty database and
+    exports again to the same bytes; agentcap-pb carries its conflicts as well."""
+    run_id = "every-type"
+    _stored_run(pg_dsn, run_id)
+    first = _export(pg_dsn, run_id, fmt, tmp_path / "first")
+    result = _import(pg_empty_dsn, tmp_path / "first")
+    second = _export(pg_empty_dsn, run_id, fmt, tmp_path / "second")
+    assert second == first
+    original, copied = _rows(pg_dsn, run_id), _rows(pg_empty_dsn, run_id)
+    assert len(original["conflicts"]) == 1
+    if fmt == "agentcap-pb":
+        assert result["conflicts_imported"] == 1
+        assert copied == original
+    else:  # OTLP carries the trace, not the conflicts
+        assert {k: v for k, v in copied.items() if k != "conflicts"} == {
+            k: v for k, v in original.items() if k != "conflicts"
+        }
+
+
+def _check_jaeger_shape(document: dict[str, Any]) -> dict[str, Any]:
+    """The shape the Jaeger UI reads from /api/traces (and from an uploaded file)."""
+    assert isinstance(document["data"], list)
+    (trace_data,) = document["data"]
+    assert len(trace_data["traceID"]) == 32 and int(trace_data["traceID"], 16)
+    processes = trace_data["processes"]
+    assert processes and all(p["serviceName"] for p in processes.values())
+    span_ids = {s["spanID"] for s in trace_data["spans"]}
+    assert len(span_ids) == len(trace_data["spans"])
+    for span in trace_data["spans"]:
+        assert span["traceID"] == trace_data["traceID"]
+        assert len(span["spanID"]) == 16 and int(span["spanID"], 16)
+        assert isinstance(span["operationName"], str) and span["operationName"]
+        assert isinstance(span["startTime"], int) and isinstance(span["duration"], int)
+        assert span["duration"] >= 0
+        assert span["processID"] in processes
+        for tag in span["tags"]:
+            assert set(tag) == {"key", "type", "value"}
+            assert tag["type"] in ("string", "bool", "int64", "float64")
+        for ref in span["references"]:
+            assert ref["refType"] in ("CHILD_OF", "FOLLOWS_FROM")
+            assert ref["traceID"] == trace_data["traceID"]
+            assert ref["spanID"] in span_ids, ref
+        child_of = [r for r in span["references"] if r["refType"] == "CHILD_OF"]
+        assert len(child_of) <= 1
+    return trace_data
+
+
+def _tags(span: dict[str, Any]) -> dict[str, Any]:
+    return {t["key"]: t["value"] for t in span["tags"]}
+
+
+def test_jaeger_export_of_the_demo(pg_dsn, tmp_path):
+    """The demo as Jaeger JSON: one trace, one span per captured operation under one root, every
+    child invoke_agent CHILD_OF its create_agent, every causal parent a FOLLOWS_FROM reference."""
+    run_id = _demo(pg_dsn)
+    document = json.loads(_export(pg_dsn, run_id, "jaeger-json", tmp_path / "j.json"))
+    trace_data = _check_jaeger_shape(document)
+    spans = {s["spanID"]: s for s in trace_data["spans"]}
+    with psycopg.connect(pg_dsn) as conn:
+        operations = conn.execute(
+            "SELECT count(DISTINCT span_id) FROM agentcap.events WHERE run_id = %s", (run_id,)
+        ).fetchone()[0]
+        events = conn.execute(
+            "SELECT event_id::text, span_id, causal_parent_ids::text[] FROM agentcap.events"
+            " WHERE run_id = %s",
+            (run_id,),
+        ).fetchall()
+    assert len(spans) == operations + 1  # and the run's root span
+    roots = [s for s in spans.values() if not s["references"]]
+    assert [r["operationName"] for r in roots] == [f"invoke_workflow {run_id}"]
+    children = 0
+    for span in spans.values():
+        tags = _tags(span)
+        if tags.get("agentcap.parent.agent_id"):
+            children += 1
+            (parent_ref,) = [r for r in span["references"] if r["refType"] == "CHILD_OF"]
+            parent = _tags(spans[parent_ref["spanID"]])
+            assert parent["gen_ai.operation.name"] == "create_agent"
+            assert parent["agentcap.child.agent_id"] == tags["agentcap.agent.id"]
+    assert children >= 5
+    span_of = {event_id: span_id for event_id, span_id, _ in events}
+    links = 0
+    for _, span_id, parents in events:
+        for parent in parents:
+            if span_of[parent] != span_id:
+                follows = {
+                    r["spanID"]
+                    for r in spans[span_id]["references"]
+                    if r["refType"] == "FOLLOWS_FROM"
+                }
+                assert span_of[parent] in follows
+                links += 1
+    assert links > 10
+    names = [
+        s["operationName"] for s in spans.values() if s["operationName"].startswith("invoke_agent")
+    ]
+    assert len(names) == len(set(names))  # every agent's row has a name of its own
+
+
+def test_export_and_import_report_bad_input_in_one_line(pg_dsn, tmp_path):
+    """An unknown run and an unreadable file are one-line errors with exit status 1."""
+    done = _cli("export", "no-such-run", "--dsn", pg_dsn, "--format", "otlp-json")
+    assert done.returncode == 1 and b"unknown run id" in done.stderr
+    garbage = tmp_path / "garbage"
+    garbage.write_bytes(b"\x07not a file")
+    done = _cli("import", str(garbage), "--dsn", pg_dsn)
+    assert done.returncode == 1 and done.stderr.decode().count("\n") == 1
+    assert b"cannot import" in done.stderr
