@@ -343,3 +343,177 @@ def test_ingest_command_stores_posted_spans_and_reports_its_counters(pg_dsn):
     assert (
         _count(pg_dsn, "SELECT count(*) FROM agentcap.events WHERE run_id = %s", run_id) == expected
     )
+
+
+_TWO_PROCESS_RUN = """
+import asyncio
+import sys
+
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+import otel_agentcap as ac
+from otel_agentcap.configure import configure
+
+dsn, run_id, url, phase = sys.argv[1:5]
+provider = configure(
+    dsn,
+    announce=False,
+    service_name="otel-agentcap" if phase == "first" else "otel-agentcap-worker",
+    span_processors=[BatchSpanProcessor(OTLPSpanExporter(endpoint=url, timeout=10))],
+)
+memory = ac.Memory("notes")
+
+
+@ac.tool
+def lookup(topic: str) -> str:
+    return f"about {topic}"
+
+
+if phase == "first":
+    with ac.run(run_id):
+
+        def intake() -> None:
+            with ac.agent("intake"):
+                memory["topic"] = "clocks"
+
+        with ac.ContextThreadPoolExecutor(1) as pool:  # a top-level agent in a thread
+            pool.submit(intake).result()
+        with ac.agent("planner") as planner:
+            topic = memory["topic"]  # the intake's write is its causal parent
+            plan = memory.set("plan", [topic])
+            threaded = planner.spawn("researcher", key="thread")
+            threaded.run(lambda: memory.set("found:thread", lookup.invoke("l1", topic)), timeout=30)
+
+            async def in_a_task() -> None:
+                child = planner.spawn("researcher", key="task")
+
+                async def work() -> None:
+                    with ac.caused_by(plan):
+                        memory["found:task"] = lookup(topic)
+
+                await child.arun(work, timeout=30)
+
+            asyncio.run(in_a_task())
+            planner.spawn("researcher", key="later")  # run by the second process
+else:
+    with ac.run(run_id, resume=True), ac.agent("planner") as planner:
+        later = planner.spawn("researcher", key="later")  # found in the log
+        later.run(lambda: memory.set("found:later", lookup.invoke("l2", memory.get("plan"))))
+provider.shutdown()
+"""
+
+
+class _RecordingServer(OtlpIngestServer):
+    """Keeps every OTLP request rotel forwards, as sent, and stores nothing."""
+
+    def handle(self, body: bytes) -> tuple[HTTPStatus, bytes]:
+        with self._lock:
+            self.bodies = [*getattr(self, "bodies", []), body]
+        return HTTPStatus.OK, ExportTraceServiceResponse().SerializeToString()
+
+
+def _received_spans(server: _RecordingServer, run_id: str) -> list[dict[str, object]]:
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    from otel_agentcap.ingest.otlp import decode_attributes
+
+    spans = []
+    for body in list(getattr(server, "bodies", [])):
+        request = ExportTraceServiceRequest()
+        request.ParseFromString(body)
+        for resource_spans in request.resource_spans:
+            resource = decode_attributes(resource_spans.resource.attributes)
+            for scope_spans in resource_spans.scope_spans:
+                for span in scope_spans.spans:
+                    attributes = decode_attributes(span.attributes)
+                    if attributes.get("agentcap.run.id") != run_id:
+                        continue
+                    spans.append(
+                        {
+                            "name": span.name,
+                            "trace": span.trace_id.hex(),
+                            "id": span.span_id.hex(),
+                            "parent": span.parent_span_id.hex() or None,
+                            "service": resource.get("service.name"),
+                            "attributes": attributes,
+                            "links": [
+                                (link.span_id.hex(), decode_attributes(link.attributes))
+                                for link in span.links
+                            ],
+                        }
+                    )
+    return spans
+
+
+@pytest.mark.multiprocess
+def test_a_run_across_agents_threads_tasks_and_processes_is_one_trace(pg_dsn, rotel_to):
+    """Two top-level agents, threads, an asyncio task and a second process continuing the run
+    (its spawn found in the log), exported as OTLP through rotel: one trace with one root, every
+    child invoke_agent under its create_agent, every causal parent a link to its span."""
+    import json
+    import sys
+
+    from otel_agentcap import attributes as attr
+
+    run_id = "run-two-processes"
+    with _RecordingServer(pg_dsn, port=0) as server:
+        url = rotel_to(server.port)
+        for phase in ("first", "second"):
+            done = subprocess.run(
+                [sys.executable, "-c", _TWO_PROCESS_RUN, pg_dsn, run_id, url, phase],
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            assert done.returncode == 0, done.stderr
+        expected = 1 + _count(
+            pg_dsn, "SELECT count(DISTINCT span_id) FROM agentcap.events WHERE run_id = %s", run_id
+        )
+        deadline = time.monotonic() + 30
+        spans = _received_spans(server, run_id)
+        while len(spans) < expected and time.monotonic() < deadline:
+            time.sleep(0.2)
+            spans = _received_spans(server, run_id)
+    assert len(spans) == expected
+    assert len({s["trace"] for s in spans}) == 1
+    assert {s["service"] for s in spans} == {"otel-agentcap", "otel-agentcap-worker"}
+    by_id = {s["id"]: s for s in spans}
+    roots = [s for s in spans if s["parent"] is None]
+    assert [r["name"] for r in roots] == [f"invoke_workflow {run_id}"]
+    assert all(s["parent"] in by_id for s in spans if s is not roots[0])
+    # Every child's invoke_agent is a child of the create_agent span that spawned it.
+    children = [s for s in spans if attr.PARENT_AGENT_ID in s["attributes"]]
+    assert len(children) == 3
+    for child in children:
+        parent = by_id[child["parent"]]
+        assert parent["attributes"][attr.GEN_AI_OPERATION_NAME] == "create_agent"
+        assert parent["attributes"][attr.CHILD_AGENT_ID] == child["attributes"][attr.AGENT_ID]
+    later = next(c for c in children if c["attributes"][attr.AGENT_ID] == "planner/later")
+    assert later["service"] == "otel-agentcap-worker"
+    assert by_id[later["parent"]]["service"] == "otel-agentcap"
+    # Every causal parent of every event is a link to the span that carries the parent.
+    span_of: dict[str, str] = {}
+    parents_of: list[tuple[str, str]] = []
+    for span in spans:
+        records = [span["attributes"]]
+        outcome = span["attributes"].get(attr.OUTCOME)
+        if outcome:
+            record = json.loads(outcome)
+            span_of[record["id"]] = span["id"]
+            parents_of += [(span["id"], p) for p in record["parents"]]
+        for record in records:
+            if attr.EVENT_ID in record:
+                span_of[record[attr.EVENT_ID]] = span["id"]
+                parents_of += [
+                    (span["id"], p) for p in record.get(attr.EVENT_CAUSAL_PARENT_IDS, ())
+                ]
+    crossing = 0
+    for span_id, parent in parents_of:
+        assert parent in span_of, parent
+        if span_of[parent] == span_id:
+            continue  # a tool's result and its invocation share the span
+        crossing += 1
+        links = {(target, a.get(attr.LINK_EVENT_ID)) for target, a in by_id[span_id]["links"]}
+        assert (span_of[parent], parent) in links, (by_id[span_id]["name"], parent)
+    assert crossing >= 6
