@@ -12,12 +12,14 @@ Rounds of both are interleaved; the medians of the per-call costs are reported. 
 process's CPU time (everything runs synchronously in it), which other processes on the machine do
 not inflate.
 
-    .venv/bin/python bench/bench_capture.py [--rounds 30] [--calls 2000] [--registry 1000] [--profile]
+    .venv/bin/python bench/bench_capture.py [--rounds 30] [--calls 2000] [--registry 1000]
+        [--caused-by] [--profile]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import statistics
 import time
@@ -26,6 +28,7 @@ from collections.abc import Sequence
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.trace import Link
 
 import otel_agentcap as oa
 from otel_agentcap.capture.tools import invocations
@@ -56,6 +59,11 @@ def main() -> None:
         "--registry", type=int, default=1000, help="finished invocations the registry keeps"
     )
     parser.add_argument("--profile", action="store_true", help="cProfile the captured calls")
+    parser.add_argument(
+        "--caused-by",
+        action="store_true",
+        help="every captured call has a causal parent on another span (so its span has a link)",
+    )
     args = parser.parse_args()
     invocations.max_completed = args.registry
 
@@ -82,21 +90,33 @@ def main() -> None:
             lookup.invoke(f"call-{next(counter)}", "Oslo", days=2)
         return (time.process_time_ns() - start) / n / 1000
 
-    with oa.run("bench-run"), oa.agent("bench-agent"):
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(oa.run("bench-run"))
+        stack.enter_context(oa.agent("bench-agent"))
+        if args.caused_by:
+            parent = oa.Memory("bench").set("key", 1)
+            assert parent is not None and parent.span is not None
+            stack.enter_context(oa.caused_by(parent))
         lookup.invoke("warmup", "Oslo")
     span = captured_exporter.last["execute_tool lookup"]
     n_attributes = len(span.attributes or {})
     attributes = {f"bench.attr.{i}": f"value-{i}" for i in range(n_attributes)}
+    # With --caused-by the bare span carries as many links (with as many attributes) too.
+    links = [Link(link.context, dict(link.attributes or {})) for link in span.links]
 
     def bare_round(n: int) -> float:
         start = time.process_time_ns()
         for _ in range(n):
-            bare_tracer.start_span("execute_tool lookup", attributes=attributes).end()
+            bare_tracer.start_span("execute_tool lookup", attributes=attributes, links=links).end()
         return (time.process_time_ns() - start) / n / 1000
 
     captured_costs: list[float] = []
     bare_costs: list[float] = []
-    with oa.run("bench-run"), oa.agent("bench-agent"):
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(oa.run("bench-run", resume=True))
+        stack.enter_context(oa.agent("bench-agent"))
+        if args.caused_by:
+            stack.enter_context(oa.caused_by(parent))
         captured_round(args.calls)  # warm up
         bare_round(args.calls)
         if args.profile:
@@ -122,6 +142,7 @@ def main() -> None:
     captured = statistics.median(captured_costs)
     bare = statistics.median(bare_costs)
     print(f"attributes per span:          {n_attributes}")
+    print(f"links per span:               {len(links)}")
     print(f"rounds x calls:               {args.rounds} x {args.calls}")
     print(f"registry keeps (full):        {args.registry} outcomes")
     print(f"captured tool call (median):  {captured:8.2f} us")

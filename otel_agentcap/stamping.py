@@ -64,12 +64,17 @@ def stamp(
     *,
     key: str | None = None,
     parents: Sequence[EventRef] = (),
+    link: bool = True,
 ) -> Stamp:
     """Allocate the next event of ``agent``: its sequence is above the agent's last one and above
     every causal parent's (explicit ``parents`` plus those bound with ``caused_by``).
 
     ``key`` is the idempotency key; without one the event is keyed by its sequence, which is unique
     per agent, so the id is still deterministic for exporter retries and collector redelivery.
+
+    ``link=False`` leaves out the span links: a closing event (a tool's result, an agent's end)
+    whose parents are its span's own start event and the ``caused_by`` parents the span linked to
+    when it started.
     """
     ambient = ambient_causal_parents()
     parent_ids: tuple[str, ...] = ()
@@ -78,7 +83,7 @@ def stamp(
         parent = parents[0]
         parent_ids = (parent.event_id,)
         seq = agent.clock.tick(parent.seq)
-        if parent.span is not None:
+        if link and parent.span is not None:
             links = (_link(parent),)
     elif parents or ambient:
         after = 0
@@ -89,7 +94,7 @@ def stamp(
                 after = parent.seq
             if parent.event_id not in ids:
                 ids.append(parent.event_id)
-                if parent.span is not None and len(linked) < MAX_CAUSAL_LINKS:
+                if link and parent.span is not None and len(linked) < MAX_CAUSAL_LINKS:
                     linked.append(_link(parent))
         parent_ids = tuple(ids)
         links = tuple(linked)

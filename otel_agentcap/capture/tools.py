@@ -421,6 +421,7 @@ class _Finisher(NamedTuple):
             EventType.TOOL_RESULT,
             key=None if self.key is None else f"{self.key}:result",
             parents=(self.invocation,),
+            link=False,
         )
         if tel.content.enabled:
             encoded = jsonsafe.dumps(result)
@@ -441,6 +442,7 @@ class _Finisher(NamedTuple):
             EventType.AGENT_ERROR,
             key=None if self.key is None else f"{self.key}:error",
             parents=(self.invocation,),
+            link=False,
         )
         payload = tel.error_payload(error, tool=self.tool, invocation_id=self.call_id)
         tel.finish_span(self.span, failed, payload, error)
