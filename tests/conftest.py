@@ -2,7 +2,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from otel_agentcap.capture.runs import forget_runs
+from otel_agentcap.testing import forget_runs
 
 pytest_plugins = ["otel_agentcap.testing.postgres"]
 
