@@ -94,3 +94,56 @@ def test_demo_records_the_failed_tool_and_the_timeout(pg_dsn, demo_run):
         ).fetchall()
     assert any(r[2] == "true" and r[0] in demo_run["timed_out_agents"] for r in errors), errors
     assert any(r[1] == "PermissionError" for r in errors), errors
+
+
+def test_demo_with_a_stored_run_id_fails_and_changes_nothing(pg_dsn, demo_run):
+    """demo --run-id of a run the log holds exits 1 with one line, and stores nothing more."""
+    run_id = demo_run["run_id"]
+    with psycopg.connect(pg_dsn) as conn:
+        before = _one(conn, "SELECT count(*) FROM agentcap.events WHERE run_id = %s", run_id)
+    again = subprocess.run(
+        [sys.executable, "-m", "otel_agentcap.cli", "demo", "--dsn", pg_dsn, "--run-id", run_id],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert again.returncode == 1
+    assert "already exists in the event log" in again.stderr
+    assert again.stderr.count("\n") == 1
+    with psycopg.connect(pg_dsn) as conn:
+        assert (
+            _one(conn, "SELECT count(*) FROM agentcap.events WHERE run_id = %s", run_id) == before
+        )
+
+
+def _quick_start() -> str:
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme.split("## Quick start", 1)[1]
+    return section.split("```python", 1)[1].split("```", 1)[0]
+
+
+def test_the_quick_start_run_twice_records_two_runs(pg_dsn):
+    """The README quick start, run twice, records two runs of 10 events each, none merged."""
+    import os
+
+    env = {**os.environ, "AGENTCAP_DSN": pg_dsn}
+    run_ids = []
+    for _ in range(2):
+        done = subprocess.run(
+            [sys.executable, "-c", _quick_start()],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
+        )
+        assert done.returncode == 0, done.stderr
+        run_ids.append(done.stdout.strip().splitlines()[-1])
+    assert run_ids[0] != run_ids[1]
+    with psycopg.connect(pg_dsn) as conn:
+        counts = conn.execute(
+            "SELECT run_id, count(*), max(logical_seq) FROM agentcap.events GROUP BY run_id"
+        ).fetchall()
+    assert sorted(r[0] for r in counts) == sorted(run_ids)
+    assert all(r[1] == counts[0][1] for r in counts)
