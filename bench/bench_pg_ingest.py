@@ -93,7 +93,10 @@ def make_batches(total: int, batch_size: int, call_ids: bool = False) -> list[Ba
 
 def reset(dsn: str) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("TRUNCATE agentcap.events, agentcap.agents, agentcap.runs, agentcap.conflicts")
+        conn.execute(
+            "TRUNCATE agentcap.events, agentcap.agents, agentcap.runs, agentcap.conflicts,"
+            " agentcap.spans"
+        )
         conn.execute("CHECKPOINT")
 
 

@@ -414,40 +414,63 @@ def _enum_value(value: Any, default: int) -> int:
     return number if type(number) is int else default
 
 
+#: service.name by resource object (the spans of a process share one resource). Bounded.
+_services: dict[int, tuple[object, str | None]] = {}
+
+
 def _service_name(span: SpanLike) -> str | None:
     resource = getattr(span, "resource", None)
-    attributes = getattr(resource, "attributes", None)
-    if attributes is None:
+    if resource is not None:
+        cached = _services.get(id(resource))
+        if cached is not None and cached[0] is resource:
+            return cached[1]
+        attributes = getattr(resource, "attributes", None)
+    else:
         attributes = getattr(span, "resource_attributes", None)  # an OTLP-decoded span
-    name = attributes.get("service.name") if attributes else None
-    return name if isinstance(name, str) else None
+    value = attributes.get("service.name") if attributes else None
+    name = value if isinstance(value, str) else None
+    if resource is not None:
+        if len(_services) >= 64:
+            _services.clear()
+        _services[id(resource)] = (resource, name)
+    return name
 
 
-def span_record(span: SpanLike, run_id: str) -> SpanRecord | None:
-    """The envelope of a span that carries events of ``run_id`` (or is its root span)."""
+def span_record(
+    span: SpanLike,
+    run_id: str,
+    start: datetime | None = None,
+    end: datetime | None = None,
+) -> SpanRecord | None:
+    """The envelope of a span that carries events of ``run_id`` (or is its root span); ``start``
+    and ``end`` are its times as datetimes when the caller has them already."""
     ctx = span.context
     if ctx is None:
         return None
     parent = getattr(span, "parent", None)
-    parent_id = getattr(parent, "span_id", 0) if parent is not None else 0
+    parent_id = parent.span_id if parent is not None else 0
     status = getattr(span, "status", None)
+    code = getattr(status, "status_code", None)
     message = getattr(status, "description", None)
-    start = span.start_time
-    end = span.end_time
-    return SpanRecord(
-        run_id,
-        _trace_id_hex(ctx.trace_id),
-        f"{ctx.span_id:016x}",
-        f"{parent_id:016x}" if parent_id else None,
-        span.name,
-        _enum_value(getattr(span, "kind", None), 0),
-        _time(start),
-        _time(end if end is not None else start),
-        _enum_value(getattr(status, "status_code", None), 0),
-        message if isinstance(message, str) and message else None,
-        _service_name(span),
-        _scope_name(span) or None,
+    return _new_span_record(
+        (
+            run_id,
+            _trace_id_hex(ctx.trace_id),
+            f"{ctx.span_id:016x}",
+            f"{parent_id:016x}" if parent_id else None,
+            span.name,
+            _enum_value(getattr(span, "kind", None), 0),
+            start if start is not None else _time(span.start_time),
+            end if end is not None else _time(span.end_time or span.start_time),
+            _enum_value(code, 0) if code is not None else 0,
+            message if isinstance(message, str) and message else None,
+            _service_name(span),
+            _scope_name(span) or None,
+        )
     )
+
+
+_new_span_record = from_fields(SpanRecord)
 
 
 def _add_run_attributes(
@@ -493,7 +516,15 @@ def batch_from_spans(spans: Iterable[SpanLike], *, raw_payloads: bool = False) -
             if first is None or event.wall_time < first:
                 started[event.run_id] = event.wall_time
         if span_events:
-            envelope = span_record(span, span_events[0].run_id)
+            # The first event is the span's own (its time is the span's start); a closing
+            # record's time is the span's end.
+            primary = span_events[0]
+            closing = (
+                span_events[1].wall_time
+                if len(span_events) > 1 and attr.OUTCOME in attributes
+                else None
+            )
+            envelope = span_record(span, primary.run_id, primary.wall_time, closing)
             if envelope is not None:
                 envelopes.append(envelope)
         elif attributes.get(attr.RUN_ROOT) is True:

@@ -48,6 +48,7 @@ from .rows import (
     STAGING_COLUMNS,
     EventRow,
     PreparedBatch,
+    SpanRow,
     prepare,
     register_raw_uuid_dumpers,
 )
@@ -77,13 +78,25 @@ ON CONFLICT (run_id) DO UPDATE SET
     root_span_id = CASE WHEN r.trace_id IS NULL THEN EXCLUDED.root_span_id ELSE r.root_span_id END
 """
 
-# Span envelopes: the first writer wins; a re-sent span changes nothing.
-_SPANS_INSERT: Final = b"""
-INSERT INTO agentcap.spans (run_id, trace_id, span_id, parent_span_id, name, kind, start_time,
-                            end_time, status_code, status_message, service_name, scope_name)
-SELECT * FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::text[], %s::int2[],
-                     %s::timestamptz[], %s::timestamptz[], %s::int2[], %s::text[], %s::text[],
-                     %s::text[])
+# Span envelopes: binary COPY into the writer's span staging table, then one insert in which the
+# first writer wins (a re-sent span changes nothing).
+_SPAN_COLUMNS: Final = (
+    ("run_id", "text"),
+    ("trace_id", "text"),
+    ("span_id", "text"),
+    ("parent_span_id", "text"),
+    ("name", "text"),
+    ("kind", "int2"),
+    ("start_time", "timestamptz"),
+    ("end_time", "timestamptz"),
+    ("status_code", "int2"),
+    ("status_message", "text"),
+    ("service_name", "text"),
+    ("scope_name", "text"),
+)
+_SPANS_INSERT: Final = """
+INSERT INTO agentcap.spans ({columns})
+SELECT {columns} FROM {staging} ORDER BY run_id, trace_id, span_id
 ON CONFLICT (run_id, trace_id, span_id) DO NOTHING
 """
 
@@ -109,6 +122,8 @@ _CONTENT: Final = (
     "run_id, agent_id, logical_seq, wall_time, event_type, causal_parent_ids, "
     "idempotency_key, trace_id, span_id, payload"
 )
+
+_SPAN_TYPES: Final = [pgtype for _, pgtype in _SPAN_COLUMNS]
 
 # Each staged row is probed with index lookups (LATERAL ... LIMIT 1 and scalar subqueries keep
 # the planner from hashing the whole events table, since the staging table has no statistics).
@@ -290,6 +305,15 @@ class EventWriter:
         self._pool = pool
         self._name = name
         self._staging = sql.Identifier("agentcap", name)
+        # Within PostgreSQL's 63-byte identifiers; the prefix keeps the orphan clean-up's parse.
+        self._span_staging = sql.Identifier("agentcap", f"{name[:57]}_spans")
+        span_columns = sql.SQL(", ").join(sql.Identifier(n) for n, _ in _SPAN_COLUMNS)
+        self._copy_spans = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT BINARY)").format(
+            self._span_staging, span_columns
+        )
+        self._insert_spans = sql.SQL(_SPANS_INSERT).format(
+            columns=span_columns, staging=self._span_staging
+        )
         self._max_attempts = max_attempts
         self._connect_timeout = connect_timeout
         self._max_payload_chars = max_payload_chars
@@ -332,9 +356,13 @@ class EventWriter:
             )
             stmt = sql.SQL(
                 "CREATE UNLOGGED TABLE IF NOT EXISTS {} ({}) WITH (autovacuum_enabled = false)"
-            ).format(self._staging, cols)
+            )
+            span_cols = sql.SQL(", ").join(
+                sql.SQL("{} {}").format(sql.Identifier(n), sql.SQL(t)) for n, t in _SPAN_COLUMNS
+            )
             with conn.transaction():
-                conn.execute(stmt)
+                conn.execute(stmt.format(self._staging, cols))
+                conn.execute(stmt.format(self._span_staging, span_cols))
             self._staging_ready = True
             self._drop_orphans(conn)
 
@@ -368,7 +396,7 @@ class EventWriter:
             if batch.agents:
                 conn.execute(_AGENTS_UPSERT, [[a[i] for a in batch.agents] for i in range(5)])
             if batch.spans:
-                conn.execute(_SPANS_INSERT, [[r[i] for r in batch.spans] for i in range(12)])
+                self._write_spans(conn, batch.spans)
             if not batch.events:
                 return 0, 0, 0
             conn.execute(sql.SQL("TRUNCATE {}").format(self._staging))
@@ -379,6 +407,14 @@ class EventWriter:
             if inserted != new:
                 raise _ConcurrentInsert
             return inserted, duplicates, conflicts
+
+    def _write_spans(self, conn: psycopg.Connection[Any], rows: list[SpanRow]) -> None:
+        conn.execute(sql.SQL("TRUNCATE {}").format(self._span_staging))
+        with conn.cursor() as cur, cur.copy(self._copy_spans) as copy:
+            copy.set_types(_SPAN_TYPES)
+            for row in rows:
+                copy.write_row(row)
+        conn.execute(self._insert_spans)
 
     def _copy_rows(self, conn: psycopg.Connection[Any], rows: list[EventRow]) -> None:
         with conn.cursor() as cur:
@@ -449,7 +485,9 @@ class EventWriter:
         """Drop this writer's staging table (best effort)."""
         try:
             with self._pool.connection(timeout=self._connect_timeout) as conn:
-                conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(self._staging))
+                conn.execute(
+                    sql.SQL("DROP TABLE IF EXISTS {}, {}").format(self._staging, self._span_staging)
+                )
         except (psycopg.Error, PoolTimeout) as exc:
             _log.info("agentcap: could not drop staging table %s: %s", self.staging_table, exc)
         self._staging_ready = False
