@@ -102,8 +102,8 @@ class AgentCapSpanProcessor(SpanProcessor):
 
     def _stamp(self, span: Span, parent_context: Context | None = None) -> None:
         attributes = attributes_of(span)
-        if attr.EVENT_ID in attributes:
-            return  # a capture-API span, stamped when it was created
+        if attr.EVENT_ID in attributes or attr.RUN_ROOT in attributes:
+            return  # a capture-API span (an event's, or a run's root), stamped when created
         ctx = current_agent()
         if ctx is None:
             return

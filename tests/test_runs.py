@@ -206,3 +206,12 @@ def test_a_stored_run_is_not_merged_into_by_another_process(pg_dsn):
     assert {s[1] for s in spans} == {trace_id}
     assert ("invoke_agent agent-resume", trace_id, root) in spans
     assert [s[0] for s in spans].count(f"invoke_workflow {run_id}") == 1
+
+
+def test_a_run_opened_inside_an_agent_of_another_run_keeps_its_own_id():
+    """The root span of a run opened inside an agent of another run carries its own run id."""
+    outer, inner = _run_id(), _run_id()
+    with capture_events() as captured, ac.run(outer), ac.agent("a"), ac.run(inner):
+        pass
+    roots = {s.attributes[attr.RUN_ID] for s in _by_name(captured.spans, "invoke_workflow")}
+    assert roots == {outer, inner}
