@@ -120,6 +120,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
     # As the user ran it (e.g. .venv/bin/otel-agentcap from make demo), so it can be pasted.
     prog = sys.argv[0] if sys.argv[0].endswith("otel-agentcap") else "otel-agentcap"
     console.print(f"next: {prog} show {result.run_id}{dsn_flag}")
+    console.print(
+        f"      {prog} export {result.run_id}{dsn_flag} --format jaeger-json -o {result.run_id}.json"
+        "   (open it in the Jaeger UI: Search, Upload)"
+    )
     return 0
 
 

@@ -7,6 +7,11 @@ to shared memory. One tool fails (recorded, and sent back as an ``is_error`` too
 researcher times out (recorded and rolled back), and a writer agent reads every finding and streams
 the final answer.
 
+The run is one trace: its root span ``invoke_workflow {run id}``, the planner under it, each
+researcher and the writer under the ``create_agent`` span that spawned them, and a link from every
+span to the spans of its causal parents (``otel-agentcap export RUN_ID --format jaeger-json``
+writes it for the Jaeger UI).
+
 By default the model is a local :class:`~otel_agentcap.testing.messages_server.MessagesServer`
 started by the demo (real HTTP, no network); with ``live=True`` and ``ANTHROPIC_API_KEY`` set it
 calls the real API. It records through whatever TracerProvider is configured (``otel-agentcap
