@@ -42,6 +42,7 @@ from opentelemetry.instrumentation.instrumentor import (  # type: ignore[attr-de
 )
 from opentelemetry.instrumentation.utils import unwrap
 
+from otel_agentcap.capture import _telemetry
 from otel_agentcap.instrumentation.anthropic import patch, stream_content, tool_runner
 from otel_agentcap.instrumentation.anthropic.package import _instruments
 from otel_agentcap.instrumentation.anthropic.version import __version__
@@ -123,6 +124,7 @@ class AnthropicInstrumentor(BaseInstrumentor):  # type: ignore[misc]
 
     def _instrument(self, **kwargs: Any) -> None:
         ensure_agentcap_processor()
+        _telemetry.refresh_content_capture()  # tool content follows the GenAI content switch
         self._wrap_tool_runners()
         if sdk_traces_itself():
             for module_name, cls_name, is_async in _RESOURCES:
