@@ -194,15 +194,21 @@ def test_a_stored_run_is_not_merged_into_by_another_process(pg_dsn):
                 "SELECT agent_id FROM agentcap.agents WHERE run_id = %s ORDER BY 1", (run_id,)
             )
         ]
-        trace_id, root = conn.execute(
-            "SELECT trace_id, root_span_id FROM agentcap.runs WHERE run_id = %s", (run_id,)
+        trace_id, root, started_at = conn.execute(
+            "SELECT trace_id, root_span_id, started_at FROM agentcap.runs WHERE run_id = %s",
+            (run_id,),
         ).fetchone()
+        root_start = conn.execute(
+            "SELECT start_time FROM agentcap.spans WHERE run_id = %s AND span_id = %s",
+            (run_id, root),
+        ).fetchone()[0]
         spans = conn.execute(
             "SELECT name, trace_id, parent_span_id FROM agentcap.spans WHERE run_id = %s",
             (run_id,),
         ).fetchall()
     assert agents == ["agent-new", "agent-resume"]
     assert trace_id and root
+    assert started_at == root_start  # the claim records the root span's start
     assert {s[1] for s in spans} == {trace_id}
     assert ("invoke_agent agent-resume", trace_id, root) in spans
     assert [s[0] for s in spans].count(f"invoke_workflow {run_id}") == 1
@@ -215,3 +221,30 @@ def test_a_run_opened_inside_an_agent_of_another_run_keeps_its_own_id():
         pass
     roots = {s.attributes[attr.RUN_ID] for s in _by_name(captured.spans, "invoke_workflow")}
     assert roots == {outer, inner}
+
+
+@pytest.mark.fault
+def test_a_run_opens_unchecked_when_the_store_cannot_be_asked(caplog):
+    """A registry that fails lets runs open (capture never breaks the program), with one warning
+    for a burst of runs."""
+    from otel_agentcap.capture import runs as runs_module
+
+    class Down:
+        calls = 0
+
+        def claim(self, run_id, root_span, started_at):
+            Down.calls += 1
+            raise ConnectionError("database down")
+
+    runs_module.set_run_registry(Down())
+    runs_module._unchecked_logged_at = -3600.0
+    try:
+        with caplog.at_level("WARNING", logger="otel_agentcap"):
+            for _ in range(3):
+                with ac.run(_run_id()), ac.agent("a"):
+                    pass
+    finally:
+        runs_module.set_run_registry(None)
+    assert Down.calls == 3
+    warnings = [r for r in caplog.records if "unchecked" in r.getMessage()]
+    assert len(warnings) == 1

@@ -108,12 +108,13 @@ def start_span(
     links: Sequence[Link] = (),
     kind: SpanKind = SpanKind.INTERNAL,
     context: Context | None = None,
+    start_time: int | None = None,
 ) -> Span:
     """Start a span with ``attributes`` (stamps and payload included), a child of the current
     span or of the span in ``context``. Never raises."""
     try:
         return (_real_tracer or _resolved_tracer()).start_span(
-            name, context, kind, attributes, links
+            name, context, kind, attributes, links, start_time
         )
     except Exception:
         _logger.exception("agentcap: could not start span %s", name)

@@ -21,10 +21,12 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, Final, Protocol
 from urllib.parse import quote, unquote
 
@@ -154,9 +156,12 @@ class RunRegistry(Protocol):
     one). Called when a run opens, outside any lock; may raise (the run then opens unchecked,
     with a warning)."""
 
-    def claim(self, run_id: str, root_span: SpanContext | None) -> StoredRun | None:
-        """Record ``run_id`` as started, with its root span; return None when this call created
-        it, or the stored run, unchanged, when it existed."""
+    def claim(
+        self, run_id: str, root_span: SpanContext | None, started_at: datetime
+    ) -> StoredRun | None:
+        """Record ``run_id`` as started at ``started_at`` (its root span's start), with its root
+        span; return None when this call created it, or the stored run, unchanged, when it
+        existed."""
         ...
 
 
@@ -222,22 +227,36 @@ def forget_runs() -> None:
     recorded_runs.clear()
 
 
-def _claim_in_store(run_id: str, root_span: SpanContext | None) -> StoredRun | None:
+_unchecked_lock = threading.Lock()
+_unchecked_logged_at = -3600.0
+
+
+def _claim_in_store(run_id: str, root_span: SpanContext | None, start_ns: int) -> StoredRun | None:
     registry = _registry
     if registry is None:
         return None
     try:
-        return registry.claim(run_id, root_span)
+        return registry.claim(run_id, root_span, datetime.fromtimestamp(start_ns / 1e9, tz=UTC))
     except Exception:
-        _logger.warning(
-            "agentcap: could not check run %s in the event log; opening it unchecked",
-            run_id,
-            exc_info=True,
-        )
+        # Logged at most once a minute: a process opening run after run while the database is
+        # down would otherwise log each one.
+        global _unchecked_logged_at
+        now = time.monotonic()
+        with _unchecked_lock:
+            quiet = now - _unchecked_logged_at < 60
+            if not quiet:
+                _unchecked_logged_at = now
+        if not quiet:
+            _logger.warning(
+                "agentcap: could not check run %s in the event log; opening it (and any other "
+                "run in the next minute) unchecked",
+                run_id,
+                exc_info=True,
+            )
         return None
 
 
-def _start_root(run_id: str, attributes: dict[str, Any]) -> Span:
+def _start_root(run_id: str, attributes: dict[str, Any], start_ns: int) -> Span:
     span_attributes: dict[str, AttributeValue] = {
         attr.GEN_AI_OPERATION_NAME: attr.OP_INVOKE_WORKFLOW,
         attr.RUN_ID: run_id,
@@ -245,7 +264,9 @@ def _start_root(run_id: str, attributes: dict[str, Any]) -> Span:
     }
     if attributes:
         span_attributes[attr.RUN_ATTRIBUTES] = jsonsafe.dumps(attributes)
-    return tel.start_span(f"invoke_workflow {run_id}", span_attributes, (), SpanKind.INTERNAL)
+    return tel.start_span(
+        f"invoke_workflow {run_id}", span_attributes, (), SpanKind.INTERNAL, None, start_ns
+    )
 
 
 def _valid(span_context: SpanContext | None) -> SpanContext | None:
@@ -260,7 +281,8 @@ def _open(
 
     The root span is started before the claim, since the claim records its ids; when the run
     turns out to exist it is dropped without being ended, so it is never exported."""
-    root = _start_root(run_id, attributes)
+    start_ns = time.time_ns()
+    root = _start_root(run_id, attributes, start_ns)
     root_span = _valid(root.get_span_context())
     prior = recorded_runs.claim(run_id, root_span)
     if not isinstance(prior, _Missing):
@@ -270,7 +292,7 @@ def _open(
                 "resume=True) to continue it, or a new run id"
             )
         return None, prior
-    stored = _claim_in_store(run_id, root_span)
+    stored = _claim_in_store(run_id, root_span, start_ns)
     if stored is not None:
         recorded_runs.set(run_id, stored.root_span)
         if not resume:
@@ -331,10 +353,11 @@ def run(
         recorded_runs.set(carrier.run_id, parent)
     elif run_id is None:
         run_id = new_id("run")  # random: never stored before, but claimed for resume elsewhere
-        root = _start_root(run_id, attributes)
+        start_ns = time.time_ns()
+        root = _start_root(run_id, attributes, start_ns)
         parent = _valid(root.get_span_context())
         recorded_runs.set(run_id, parent)
-        _claim_in_store(run_id, parent)
+        _claim_in_store(run_id, parent, start_ns)
     else:
         root, parent = _open(run_id, resume, attributes)
     assert run_id is not None

@@ -4,6 +4,8 @@ when it opens)."""
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from opentelemetry.trace import SpanContext, TraceFlags
 
 from otel_agentcap.capture.agents import SpawnRecord
@@ -20,7 +22,7 @@ WHERE a.run_id = %s AND a.agent_id = %s AND a.parent_agent_id IS NOT NULL
 
 _CLAIM = """
 INSERT INTO agentcap.runs (run_id, started_at, trace_id, root_span_id)
-VALUES (%s, now(), %s, %s)
+VALUES (%s, %s, %s, %s)
 ON CONFLICT (run_id) DO NOTHING
 RETURNING run_id
 """
@@ -84,10 +86,12 @@ class PostgresRunRegistry:
         self._database = database
         self._timeout = timeout
 
-    def claim(self, run_id: str, root_span: SpanContext | None) -> StoredRun | None:
+    def claim(
+        self, run_id: str, root_span: SpanContext | None, started_at: datetime
+    ) -> StoredRun | None:
         trace_id, span_id = _hex(root_span)
         with self._database.quick_connection(self._timeout) as conn, conn.transaction():
-            created = conn.execute(_CLAIM, (run_id, trace_id, span_id)).fetchone()
+            created = conn.execute(_CLAIM, (run_id, started_at, trace_id, span_id)).fetchone()
             row = None if created else conn.execute(_STORED_RUN, (run_id,)).fetchone()
         if created:
             return None
