@@ -242,8 +242,7 @@ class AgentScope:
             spawned_at=agent.spawned_at,
             timeout=self.timeout,
         )
-        spawned_at = agent.spawned_at
-        parents = (spawned_at,) if spawned_at is not None else ()
+        parents = (agent.spawned_at,) if agent.spawned_at is not None else ()
         start = stamp(ctx, EventType.AGENT_START, parents=parents)
         extra: dict[str, Any] = {
             attr.GEN_AI_OPERATION_NAME: attr.OP_INVOKE_AGENT,
