@@ -38,11 +38,10 @@ from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from typing import Any, NamedTuple
 
-import wrapt
-
 from otel_agentcap import attributes as attr
 from otel_agentcap.capture.tools import Tool
 from otel_agentcap.context import current_agent
+from otel_agentcap.instrumentation.anthropic.wrappers import ObjectProxy
 from otel_agentcap.model import EventRef, EventType, validate_id
 from otel_agentcap.tool_uses import remember_tool_result, tool_use_scope
 
@@ -90,7 +89,7 @@ class _Call(NamedTuple):
     scope: Scope
 
 
-class _CapturedRunnable(wrapt.ObjectProxy[Any]):
+class _CapturedRunnable(ObjectProxy):
     """The SDK tool as its runner sees it, whose ``call(input)`` goes through a captured
     :class:`Tool` (``isinstance`` checks still see the SDK tool)."""
 
@@ -105,7 +104,7 @@ class _CapturedRunnable(wrapt.ObjectProxy[Any]):
         return self._self_captured.invoke(self._self_tool_use_id, **input)
 
 
-class _CapturedToolset(wrapt.ObjectProxy[Any]):
+class _CapturedToolset(ObjectProxy):
     """A toolset as its own ``tool_result`` sees it, whose ``call(context, name, input)`` for the
     one member tool_use goes through a captured :class:`Tool` around the toolset's ``call``."""
 

@@ -14,7 +14,7 @@ import threading
 import time
 import weakref
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import wrapt
 from opentelemetry import trace
@@ -23,6 +23,13 @@ from opentelemetry.trace import Span, Status, StatusCode
 from otel_agentcap.instrumentation.anthropic import extractors
 
 _logger = logging.getLogger(__name__)
+
+if TYPE_CHECKING:
+    ObjectProxy = wrapt.ObjectProxy[Any]
+else:
+    # wrapt's proxy is generic (subscriptable) only from 2.0; opentelemetry-instrumentation up to
+    # 0.61b0 requires wrapt < 2.
+    ObjectProxy = wrapt.ObjectProxy
 
 
 class CallRecord:
@@ -120,7 +127,7 @@ def attach_to_stream(stream: Any, record: CallRecord, *, is_async: bool) -> None
     weakref.finalize(stream, _abandoned, record)
 
 
-class TracedStream(wrapt.ObjectProxy[Any]):
+class TracedStream(ObjectProxy):
     """A ``Stream`` from ``messages.create(stream=True)`` whose span ends with it."""
 
     def __init__(self, wrapped: Any, record: CallRecord) -> None:
@@ -147,7 +154,7 @@ class TracedStream(wrapt.ObjectProxy[Any]):
         self.close()
 
 
-class TracedAsyncStream(wrapt.ObjectProxy[Any]):
+class TracedAsyncStream(ObjectProxy):
     """An ``AsyncStream`` from ``messages.create(stream=True)`` whose span ends with it."""
 
     def __init__(self, wrapped: Any, record: CallRecord) -> None:
@@ -174,7 +181,7 @@ class TracedAsyncStream(wrapt.ObjectProxy[Any]):
         await self.close()
 
 
-class _ManagerBase(wrapt.ObjectProxy[Any]):
+class _ManagerBase(ObjectProxy):
     def __init__(self, wrapped: Any, start: Any) -> None:
         super().__init__(wrapped)
         self._self_start = start
@@ -236,7 +243,7 @@ class TracedAsyncStreamManager(_ManagerBase):
                 self._self_record.finish(how="closed")
 
 
-class CausalStreamManager(wrapt.ObjectProxy[Any]):
+class CausalStreamManager(ObjectProxy):
     """A stream manager of a tracing SDK: binds the causal parents while the request is made."""
 
     def __init__(self, wrapped: Any, scope_factory: Any) -> None:
