@@ -21,6 +21,7 @@ from otel_agentcap.exporters.postgres import (
 )
 from otel_agentcap.exporters.postgres.recovery import PostgresRunRegistry, PostgresSpawnLookup
 from otel_agentcap.exporters.queue import EventLogSpanProcessor, Overflow
+from otel_agentcap.instrumentation import instrument_installed
 from otel_agentcap.processor import AgentCapSpanProcessor
 
 
@@ -36,6 +37,7 @@ def configure(
     overflow: Overflow = "block",
     sequence_blocks: bool = True,
     announce: bool = True,
+    instrument: bool = True,
 ) -> TracerProvider:
     """Build a TracerProvider that records agents into the PostgreSQL event log.
 
@@ -53,6 +55,9 @@ def configure(
       is claimed in the database when its run opens (``run(run_id)`` on a stored run needs
       ``resume=True`` or a carried context, see ``otel_agentcap.capture.runs``).
     * ``set_global``: install the provider as the global one (capture uses the global provider).
+    * ``instrument``: instrument the libraries installed that need it for a full record (see
+      :func:`otel_agentcap.instrumentation.instrument_installed`: the anthropic SDK's causal
+      links); ``False`` leaves instrumentation to the caller.
 
     Raises only for configuration errors (e.g. the embedded server cannot start); a database that
     is down is waited for in the background.
@@ -85,6 +90,8 @@ def configure(
     if set_global:
         trace.set_tracer_provider(provider)
     provider.agentcap_exporter = exporter  # type: ignore[attr-defined]
+    if instrument:
+        instrument_installed()
     return provider
 
 
