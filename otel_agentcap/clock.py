@@ -97,6 +97,24 @@ class LamportClock:
                 return
         self._adopted().observe(seq)
 
+    def attach(self, registry: ClockRegistry, floor: int) -> None:
+        """Called by ``registry`` on a new clock: it continues above ``floor``."""
+        self._registry = registry
+        if floor:
+            self._last = floor
+
+    def reopen(self) -> None:
+        """Called by the registry when a released clock is registered again."""
+        with self._lock:
+            self._released = False
+
+    def release(self) -> int:
+        """Called by the registry when the clock's run is forgotten: later ticks go to the
+        agent's current clock. Returns the highest sequence handed out."""
+        with self._lock:
+            self._released = True
+            return self._last
+
     def _adopted(self) -> LamportClock:
         """The clock that now serves this clock's agent: a context that outlived its run's release
         (a thread still running, say) ticks through the registry's clock for the agent."""
@@ -168,10 +186,7 @@ class ClockRegistry:
             clock = self._clocks.get(key)
             if clock is None:
                 clock = LamportClock(run_id, agent_id, self._source, self._block_size)
-                clock._registry = self
-                floor = self._finished.get(run_id, self._forgotten_floor)
-                if floor:
-                    clock._last = floor
+                clock.attach(self, self._finished.get(run_id, self._forgotten_floor))
                 self._add(clock)
             return clock
 
@@ -186,8 +201,7 @@ class ClockRegistry:
             current = self._clocks.get((clock.run_id, clock.agent_id))
             if current is not None:
                 return current
-            with clock._lock:
-                clock._released = False
+            clock.reopen()
             self._add(clock)
             return clock
 
@@ -199,10 +213,7 @@ class ClockRegistry:
                 clock = self._clocks.pop((run_id, agent_id), None)
                 if clock is None:
                     continue
-                with clock._lock:
-                    clock._released = True
-                    if clock._last > highest:
-                        highest = clock._last
+                highest = max(highest, clock.release())
             if not highest:
                 return
             finished = self._finished

@@ -24,11 +24,11 @@ from typing import Final
 
 from opentelemetry import trace
 from opentelemetry.context import Context
-from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
+from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
 from opentelemetry.util.types import AttributeValue
 
 from otel_agentcap import attributes as attr
-from otel_agentcap import causal_links
+from otel_agentcap import causal_links, private_parts
 from otel_agentcap.context import AgentContext, current_agent
 from otel_agentcap.model import EventRef, EventType
 from otel_agentcap.model_calls import STOP_REASON, SUPERSEDED, TOOL_USE_IDS, is_sdk_scope
@@ -60,10 +60,38 @@ def classify_genai_span(
 
 def _task_key() -> tuple[int, int]:
     """The thread and asyncio task a span starts in: spans of one call start in one of each."""
-    # _get_running_loop returns None outside a loop, where current_task() would raise.
-    loop = asyncio._get_running_loop()
+    # _get_running_loop returns None outside a loop, where get_running_loop() and current_task()
+    # raise: the cheap way on every span. Standard library, in every CPython this package admits.
+    loop = asyncio._get_running_loop()  # noqa: SLF001 (see above)
     task = asyncio.current_task(loop) if loop is not None else None
     return threading.get_ident(), id(task) if task is not None else 0
+
+
+def span_processors_of(provider: TracerProvider) -> tuple[SpanProcessor, ...] | None:
+    """The span processors added to ``provider``, or None when they cannot be read.
+
+    Beware: the SDK's ``TracerProvider`` has no public list of its processors; they sit in
+    ``_active_span_processor._span_processors`` (opentelemetry-sdk 1.34 to 1.45 tested). Missing:
+    one warning and None; callers add an ``AgentCapSpanProcessor`` then, which is harmless when
+    there is one already (a stamped span is not stamped again).
+    """
+    try:
+        active = provider._active_span_processor  # noqa: SLF001 (see above)
+        processors = tuple(active._span_processors)  # noqa: SLF001 (see above)
+    except (AttributeError, TypeError):
+        private_parts.missing(
+            "opentelemetry-sdk",
+            "TracerProvider._active_span_processor._span_processors",
+            "an AgentCapSpanProcessor is added without checking for one",
+        )
+        return None
+    return processors
+
+
+def has_agentcap_processor(provider: TracerProvider) -> bool:
+    """Whether ``provider`` has an :class:`AgentCapSpanProcessor` (False when unknown)."""
+    processors = span_processors_of(provider)
+    return processors is not None and any(isinstance(p, AgentCapSpanProcessor) for p in processors)
 
 
 class _OpenModelCall:

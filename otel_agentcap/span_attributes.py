@@ -8,6 +8,11 @@ property copies the span's events; :func:`has_events` answers without the copy.
 
 :func:`add_attributes` is the one write: the processor's stamps on a span that is starting, and the
 closing event of a capture-API span.
+
+Beware: private parts of the SDK's spans (``_attributes``, a ``BoundedAttributes`` with ``_dict``,
+``_lock`` and ``_immutable``; ``_end_time``; ``_events``), read with ``getattr`` so that a release
+without them takes the public path. Tested with opentelemetry-sdk 1.34 and 1.45. Missing: one
+warning, and every read and write goes through the public API (slower, same result).
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from opentelemetry.util.types import AttributeValue
+
+from otel_agentcap import private_parts
 
 _EMPTY: Mapping[str, AttributeValue] = {}
 
@@ -26,7 +33,17 @@ def attributes_of(span: Any) -> Mapping[str, AttributeValue]:
     inner = getattr(getattr(span, "_attributes", None), "_dict", None)
     if type(inner) is dict:
         return inner
+    if type(span).__module__.startswith("opentelemetry.sdk"):  # an SDK span (no SDK import here)
+        _sdk_parts_missing()
     return getattr(span, "attributes", None) or _EMPTY
+
+
+def _sdk_parts_missing() -> None:
+    private_parts.missing(
+        "opentelemetry-sdk",
+        "ReadableSpan._attributes._dict",
+        "span attributes are read and written through the public API (slower)",
+    )
 
 
 def add_attributes(span: Any, attributes: Mapping[str, AttributeValue]) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import hashlib
+import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -37,6 +38,8 @@ from otel_agentcap.errors import AgentCancelled, AgentTimeoutError, SpawnConflic
 from otel_agentcap.model import MAX_ID_LENGTH, EventRef, EventType, validate_id
 from otel_agentcap.runs import lifetimes
 from otel_agentcap.stamping import stamp
+
+_logger = logging.getLogger("otel_agentcap")
 
 R = TypeVar("R")
 
@@ -187,7 +190,7 @@ class AgentExecution:
                 )
             else:
                 end = stamp(ctx, EventType.AGENT_END, key=None)
-                self.agent._commit(committed)
+                self.agent._commit(committed)  # noqa: SLF001 (its own agent, same module)
                 tel.finish_span(self.span, end, {"state_committed": True})
                 return True
         ctx.cancelled_reason = "timed out" if isinstance(error, TimeoutError) else "failed"
@@ -316,7 +319,7 @@ class AgentScope:
         try:
             execution.finish(error)
         except Exception:
-            tel._logger.exception("agentcap: could not record the end of %s", self.agent.agent_id)
+            _logger.exception("agentcap: could not record the end of %s", self.agent.agent_id)
         if raise_instead is None and execution.commit_error is not None:
             raise_instead = execution.commit_error
         # A scope closed in another context than it was entered in (a generator finalised
@@ -324,16 +327,16 @@ class AgentScope:
         try:
             reset_agent(agent_token)
         except ValueError:
-            tel._logger.debug("agentcap: agent scope closed in another context", exc_info=True)
+            _logger.debug("agentcap: agent scope closed in another context", exc_info=True)
         try:
             otel_context.detach(otel_token)
         except Exception:
-            tel._logger.debug("agentcap: context detach failed", exc_info=True)
+            _logger.debug("agentcap: context detach failed", exc_info=True)
         if run_token is not None:
             try:
                 reset_run(run_token)
             except ValueError:
-                tel._logger.debug("agentcap: run scope closed in another context", exc_info=True)
+                _logger.debug("agentcap: run scope closed in another context", exc_info=True)
         lifetimes.leave(self.agent.run_id)
         return raise_instead
 
@@ -437,7 +440,7 @@ def _recover_spawn(run_id: str, child_id: str) -> SpawnRecord | None:
     try:
         return lookup.find(run_id, child_id)
     except Exception:
-        tel._logger.warning(
+        _logger.warning(
             "agentcap: could not look up an earlier spawn of %s; recording a new one",
             child_id,
             exc_info=True,

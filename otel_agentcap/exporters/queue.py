@@ -29,6 +29,8 @@ from typing import Any, Final, Literal
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 
+from otel_agentcap import private_parts
+
 _logger = logging.getLogger(__name__)
 
 Overflow = Literal["block", "drop"]
@@ -67,14 +69,26 @@ class EventLogSpanProcessor(BatchSpanProcessor):
         self._blocking_suspended_until = 0.0
         self._last_log = 0.0
         self._logged_dropped = 0
-        batch = self._batch_processor
-        self._queue: Any = getattr(batch, "_queue", None)
-        self._max_queue_size: int = getattr(batch, "_max_queue_size", 0)
-        self._wake_worker: Any = getattr(batch, "_worker_awaken", None)
+        # Beware: private parts of the SDK's BatchSpanProcessor, its BatchProcessor's deque, size
+        # and wake-up event: the SDK has no public way to wait for room in its queue. Present
+        # since opentelemetry-sdk 1.34 (the package's floor), tested with 1.34 and 1.45. Missing:
+        # one warning, and a full queue drops spans (uncounted) as the SDK's own processor does.
+        self._queue: Any = None
+        self._max_queue_size = 0
+        self._wake_worker: Any = None
+        try:
+            batch = self._batch_processor
+            self._queue = batch._queue  # noqa: SLF001 (see above)
+            self._max_queue_size = int(batch._max_queue_size)  # noqa: SLF001 (see above)
+            self._wake_worker = batch._worker_awaken  # noqa: SLF001 (see above)
+        except (AttributeError, TypeError, ValueError):
+            self._queue = None
         if self._queue is None or not self._max_queue_size:
-            _logger.warning(
-                "agentcap: this opentelemetry-sdk's BatchSpanProcessor has no queue to watch; "
-                "a full queue drops spans as the SDK does"
+            self._queue = None
+            private_parts.missing(
+                "opentelemetry-sdk",
+                "BatchSpanProcessor._batch_processor._queue",
+                "a full export queue drops spans as the SDK's processor does, uncounted",
             )
 
     @property

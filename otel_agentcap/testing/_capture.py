@@ -13,7 +13,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from otel_agentcap.mapping import agents_from_span, batch_from_spans
 from otel_agentcap.model import AgentRecord, Event
-from otel_agentcap.processor import AgentCapSpanProcessor
+from otel_agentcap.processor import AgentCapSpanProcessor, has_agentcap_processor
 
 
 class InMemoryEventExporter(SpanExporter):
@@ -119,10 +119,7 @@ def _ensure_installed() -> _FanOut:
                 raise RuntimeError(
                     "a non-SDK global TracerProvider is set; capture_events needs the SDK"
                 )
-        processors = getattr(
-            getattr(provider, "_active_span_processor", None), "_span_processors", ()
-        )
-        if not any(isinstance(p, AgentCapSpanProcessor) for p in processors):
+        if not has_agentcap_processor(provider):
             provider.add_span_processor(AgentCapSpanProcessor())
         _fan_out = _FanOut()
         provider.add_span_processor(_fan_out)

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from typing import Any, Final
 
 import psycopg
-from opentelemetry import context as otel_context
+from opentelemetry.instrumentation.utils import suppress_instrumentation
 from psycopg_pool import ConnectionPool
 
 from otel_agentcap.exporters.postgres import embedded
@@ -49,13 +49,8 @@ def resolve_dsn(dsn: str | None = None, *, announce: bool = True) -> str:
 def instrumentation_suppressed() -> Iterator[None]:
     """Run storage I/O without tracing it (an instrumented psycopg would otherwise feed the
     exporter spans of its own writes)."""
-    token = otel_context.attach(
-        otel_context.set_value(otel_context._SUPPRESS_INSTRUMENTATION_KEY, True)
-    )
-    try:
+    with suppress_instrumentation():
         yield
-    finally:
-        otel_context.detach(token)
 
 
 class Database:

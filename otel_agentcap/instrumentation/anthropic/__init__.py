@@ -32,8 +32,9 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import logging
+import re
 from collections.abc import Collection
-from typing import Any
+from typing import Any, Final, NamedTuple
 
 import wrapt
 from opentelemetry import trace
@@ -42,6 +43,7 @@ from opentelemetry.instrumentation.instrumentor import (  # type: ignore[attr-de
 )
 from opentelemetry.instrumentation.utils import unwrap
 
+from otel_agentcap import private_parts
 from otel_agentcap.capture import _telemetry
 from otel_agentcap.instrumentation.anthropic import patch, stream_content, tool_runner
 from otel_agentcap.instrumentation.anthropic.package import _instruments
@@ -65,6 +67,50 @@ _RESOURCES: tuple[tuple[str, str, bool], ...] = (
 _RESPONSE_HOOKS: tuple[str, ...] = ("anthropic._tracing", "anthropic.lib._tracing._streaming")
 
 
+class _PrivateHook(NamedTuple):
+    """A private part of the anthropic SDK that a wrapper hooks into: the release it is tested
+    since (it may be older) and what is lost without it."""
+
+    since: str
+    lost: str
+
+    def missing(self, part: str) -> None:
+        """Warn once when the installed SDK is at or above :attr:`since` and has no ``part``
+        (below it, the SDK has no such path to capture)."""
+        installed = _release(private_parts.installed_version("anthropic"))
+        if installed is not None and installed >= (_release(self.since) or ()):
+            private_parts.missing("anthropic", part, self.lost)
+
+
+def _release(version: str) -> tuple[int, ...] | None:
+    """The release numbers of ``version`` (``"2.15.0rc1"`` -> ``(2, 15, 0)``), or None."""
+    match = re.match(r"\d+(?:\.\d+)*", version)
+    return tuple(int(part) for part in match.group().split(".")) if match else None
+
+
+# Beware: private hooks of the anthropic SDK. They are the one place each path passes through,
+# and the SDK offers no public hook for any of them. The releases named are the oldest each one is
+# tested at; the newest is the one a fresh install gets (2.15 when written). Missing, the path
+# runs as the SDK runs it, uncaptured, with one warning.
+#: ``set_response_attributes`` of the SDK's tracing: where its spans get a response's attributes.
+_RESPONSE_HOOK: Final = _PrivateHook(
+    "1.17.0", "model_call events do not list the tool_use ids a response asked for"
+)
+#: ``StreamedMessage.item`` of the SDK's stream recorder, where a raw stream's events pass (see
+#: :mod:`.stream_content`).
+_STREAM_CONTENT_HOOK: Final = _PrivateHook(
+    "2.6.0", "a raw messages.create(stream=True) read to the end records no output with content on"
+)
+#: ``_run_tool`` / ``_run_toolset_member`` of the Messages tool runners.
+_RUNNER_HOOK: Final = _PrivateHook(
+    "2.14.0", "tools run by client.beta.messages.tool_runner(...) are not captured"
+)
+#: ``SessionToolRunner._call_tool``.
+_SESSION_HOOK: Final = _PrivateHook(
+    "2.14.0", "tools run by client.beta.sessions.events.tool_runner(...) are not captured"
+)
+
+
 def sdk_traces_itself() -> bool:
     """Whether the installed ``anthropic`` records its own OpenTelemetry spans."""
     try:
@@ -79,14 +125,12 @@ def ensure_agentcap_processor() -> bool:
     try:
         from opentelemetry.sdk.trace import TracerProvider
 
-        from otel_agentcap.processor import AgentCapSpanProcessor
+        from otel_agentcap.processor import AgentCapSpanProcessor, has_agentcap_processor
 
         provider = trace.get_tracer_provider()
         if not isinstance(provider, TracerProvider):
             return False
-        active = getattr(provider, "_active_span_processor", None)
-        processors = getattr(active, "_span_processors", ())
-        if not any(isinstance(p, AgentCapSpanProcessor) for p in processors):
+        if not has_agentcap_processor(provider):
             provider.add_span_processor(AgentCapSpanProcessor())
         return True
     except Exception:
@@ -104,13 +148,31 @@ class AnthropicInstrumentor(BaseInstrumentor):  # type: ignore[misc]
     def instrumentation_dependencies(self) -> Collection[str]:
         return _instruments
 
-    def _wrap(self, module_name: str, cls_name: str, method: str, wrapper: Any) -> None:
+    def instrument(self, **kwargs: Any) -> None:
+        """Instrument the SDK; a second call is a no-op without the base class's warning, since
+        ``configure()`` instruments already and code written before it did calls this too."""
+        if self.is_instrumented_by_opentelemetry:
+            return
+        super().instrument(**kwargs)
+
+    def _wrap(
+        self,
+        module_name: str,
+        cls_name: str,
+        method: str,
+        wrapper: Any,
+        private: _PrivateHook | None = None,
+    ) -> None:
+        """Wrap ``module_name.cls_name.method`` when the SDK has it. A ``private`` hook missing
+        from an SDK release at or above the one it is tested since is warned about once."""
         try:
             module = importlib.import_module(module_name)
         except ImportError:
-            return
+            module = None
         cls = getattr(module, cls_name, None)
         if cls is None or not hasattr(cls, method):
+            if private is not None:
+                private.missing(f"{module_name}.{cls_name}.{method}")
             return
         if any(owner is cls and name == method for owner, name in self._wrapped):
             return  # re-exported under two module names
@@ -119,7 +181,8 @@ class AnthropicInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         ):
             return
         wrapt.wrap_function_wrapper(cls, method, wrapper)
-        cls.__dict__[method]._self_agentcap = True
+        # wrapt keeps attributes named _self_* on the wrapper: this one marks the wrapper as ours.
+        cls.__dict__[method]._self_agentcap = True  # noqa: SLF001 (see above)
         self._wrapped.append((cls, method))
 
     def _instrument(self, **kwargs: Any) -> None:
@@ -132,12 +195,13 @@ class AnthropicInstrumentor(BaseInstrumentor):  # type: ignore[misc]
                 self._wrap(module_name, cls_name, "create", create)
                 self._wrap(module_name, cls_name, "stream", patch.causal_stream())
             for module_name in _RESPONSE_HOOKS:
-                self._wrap_function(module_name, "set_response_attributes")
+                self._wrap_function(module_name, "set_response_attributes", _RESPONSE_HOOK)
             self._wrap(
                 "anthropic.lib._tracing._streaming",
                 "StreamedMessage",
                 "item",
                 stream_content.stream_content_hook(),
+                _STREAM_CONTENT_HOOK,
             )
             return
         tracer = trace.get_tracer(
@@ -160,12 +224,14 @@ class AnthropicInstrumentor(BaseInstrumentor):  # type: ignore[misc]
                 cls_name,
                 "_run_tool",
                 tool_runner.run_tool_wrapper(is_async=is_async),
+                _RUNNER_HOOK,
             )
             self._wrap(
                 tool_runner.RUNNER_MODULE,
                 cls_name,
                 "_run_toolset_member",
                 tool_runner.toolset_member_wrapper(is_async=is_async),
+                _RUNNER_HOOK,
             )
         for cls_name, is_async in tool_runner.TOOLSETS:
             self._wrap(
@@ -179,14 +245,16 @@ class AnthropicInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             tool_runner.SESSION_RUNNER,
             "_call_tool",
             tool_runner.session_call_tool_wrapper(),
+            _SESSION_HOOK,
         )
 
-    def _wrap_function(self, module_name: str, name: str) -> None:
+    def _wrap_function(self, module_name: str, name: str, private: _PrivateHook) -> None:
         try:
             module = importlib.import_module(module_name)
         except ImportError:
-            return
+            module = None
         if not callable(getattr(module, name, None)):
+            private.missing(f"{module_name}.{name}")
             return
         wrapt.wrap_function_wrapper(module, name, patch.tool_use_ids_hook())
         self._wrapped.append((module, name))

@@ -127,6 +127,8 @@ def response_attributes(message: Any) -> dict[str, AttributeValue]:
                 attributes[key] = value
         attributes.update(usage_attributes(get(message, "usage")))
         attributes.update(tool_use_attributes(message))
+        # The SDK documents ``_request_id`` (underscored so it cannot clash with an API field) as
+        # where a response's request id is; absent on releases before it, the id is left out.
         request_id = getattr(message, "_request_id", None)
         if isinstance(request_id, str):
             attributes["anthropic.request.id"] = request_id

@@ -133,7 +133,9 @@ def _start(tracer: Tracer, kwargs: dict[str, Any], *, stream: bool) -> CallRecor
 
 def _finish_result(record: CallRecord, result: Any, *, is_async: bool) -> Any:
     """Finish ``record`` for a returned value, or hand it to a stream proxy."""
-    if hasattr(result, "_iterator") and hasattr(result, "response"):
+    from anthropic import AsyncStream, Stream
+
+    if isinstance(result, (Stream, AsyncStream)):
         try:
             return TracedAsyncStream(result, record) if is_async else TracedStream(result, record)
         except Exception:

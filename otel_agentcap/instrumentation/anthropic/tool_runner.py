@@ -39,6 +39,7 @@ from contextlib import AbstractContextManager
 from typing import Any, NamedTuple
 
 from otel_agentcap import attributes as attr
+from otel_agentcap import private_parts
 from otel_agentcap.capture.tools import Tool
 from otel_agentcap.context import current_agent
 from otel_agentcap.instrumentation.anthropic.wrappers import ObjectProxy
@@ -150,7 +151,7 @@ def _runs_on_worker_thread(sdk_tool: Any) -> bool:
     """The Sessions runner's rule (``run_runnable_tool``): its sync function tools run on a worker
     thread; any other tool is called and, if that returns an awaitable, awaited."""
     try:
-        from anthropic.lib.tools._beta_functions import BetaBuiltinFunctionTool, BetaFunctionTool
+        from anthropic.lib.tools import BetaBuiltinFunctionTool, BetaFunctionTool
 
         sync_classes = (BetaFunctionTool, BetaBuiltinFunctionTool)
     except ImportError:
@@ -193,17 +194,31 @@ def _streaming_model_call(runner: Any) -> Callable[[], EventRef | None]:
     """For a tool run while the reply that asked for it still streams (``run_tools_eagerly``):
     the model call of that reply, read from the stamps of the SDK's still open span."""
 
+    # Beware: private parts of the SDK's streaming (anthropic 2.14 and 2.15 tested): the
+    # ``MessageStream`` behind the runner's pending ``get_final_message``, its ``_raw_stream``,
+    # and the tracing recorder ``streamed_message(raw_stream)`` (module
+    # ``anthropic.lib._tracing._streaming``) whose ``_span`` is the reply's open span; nothing
+    # public reaches the span of a reply still streaming. Missing: one warning, and a tool run
+    # eagerly has no model call as causal parent.
     def find() -> EventRef | None:
         try:
             ctx = current_agent()
             final_message = getattr(runner, "_last_message", None)
             message_stream = getattr(final_message, "__self__", None)
             raw_stream = getattr(message_stream, "_raw_stream", None)
-            if ctx is None or raw_stream is None:
+            if ctx is None:
                 return None
-            from anthropic.lib._tracing._streaming import streamed_message
-
+            try:
+                from anthropic.lib._tracing._streaming import streamed_message
+            except ImportError:
+                _streaming_parts_missing()
+                return None
+            if raw_stream is None:
+                _streaming_parts_missing()
+                return None
             recorder = streamed_message(raw_stream)
+            if not hasattr(recorder, "_span"):
+                _streaming_parts_missing()
             span = getattr(recorder, "_span", None)
             attributes = getattr(span, "attributes", None) or {}
             event_id = attributes.get(attr.EVENT_ID)
@@ -226,9 +241,29 @@ def _streaming_model_call(runner: Any) -> Callable[[], EventRef | None]:
     return find
 
 
+def _streaming_parts_missing() -> None:
+    private_parts.missing(
+        "anthropic",
+        "MessageStream._raw_stream or the tracing recorder's _span",
+        "tools run while their reply streams (run_tools_eagerly) do not name its model call",
+    )
+
+
 def _runner_scope(runner: Any, tool_use_id: str) -> Scope:
     """``caused_by(<the model call of the runner's last reply>)``, for a tool_use of that reply:
-    found by the reply's response id, or from its still open span while it streams."""
+    found by the reply's response id, or from its still open span while it streams.
+
+    Beware: ``_last_message`` is the runner's private record of its last reply (the message, or
+    while it streams the bound ``get_final_message`` of its ``MessageStream``); the runner has no
+    public accessor for the reply a tool_use came from. Tested at anthropic 2.14 and 2.15. Missing:
+    one warning, and the tool runs without the model call as causal parent.
+    """
+    if not hasattr(runner, "_last_message"):
+        private_parts.missing(
+            "anthropic",
+            "ToolRunner._last_message",
+            "tools run by the SDK's tool runner do not name the model call that asked for them",
+        )
     last = getattr(runner, "_last_message", None)
     message = None if callable(last) else last
     pending = _streaming_model_call(runner) if callable(last) else None

@@ -20,6 +20,7 @@ import wrapt
 from opentelemetry import trace
 from opentelemetry.trace import Span, Status, StatusCode
 
+from otel_agentcap import private_parts
 from otel_agentcap.instrumentation.anthropic import extractors
 
 _logger = logging.getLogger(__name__)
@@ -122,9 +123,31 @@ def attach_to_stream(stream: Any, record: CallRecord, *, is_async: bool) -> None
             record.span.set_attribute("anthropic.request.id", request_id)
     except Exception:
         pass
-    iterator = stream._iterator
-    stream._iterator = record.aobserve(iterator) if is_async else record.observe(iterator)
     weakref.finalize(stream, _abandoned, record)
+    # Beware: ``_iterator`` is the private generator an SDK ``Stream`` / ``AsyncStream`` reads
+    # its events from; replacing it observes every event whichever public way the caller
+    # iterates. Only SDKs without tracing of their own get here (anthropic 0.40 to 1.16; tested
+    # at 0.40.0). Missing: one warning, and the call is recorded without its output.
+    try:
+        iterator = stream._iterator  # noqa: SLF001 (see above)
+    except AttributeError:
+        private_parts.missing(
+            "anthropic",
+            "Stream._iterator",
+            "streamed model calls are recorded without usage, stop reason or content",
+        )
+        return
+    stream._iterator = record.aobserve(iterator) if is_async else record.observe(iterator)  # noqa: SLF001
+
+
+def _raw_stream(message_stream: Any) -> Any:
+    """The SDK ``Stream`` under a ``MessageStream`` (``messages.stream(...)``).
+
+    Beware: ``MessageStream._raw_stream`` is private; it is the one place the events of a
+    ``messages.stream(...)`` call pass through. SDKs without tracing only (anthropic 0.40 to 1.16;
+    tested at 0.40.0). Missing: an AttributeError the caller logs; the call ends unobserved.
+    """
+    return message_stream._raw_stream  # noqa: SLF001 (see above)
 
 
 class TracedStream(ObjectProxy):
@@ -202,7 +225,7 @@ class TracedStreamManager(_ManagerBase):
             record.finish(how="failed", error=error)
             raise
         try:
-            attach_to_stream(message_stream._raw_stream, record, is_async=False)
+            attach_to_stream(_raw_stream(message_stream), record, is_async=False)
             weakref.finalize(message_stream, _abandoned, record)
         except Exception:
             _logger.debug("agentcap: could not observe a message stream", exc_info=True)
@@ -229,7 +252,7 @@ class TracedAsyncStreamManager(_ManagerBase):
             record.finish(how="failed", error=error)
             raise
         try:
-            attach_to_stream(message_stream._raw_stream, record, is_async=True)
+            attach_to_stream(_raw_stream(message_stream), record, is_async=True)
             weakref.finalize(message_stream, _abandoned, record)
         except Exception:
             _logger.debug("agentcap: could not observe a message stream", exc_info=True)
