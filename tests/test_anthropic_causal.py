@@ -1,4 +1,3 @@
-# ruff: noqa: F811  (pytest fixtures imported from anthropic_support)
 """Model -> tool -> model chains, one event per call with OpenLLMetry stacked on the SDK, content
 opt-in and no API key anywhere: in memory and in the stored PostgreSQL log."""
 
@@ -8,20 +7,7 @@ import json
 
 import anthropic
 import pytest
-from anthropic_support import (  # noqa: F401 (fixtures)
-    API_KEY,
-    MODEL,
-    USER,
-    aclient,
-    captured,
-    client,
-    conflict_count,
-    instrumented,
-    runner_events,
-    server,
-    stored,
-    stored_events,
-)
+from anthropic_support import API_KEY, MODEL, USER, conflict_count, runner_events, stored_events
 from opentelemetry.sdk.trace import ReadableSpan
 
 import otel_agentcap as ac

@@ -1,4 +1,3 @@
-# ruff: noqa: F811  (pytest fixtures imported from anthropic_support)
 """The Sessions tool runner (``client.beta.sessions.events.tool_runner``, async only) runs each
 tool of an ``agent.custom_tool_use`` / ``agent.tool_use`` event through a captured tool: the
 invocation id is the session event's id, a tool runs once per event id even when the runner
@@ -15,16 +14,7 @@ import anthropic
 import pytest
 from anthropic import beta_async_tool, beta_tool
 from anthropic.lib.tools.agent_toolset import AgentToolContext, beta_agent_toolset_20260401
-from anthropic_support import (  # noqa: F401 (fixtures)
-    aclient,
-    captured,
-    conflict_count,
-    instrumented,
-    runner_events,
-    server,
-    stored,
-    stored_events,
-)
+from anthropic_support import conflict_count, runner_events, stored_events
 
 import otel_agentcap as ac
 from otel_agentcap.instrumentation.anthropic import AnthropicInstrumentor

@@ -1,4 +1,3 @@
-# ruff: noqa: F811  (pytest fixtures imported from anthropic_support)
 """The stored model_call event of the SDK's own spans in every stream lifecycle case, sync and
 async, with token accounting and errors (real anthropic client over HTTP, MessagesServer)."""
 
@@ -9,16 +8,7 @@ import gc
 
 import anthropic
 import pytest
-from anthropic_support import (  # noqa: F401 (fixtures)
-    MODEL,
-    USER,
-    aclient,
-    captured,
-    client,
-    instrumented,
-    only_model_call,
-    server,
-)
+from anthropic_support import MODEL, USER, only_model_call
 
 import otel_agentcap as ac
 from otel_agentcap.testing.messages_server import MessagesServer, error_reply, text_reply

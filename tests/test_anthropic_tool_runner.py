@@ -1,4 +1,3 @@
-# ruff: noqa: F811  (pytest fixtures imported from anthropic_support)
 """The SDK's beta tool runner gives the same model -> tool -> model chain as ``run_tool_uses``:
 sync and async, plain and streaming (also with ``run_tools_eagerly``), in memory and in the stored
 PostgreSQL log."""
@@ -11,18 +10,12 @@ from typing import Any
 import anthropic
 import pytest
 from anthropic import beta_async_tool, beta_tool
-from anthropic_support import (  # noqa: F401 (fixtures)
+from anthropic_support import (
     MODEL,
     USER,
-    aclient,
-    captured,
     check_tool_chain,
-    client,
     conflict_count,
-    instrumented,
     runner_events,
-    server,
-    stored,
     stored_events,
 )
 

@@ -1,4 +1,3 @@
-# ruff: noqa: F811  (pytest fixtures imported from anthropic_support)
 """Toolset members (``BetaRunnableToolset`` / ``BetaAsyncRunnableToolset``) give the same model
 -> tool -> model chain as function tools: in the Messages tool runner (sync and async, plain,
 streaming and eager) and in a loop of the user's own that calls ``toolset.tool_result``."""
@@ -14,18 +13,12 @@ import pytest
 from anthropic.lib.tools import BetaAsyncRunnableToolset, BetaRunnableToolset
 from anthropic.lib.tools._toolsets import BetaToolsetCallContext
 from anthropic.types.beta import BetaToolUseBlock
-from anthropic_support import (  # noqa: F401 (fixtures)
+from anthropic_support import (
     MODEL,
     USER,
-    aclient,
-    captured,
     check_tool_chain,
-    client,
     conflict_count,
-    instrumented,
     runner_events,
-    server,
-    stored,
     stored_events,
 )
 

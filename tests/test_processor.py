@@ -1,4 +1,3 @@
-# ruff: noqa: F811  (pytest fixtures imported from anthropic_support)
 """AgentCapSpanProcessor: which finished model calls of the real anthropic SDK (over HTTP to the
 local Messages server) are indexed for the tool runs they may cause."""
 
@@ -6,14 +5,7 @@ from __future__ import annotations
 
 import anthropic
 import pytest
-from anthropic_support import (  # noqa: F401 (fixtures)
-    MODEL,
-    USER,
-    captured,
-    client,
-    instrumented,
-    server,
-)
+from anthropic_support import MODEL, USER, needs_sdk_tracing
 
 import otel_agentcap as ac
 from otel_agentcap import causal_links
@@ -68,6 +60,7 @@ def test_model_calls_are_indexed_when_a_tool_run_may_look_for_them(
     assert _indexed(run_id) == (False, False)  # released with the run
 
 
+@needs_sdk_tracing
 def test_without_the_instrumentor_a_tool_asking_call_is_found_by_its_response_id(
     server: MessagesServer, client, captured
 ):
