@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import sys
 import time
 from collections import Counter
@@ -20,7 +21,7 @@ from otel_agentcap.exporters.postgres import embedded, store
 from otel_agentcap.exporters.postgres.database import ENV_DSN, resolve_dsn
 from otel_agentcap.exporters.postgres.errors import AgentCapStorageError, RunNotFound
 from otel_agentcap.exporters.postgres.migrate import migrate
-from otel_agentcap.timeline import layout, summary
+from otel_agentcap.timeline import Totals, event_labels, layout, parent_text, summary, totals
 
 
 class CliError(Exception):
@@ -41,8 +42,14 @@ def _print_json(data: Any) -> None:
 def _console() -> Any:
     from rich.console import Console
 
+    class _Console(Console):
+        def on_broken_pipe(self) -> None:
+            # Newer rich releases exit with status 1 here; main() ends every command alike.
+            self.quiet = True
+            raise BrokenPipeError
+
     # Plain text (no colour, no boxes drawn with control codes) when not writing to a terminal.
-    return Console(highlight=False, soft_wrap=True)
+    return _Console(highlight=False, soft_wrap=True)
 
 
 def _dsn(args: argparse.Namespace) -> str:
@@ -157,20 +164,32 @@ def cmd_show(args: argparse.Namespace) -> int:
             agents = store.run_agents(conn, args.run_id)
         except RunNotFound:
             raise CliError(f"unknown run id: {args.run_id!r} (see: otel-agentcap runs)") from None
-    lines = list(layout(events, agents))
+        known = {e.event_id for e in events}
+        missing = sorted({p for e in events for p in e.causal_parent_ids if p not in known})
+        elsewhere = store.locate_events(conn, missing)
+        conflicts = store.conflicts_by_agent(conn, args.run_id)
+    labels = event_labels(events, elsewhere)
+    run_totals, agent_totals = totals(events, conflicts)
     if args.json:
         _print_json(
             {
                 "run_id": args.run_id,
                 "agents": [asdict(a) for a in agents],
-                "events": [e._asdict() for e in sorted(events, key=lambda e: (e.agent_id, e.seq))],
+                "events": [
+                    _event_json(e, labels)
+                    for e in sorted(events, key=lambda e: (e.agent_id, e.seq))
+                ],
+                "totals": {
+                    "run": asdict(run_totals),
+                    "agents": {agent: asdict(t) for agent, t in agent_totals.items()},
+                },
             }
         )
         return 0
     from rich.markup import escape
 
     console = _console()
-    for line in lines:
+    for line in layout(events, agents):
         indent = "  " * line.depth
         if line.event is None:
             record = line.agent
@@ -178,12 +197,16 @@ def cmd_show(args: argparse.Namespace) -> int:
             console.print(f"{indent}[bold]agent {escape(record.agent_id)}[/bold]{escape(name)}")
             continue
         event = line.event
-        parents = (
-            f"  <- {len(event.causal_parent_ids)} parent(s)" if event.causal_parent_ids else ""
-        )
+        parents = parent_text(event, labels)
         console.print(
-            f"{indent}{event.seq:>6}  {event.event_type:<16} {escape(summary(event))}{parents}"
+            f"{indent}{event.seq:>6}  {event.event_type:<16} {escape(summary(event))}"
+            + (f"  {escape(parents)}" if parents else "")
         )
+        if args.payloads or args.content:
+            for text in _payload_lines(event.payload, content=args.content):
+                console.print(f"{indent}{'':>8}{escape(text)}")
+    console.print()
+    console.print(_totals_table(run_totals, agent_totals))
     return 0
 
 
@@ -219,6 +242,66 @@ def cmd_import(args: argparse.Namespace) -> int:
         + (f", {result.conflicts_imported} conflict rows" if result.format == "agentcap-pb" else "")
     )
     return 0
+
+
+def _event_json(event: Any, labels: dict[str, str]) -> dict[str, Any]:
+    data: dict[str, Any] = event._asdict()
+    data["causal_parents"] = [
+        {"event_id": p, "event": labels.get(p)} for p in event.causal_parent_ids
+    ]
+    return data
+
+
+def _payload_lines(payload: Any, *, content: bool) -> list[str]:
+    """An event's payload as indented JSON lines; a model call's ``content`` only if asked."""
+    if isinstance(payload, dict) and not content and "content" in payload:
+        payload = {k: v for k, v in payload.items() if k != "content"}
+        payload["content"] = "(recorded; --content shows it)"
+    text = json.dumps(payload, default=_json_default, ensure_ascii=False, indent=2)
+    return text.splitlines()
+
+
+def _totals_table(run: Totals, agents: dict[str, Totals]) -> Any:
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table(
+        "totals",
+        "model calls",
+        "tokens in",
+        "out",
+        "cache read",
+        "cache write",
+        "model latency",
+        "tool calls",
+        "tool failed",
+        "errors",
+        "conflicts",
+        box=None,
+    )
+
+    def row(name: str, t: Totals) -> None:
+        calls = f"{t.model_calls}" + (
+            f" ({t.model_call_errors} failed)" if t.model_call_errors else ""
+        )
+        table.add_row(
+            name,
+            calls,
+            str(t.input_tokens),
+            str(t.output_tokens),
+            str(t.cache_read_input_tokens),
+            str(t.cache_creation_input_tokens),
+            f"{t.model_latency_ms / 1000:.2f} s",
+            str(t.tool_calls),
+            str(t.tool_failures),
+            str(t.agent_errors),
+            str(t.conflicts),
+        )
+
+    for agent_id, agent_totals in agents.items():
+        row(escape(agent_id), agent_totals)
+    row("[bold]run[/bold]", run)
+    return table
 
 
 def cmd_db(args: argparse.Namespace) -> int:
@@ -369,8 +452,18 @@ def build_parser() -> argparse.ArgumentParser:
     runs.add_argument("--limit", type=int, default=50)
     runs.set_defaults(func=cmd_runs)
 
-    show = sub.add_parser("show", parents=[common], help="show a run in causal order")
+    show = sub.add_parser(
+        "show",
+        parents=[common],
+        help="show a run in causal order, with causal parents and totals",
+    )
     show.add_argument("run_id")
+    show.add_argument("--payloads", action="store_true", help="print each event's payload")
+    show.add_argument(
+        "--content",
+        action="store_true",
+        help="also print model-call message content (recorded only when content capture was on)",
+    )
     show.set_defaults(func=cmd_show)
 
     load = sub.add_parser(
@@ -424,11 +517,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _stdout_closed() -> int:
+    """The reader of our output went away (``| head``): stop quietly, as ``cat`` would. Standard
+    output goes to /dev/null so that the interpreter's final flush does not fail again."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    return 141  # 128 + SIGPIPE: the status a shell reports for `cat big | head`
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func
     try:
-        return func(args)
+        status = func(args)
+        sys.stdout.flush()
+        return status
+    except BrokenPipeError:
+        return _stdout_closed()
     except CliError as exc:
         print(f"otel-agentcap: {exc}", file=sys.stderr)
         return 1

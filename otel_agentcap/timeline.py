@@ -1,10 +1,11 @@
 """Pure layout of a run for display: each agent's events in sequence order, with every child
-agent's block placed under the spawn event that created it."""
+agent's block placed under the spawn event that created it; which event each causal parent is;
+and the totals of the run and of each agent."""
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,3 +84,98 @@ def layout(events: Iterable[Event], agents: Iterable[AgentRecord]) -> Iterator[L
     # Agents whose spawn event is not stored (yet): still shown, never dropped.
     for agent_id in sorted(set(records) - placed, key=first_seq):
         yield from walk(agent_id, 0)
+
+
+@dataclass(slots=True)
+class Totals:
+    """What a run, or one agent of it, did: counted from its events (and its conflicts)."""
+
+    events: int = 0
+    model_calls: int = 0
+    model_call_errors: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_input_tokens: int = 0
+    cache_creation_input_tokens: int = 0
+    #: Sum of the model calls' latencies (request start to the end of the response).
+    model_latency_ms: float = 0.0
+    tool_calls: int = 0
+    tool_failures: int = 0
+    memory_reads: int = 0
+    memory_writes: int = 0
+    spawns: int = 0
+    agent_errors: int = 0
+    conflicts: int = 0
+
+    def add(self, event: Event) -> None:
+        self.events += 1
+        payload = event.payload if isinstance(event.payload, dict) else {}
+        kind = event.event_type
+        if kind == EventType.MODEL_CALL:
+            self.model_calls += 1
+            if payload.get("status") == "error":
+                self.model_call_errors += 1
+            usage = payload.get("usage")
+            if isinstance(usage, dict):
+                self.input_tokens += _count(usage.get("input_tokens"))
+                self.output_tokens += _count(usage.get("output_tokens"))
+                self.cache_read_input_tokens += _count(usage.get("cache_read_input_tokens"))
+                self.cache_creation_input_tokens += _count(usage.get("cache_creation_input_tokens"))
+            latency = payload.get("latency_ms")
+            if isinstance(latency, int | float) and not isinstance(latency, bool):
+                self.model_latency_ms += float(latency)
+        elif kind == EventType.TOOL_INVOCATION:
+            self.tool_calls += 1
+        elif kind == EventType.AGENT_ERROR:
+            # A tool's error names its invocation; any other is the agent execution's own.
+            if "invocation_id" in payload:
+                self.tool_failures += 1
+            else:
+                self.agent_errors += 1
+        elif kind == EventType.MEMORY_READ:
+            self.memory_reads += 1
+        elif kind == EventType.MEMORY_WRITE:
+            self.memory_writes += 1
+        elif kind == EventType.AGENT_SPAWN:
+            self.spawns += 1
+
+
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def totals(
+    events: Iterable[Event], conflicts_by_agent: Mapping[str, int] | None = None
+) -> tuple[Totals, dict[str, Totals]]:
+    """The totals of a run and of each of its agents (sorted by agent id)."""
+    run = Totals()
+    by_agent: dict[str, Totals] = {}
+    for event in events:
+        run.add(event)
+        agent = by_agent.get(event.agent_id)
+        if agent is None:
+            agent = by_agent[event.agent_id] = Totals()
+        agent.add(event)
+    for agent_id, count in (conflicts_by_agent or {}).items():
+        by_agent.setdefault(agent_id, Totals()).conflicts += count
+        run.conflicts += count
+    return run, dict(sorted(by_agent.items()))
+
+
+def event_labels(
+    events: Iterable[Event], elsewhere: Mapping[str, tuple[str, int]] | None = None
+) -> dict[str, str]:
+    """``agent#seq`` for each event id: the run's events, and ``elsewhere`` (the stored event a
+    conflicting record's id stands for, say) for ids that are not among them."""
+    labels = {event_id: f"{agent}#{seq}" for event_id, (agent, seq) in (elsewhere or {}).items()}
+    labels.update({e.event_id: f"{e.agent_id}#{e.seq}" for e in events})
+    return labels
+
+
+def parent_text(event: Event, labels: Mapping[str, str]) -> str:
+    """``<- planner#3, researcher/a#7``: which event each causal parent is (the start of its id
+    when it is not in the log)."""
+    if not event.causal_parent_ids:
+        return ""
+    names = [labels.get(p) or f"{p[:8]} (not stored)" for p in event.causal_parent_ids]
+    return "<- " + ", ".join(names)

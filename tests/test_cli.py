@@ -103,3 +103,109 @@ def test_ui_refuses_a_public_address_without_a_token(pg_dsn):
     assert result.returncode == 1
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "--token-file" in lines[0], result.stderr
+
+
+def _closed_stdout(*args: str) -> subprocess.CompletedProcess[str]:
+    """Run the command with its standard output closed by the reader before it writes (what
+    `| head -2` does to the rest of a long output)."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "otel_agentcap.cli", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout is not None and process.stderr is not None
+    process.stdout.close()
+    stderr = process.stderr.read()
+    process.stderr.close()
+    return subprocess.CompletedProcess(process.args, process.wait(timeout=120), "", stderr)
+
+
+@pytest.mark.storage
+def test_show_names_each_parent_and_totals_what_the_log_holds(pg_dsn):
+    """show names every causal parent as agent#seq of a stored event, and its totals (run and
+    per agent) are what SQL counts in the log; the demo ends quietly with its output closed."""
+    demo = _closed_stdout("demo", "--dsn", pg_dsn, "--json")
+    assert demo.returncode in (0, 141) and demo.stderr == "", demo.stderr
+    runs = json.loads(_cli("runs", "--dsn", pg_dsn, "--json").stdout)
+    run_id = runs[0]["run_id"]
+    data = json.loads(_cli("show", run_id, "--dsn", pg_dsn, "--json").stdout)
+    by_id = {e["event_id"]: e for e in data["events"]}
+    named = 0
+    for event in data["events"]:
+        for parent in event["causal_parents"]:
+            stored = by_id[parent["event_id"]]
+            assert parent["event"] == f"{stored['agent_id']}#{stored['seq']}"
+            named += 1
+    assert named > 10
+    import psycopg
+
+    with psycopg.connect(pg_dsn) as conn:
+        row = conn.execute(
+            "SELECT count(*) FILTER (WHERE event_type = 'model_call'),"
+            " coalesce(sum((payload->'usage'->>'input_tokens')::bigint), 0),"
+            " coalesce(sum((payload->'usage'->>'output_tokens')::bigint), 0),"
+            " count(*) FILTER (WHERE event_type = 'tool_invocation'),"
+            " count(*) FILTER (WHERE event_type = 'agent_error' AND payload ? 'invocation_id'),"
+            " count(*)"
+            " FROM agentcap.events WHERE run_id = %s",
+            (run_id,),
+        ).fetchone()
+        per_agent = dict(
+            conn.execute(
+                "SELECT agent_id, count(*) FROM agentcap.events WHERE run_id = %s GROUP BY 1",
+                (run_id,),
+            ).fetchall()
+        )
+    run = data["totals"]["run"]
+    assert row == (
+        run["model_calls"],
+        run["input_tokens"],
+        run["output_tokens"],
+        run["tool_calls"],
+        run["tool_failures"],
+        run["events"],
+    )
+    assert run["tool_failures"] >= 1 and run["input_tokens"] > 0
+    assert {a: t["events"] for a, t in data["totals"]["agents"].items()} == per_agent
+    shown = _cli("show", run_id, "--dsn", pg_dsn)
+    assert shown.returncode == 0, shown.stderr
+    assert "<- planner#" in shown.stdout
+    totals_line = next(line for line in shown.stdout.splitlines() if line.strip().startswith("run "))
+    assert totals_line.split()[1] == str(run["model_calls"])
+
+
+@pytest.mark.storage
+def test_show_payloads_and_content(pg_dsn):
+    """--payloads prints each payload under its event; a model call's content only with
+    --content."""
+    demo = _cli("demo", "--dsn", pg_dsn, "--run-id", "run-payloads")
+    assert demo.returncode == 0, demo.stderr
+    plain = _cli("show", "run-payloads", "--dsn", pg_dsn)
+    payloads = _cli("show", "run-payloads", "--dsn", pg_dsn, "--payloads")
+    content = _cli("show", "run-payloads", "--dsn", pg_dsn, "--content")
+    assert '"invocation_id"' not in plain.stdout
+    assert '"invocation_id"' in payloads.stdout and '"usage"' in payloads.stdout
+    assert len(content.stdout) >= len(payloads.stdout)
+
+
+@pytest.mark.storage
+@pytest.mark.parametrize(
+    "command",
+    [("runs",), ("runs", "--json"), ("show", "run-pipe"), ("show", "run-pipe", "--json")],
+)
+def test_output_to_a_closed_pipe_ends_quietly(pg_dsn, command):
+    """Every command whose reader goes away stops without a traceback (`... | head -2`)."""
+    demo = _cli("demo", "--dsn", pg_dsn, "--run-id", "run-pipe")
+    assert demo.returncode == 0, demo.stderr
+    result = _closed_stdout(*command, "--dsn", pg_dsn)
+    assert result.stderr == "", result.stderr
+    assert result.returncode == 141
+
+
+@pytest.mark.parametrize("command", [("db", "status"), ("db", "dsn", "--dsn", "x=y")])
+def test_db_commands_to_a_closed_pipe_end_quietly(command):
+    """The db commands too stop quietly when their reader is gone."""
+    result = _closed_stdout(*command)
+    assert result.stderr == "", result.stderr
+    assert result.returncode == 141

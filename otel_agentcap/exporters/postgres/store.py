@@ -537,3 +537,45 @@ def run_event_texts(conn: psycopg.Connection[Any], run_id: str) -> Iterator[Even
                 yield EventText(*row)
     except psycopg.Error as exc:
         raise _guard(exc) from exc
+
+
+def conflicts_by_agent(conn: psycopg.Connection[Any], run_id: str) -> dict[str, int]:
+    """Number of recorded conflicts of each agent of ``run_id`` (agents without any left out)."""
+    try:
+        rows = conn.execute(
+            b"SELECT agent_id, count(*) FROM agentcap.conflicts WHERE run_id = %s"
+            b" GROUP BY agent_id",
+            (run_id,),
+        ).fetchall()
+    except psycopg.Error as exc:
+        raise _guard(exc) from exc
+    return {str(agent): int(count) for agent, count in rows}
+
+
+def locate_events(
+    conn: psycopg.Connection[Any], event_ids: Sequence[str]
+) -> dict[str, tuple[str, int]]:
+    """``(agent_id, logical_seq)`` of each id in ``event_ids`` that names a stored event, or a
+    record kept in ``conflicts`` (then the stored event it collided with, as causal parent ids
+    resolve); ids found neither way are left out."""
+    if not event_ids:
+        return {}
+    try:
+        rows = conn.execute(
+            b"""
+            SELECT ids.id::text, e.agent_id, e.logical_seq
+            FROM unnest(%s::uuid[]) AS ids(id)
+            CROSS JOIN LATERAL (
+                SELECT agent_id, logical_seq FROM agentcap.events WHERE event_id = ids.id
+                UNION ALL
+                SELECT s.agent_id, s.logical_seq
+                FROM agentcap.conflicts c JOIN agentcap.events s ON s.event_id = c.existing_event_id
+                WHERE c.event_id = ids.id
+                LIMIT 1
+            ) e
+            """,
+            (list(event_ids),),
+        ).fetchall()
+    except psycopg.Error as exc:
+        raise _guard(exc) from exc
+    return {str(event_id): (str(agent), int(seq)) for event_id, agent, seq in rows}
