@@ -48,8 +48,10 @@ def _console() -> Any:
             self.quiet = True
             raise BrokenPipeError
 
-    # Plain text (no colour, no boxes drawn with control codes) when not writing to a terminal.
-    return _Console(highlight=False, soft_wrap=True)
+    # Plain text (no colour, no boxes drawn with control codes) when not writing to a terminal,
+    # and tables as wide as they need (rich would fold them into 80 columns).
+    width = None if sys.stdout.isatty() else 1000
+    return _Console(highlight=False, soft_wrap=True, width=width)
 
 
 def _dsn(args: argparse.Namespace) -> str:
