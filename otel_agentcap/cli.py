@@ -21,7 +21,14 @@ from otel_agentcap.exporters.postgres import embedded, store
 from otel_agentcap.exporters.postgres.database import ENV_DSN, resolve_dsn
 from otel_agentcap.exporters.postgres.errors import AgentCapStorageError, RunNotFound
 from otel_agentcap.exporters.postgres.migrate import migrate
-from otel_agentcap.timeline import Totals, event_labels, layout, parent_text, summary, totals
+from otel_agentcap.timeline import (
+    Totals,
+    event_positions,
+    layout,
+    parent_text,
+    summary,
+    totals,
+)
 
 
 class CliError(Exception):
@@ -170,7 +177,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         missing = sorted({p for e in events for p in e.causal_parent_ids if p not in known})
         elsewhere = store.locate_events(conn, missing)
         conflicts = store.conflicts_by_agent(conn, args.run_id)
-    labels = event_labels(events, elsewhere)
+    positions = event_positions(events, elsewhere)
     run_totals, agent_totals = totals(events, conflicts)
     if args.json:
         _print_json(
@@ -178,7 +185,7 @@ def cmd_show(args: argparse.Namespace) -> int:
                 "run_id": args.run_id,
                 "agents": [asdict(a) for a in agents],
                 "events": [
-                    _event_json(e, labels)
+                    _event_json(e, positions)
                     for e in sorted(events, key=lambda e: (e.agent_id, e.seq))
                 ],
                 "totals": {
@@ -199,7 +206,7 @@ def cmd_show(args: argparse.Namespace) -> int:
             console.print(f"{indent}[bold]agent {escape(record.agent_id)}[/bold]{escape(name)}")
             continue
         event = line.event
-        parents = parent_text(event, labels)
+        parents = parent_text(event, positions)
         console.print(
             f"{indent}{event.seq:>6}  {event.event_type:<16} {escape(summary(event))}"
             + (f"  {escape(parents)}" if parents else "")
@@ -246,11 +253,13 @@ def cmd_import(args: argparse.Namespace) -> int:
     return 0
 
 
-def _event_json(event: Any, labels: dict[str, str]) -> dict[str, Any]:
+def _event_json(event: Any, positions: dict[str, tuple[str, int]]) -> dict[str, Any]:
     data: dict[str, Any] = event._asdict()
-    data["causal_parents"] = [
-        {"event_id": p, "event": labels.get(p)} for p in event.causal_parent_ids
-    ]
+    parents = []
+    for parent in event.causal_parent_ids:
+        agent_id, seq = positions.get(parent, (None, None))
+        parents.append({"event_id": parent, "agent_id": agent_id, "seq": seq})
+    data["causal_parents"] = parents
     return data
 
 

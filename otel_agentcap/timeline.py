@@ -162,20 +162,28 @@ def totals(
     return run, dict(sorted(by_agent.items()))
 
 
-def event_labels(
+def event_positions(
     events: Iterable[Event], elsewhere: Mapping[str, tuple[str, int]] | None = None
-) -> dict[str, str]:
-    """``agent#seq`` for each event id: the run's events, and ``elsewhere`` (the stored event a
-    conflicting record's id stands for, say) for ids that are not among them."""
-    labels = {event_id: f"{agent}#{seq}" for event_id, (agent, seq) in (elsewhere or {}).items()}
-    labels.update({e.event_id: f"{e.agent_id}#{e.seq}" for e in events})
-    return labels
+) -> dict[str, tuple[str, int]]:
+    """``(agent_id, seq)`` of each event id: the run's events, and ``elsewhere`` (the stored event
+    a conflicting record's id stands for, say) for ids that are not among them."""
+    positions = dict(elsewhere or {})
+    positions.update({e.event_id: (e.agent_id, e.seq) for e in events})
+    return positions
 
 
-def parent_text(event: Event, labels: Mapping[str, str]) -> str:
-    """``<- planner#3, researcher/a#7``: which event each causal parent is (the start of its id
-    when it is not in the log)."""
+def parent_text(event: Event, positions: Mapping[str, tuple[str, int]]) -> str:
+    """``<- #5, planner#3``: which event each causal parent is, by sequence in the event's own
+    agent and ``agent#seq`` in another (the start of its id when it is not in the log)."""
     if not event.causal_parent_ids:
         return ""
-    names = [labels.get(p) or f"{p[:8]} (not stored)" for p in event.causal_parent_ids]
+    names = []
+    for parent in event.causal_parent_ids:
+        position = positions.get(parent)
+        if position is None:
+            names.append(f"{parent[:8]} (not stored)")
+        elif position[0] == event.agent_id:
+            names.append(f"#{position[1]}")
+        else:
+            names.append(f"{position[0]}#{position[1]}")
     return "<- " + ", ".join(names)

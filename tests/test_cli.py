@@ -135,7 +135,7 @@ def test_show_names_each_parent_and_totals_what_the_log_holds(pg_dsn):
     for event in data["events"]:
         for parent in event["causal_parents"]:
             stored = by_id[parent["event_id"]]
-            assert parent["event"] == f"{stored['agent_id']}#{stored['seq']}"
+            assert (parent["agent_id"], parent["seq"]) == (stored["agent_id"], stored["seq"])
             named += 1
     assert named > 10
     import psycopg

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from otel_agentcap.model import Event
-from otel_agentcap.timeline import Totals, event_labels, parent_text, totals
+from otel_agentcap.timeline import Totals, event_positions, parent_text, totals
 
 _NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -83,7 +83,8 @@ def test_tool_failures_are_the_agent_errors_that_name_an_invocation(events):
 
 
 def test_parents_are_named_by_agent_and_sequence():
-    """A parent in the run is agent#seq, one found elsewhere too, an unknown id its prefix."""
+    """A parent in another agent is agent#seq (also one found elsewhere), one in the event's
+    own agent #seq, an unknown id its prefix."""
     first = Event(str(uuid.uuid4()), "r", "planner", 3, "tool_result", "k", _NOW)
     elsewhere = str(uuid.uuid4())
     unknown = str(uuid.uuid4())
@@ -93,9 +94,11 @@ def test_parents_are_named_by_agent_and_sequence():
         seq=9,
         causal_parent_ids=(first.event_id, elsewhere, unknown),
     )
-    labels = event_labels([first, child], {elsewhere: ("planner/b", 4)})
-    assert parent_text(child, labels) == (
-        f"<- planner#3, planner/b#4, {unknown[:8]} (not stored)"
+    own = first._replace(event_id=str(uuid.uuid4()), agent_id="planner/a", seq=7)
+    child = child._replace(causal_parent_ids=(*child.causal_parent_ids, own.event_id))
+    positions = event_positions([first, child, own], {elsewhere: ("planner/b", 4)})
+    assert parent_text(child, positions) == (
+        f"<- planner#3, planner/b#4, {unknown[:8]} (not stored), #7"
     )
-    assert parent_text(first, labels) == ""
+    assert parent_text(first, positions) == ""
     assert asdict(totals([])[0]) == asdict(Totals())
