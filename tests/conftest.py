@@ -1,23 +1,18 @@
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
-from importlib.metadata import version
 
 import pytest
 
 from otel_agentcap.testing import forget_runs
 
+# Imported here before pytest loads it as a plugin: its asserts must still be rewritten.
+pytest.register_assert_rewrite("anthropic_support")
+
+from anthropic_support import ANTHROPIC_RELEASE  # noqa: E402
+
 # anthropic_support (tests/anthropic_support.py): fixtures of the tests that run the anthropic SDK.
 pytest_plugins = ["otel_agentcap.testing.postgres", "anthropic_support"]
-
-
-def _release(text: str) -> tuple[int, ...]:
-    match = re.match(r"\d+(?:\.\d+)*", text)
-    return tuple(int(part) for part in match.group().split(".")) if match else ()
-
-
-ANTHROPIC = _release(version("anthropic"))
 
 # Test modules written for a newer anthropic than the package's floor (0.40): below the release
 # named they are not collected, so .ci/floors runs the rest of the suite at the floor. In the
@@ -27,12 +22,13 @@ _NEEDS_ANTHROPIC: dict[str, tuple[int, ...]] = {
     "test_anthropic_causal.py": (1, 17),
     "test_anthropic_stream_content.py": (1, 17),
     "test_anthropic_streams.py": (1, 17),
+    "test_payload_docs.py": (1, 17),
     # the SDK's tool runners, toolsets and Sessions runner (tested from 2.14)
     "test_anthropic_sessions.py": (2, 14),
     "test_anthropic_tool_runner.py": (2, 14),
     "test_anthropic_toolsets.py": (2, 14),
 }
-collect_ignore = [name for name, needed in _NEEDS_ANTHROPIC.items() if needed > ANTHROPIC]
+collect_ignore = [name for name, needed in _NEEDS_ANTHROPIC.items() if needed > ANTHROPIC_RELEASE]
 
 
 @pytest.fixture(autouse=True)

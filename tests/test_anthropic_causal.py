@@ -7,7 +7,15 @@ import json
 
 import anthropic
 import pytest
-from anthropic_support import API_KEY, MODEL, USER, conflict_count, runner_events, stored_events
+from anthropic_support import (
+    API_KEY,
+    MODEL,
+    USER,
+    conflict_count,
+    expected_tool_use_ids,
+    runner_events,
+    stored_events,
+)
 from opentelemetry.sdk.trace import ReadableSpan
 
 import otel_agentcap as ac
@@ -73,7 +81,7 @@ def _check_chain(events: list[dict[str, object]]) -> None:
     calls = [e for e in events if e["event_type"] == "model_call"]
     assert len(calls) == 2
     first, second = sorted(calls, key=lambda e: e["seq"])  # type: ignore[arg-type, return-value]
-    assert first["payload"]["tool_use_ids"] == ["toolu_w", "toolu_b"]  # type: ignore[index]
+    assert first["payload"]["tool_use_ids"] == expected_tool_use_ids("toolu_w", "toolu_b")  # type: ignore[index]
     invocations = [e for e in events if e["event_type"] == "tool_invocation"]
     assert {e["payload"]["invocation_id"] for e in invocations} == {"toolu_w", "toolu_b"}  # type: ignore[index]
     for invocation in invocations:

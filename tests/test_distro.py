@@ -12,7 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from anthropic_support import stored_events
+from anthropic_support import expected_tool_use_ids, stored_events
 
 from otel_agentcap.distro import AgentCapDistro
 from otel_agentcap.testing.messages_server import (
@@ -99,7 +99,7 @@ def _check_full_record(dsn: str, run_id: str) -> None:
         ["agent_start", "model_call", "tool_invocation", "tool_result", "model_call", "agent_end"]
     )
     calls = sorted((e for e in events if e["event_type"] == "model_call"), key=lambda e: e["seq"])
-    assert calls[0]["payload"]["tool_use_ids"] == ["toolu_distro"]
+    assert calls[0]["payload"]["tool_use_ids"] == expected_tool_use_ids("toolu_distro")
     invocation = next(e for e in events if e["event_type"] == "tool_invocation")
     assert calls[0]["event_id"] in invocation["parents"]
     assert [by_id[p]["event_type"] for p in calls[1]["parents"]] == ["tool_result"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import anthropic
 import pytest
-from anthropic_support import MODEL, USER, needs_sdk_tracing
+from anthropic_support import MODEL, RECORDS_TOOL_USE_IDS, USER, needs_sdk_tracing
 
 import otel_agentcap as ac
 from otel_agentcap import causal_links
@@ -47,7 +47,7 @@ def _indexed(run_id: str) -> tuple[bool, bool]:
             tool_use_reply(
                 [ToolCall("weather", {"city": "Oslo"}, id="toolu_index")], message_id="msg_index"
             ),
-            (True, True),
+            (True, RECORDS_TOOL_USE_IDS),
         ),
     ],
 )

@@ -92,7 +92,10 @@ def _release(version: str) -> tuple[int, ...] | None:
 # and the SDK offers no public hook for any of them. The releases named are the oldest each one is
 # tested at; the newest is the one a fresh install gets (2.15 when written). Missing, the path
 # runs as the SDK runs it, uncaptured, with one warning.
-#: ``set_response_attributes`` of the SDK's tracing: where its spans get a response's attributes.
+#: ``set_response_attributes(span, span_name, data)`` of the SDK's tracing, where its spans get a
+#: response's attributes: in ``anthropic._tracing`` (and imported by name into the streaming
+#: module) from 2.6.0, tested at 2.6.0 and 2.15. The releases that trace themselves before it
+#: (1.17 to 2.5) record responses elsewhere, in another shape, not hooked: warned about from 1.17.
 _RESPONSE_HOOK: Final = _PrivateHook(
     "1.17.0", "model_call events do not list the tool_use ids a response asked for"
 )
