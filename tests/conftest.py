@@ -20,9 +20,10 @@ pytest_plugins = ["otel_agentcap.testing.postgres", "anthropic_support"]
 _NEEDS_ANTHROPIC: dict[str, tuple[int, ...]] = {
     # the SDK's own tracing (from 1.17: its spans, the open_telemetry client option)
     "test_anthropic_causal.py": (1, 17),
-    "test_anthropic_stream_content.py": (1, 17),
     "test_anthropic_streams.py": (1, 17),
     "test_payload_docs.py": (1, 17),
+    # raw streams' output with content on (the SDK's stream recorder, tested from 2.14)
+    "test_anthropic_stream_content.py": (2, 14),
     # the SDK's tool runners, toolsets and Sessions runner (tested from 2.14)
     "test_anthropic_sessions.py": (2, 14),
     "test_anthropic_tool_runner.py": (2, 14),

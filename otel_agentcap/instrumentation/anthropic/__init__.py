@@ -102,7 +102,7 @@ _RESPONSE_HOOK: Final = _PrivateHook(
 #: ``StreamedMessage.item`` of the SDK's stream recorder, where a raw stream's events pass (see
 #: :mod:`.stream_content`).
 _STREAM_CONTENT_HOOK: Final = _PrivateHook(
-    "2.6.0", "a raw messages.create(stream=True) read to the end records no output with content on"
+    "2.14.0", "a raw messages.create(stream=True) read to the end records no output with content on"
 )
 #: ``_run_tool`` / ``_run_toolset_member`` of the Messages tool runners.
 _RUNNER_HOOK: Final = _PrivateHook(

@@ -11,8 +11,9 @@ exactly the terms of a helper's stream: the whole Message after ``message_stop``
 of it otherwise, nothing when an event could not be accumulated.
 
 Private parts of the SDK, reached on purpose: ``StreamedMessage._content``, ``_shared_snapshot``,
-``_request_headers`` (noqa: SLF001 below); tested at anthropic 2.14 and 2.15. When one is missing
-the hook does nothing and the SDK records what it records on its own.
+``_request_headers`` (read with getattr); tested at anthropic 2.14 and 2.15. When one is missing
+the hook does nothing (``_content`` missing: one warning) and the SDK records what it records on
+its own.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from typing import Any
+
+from otel_agentcap import private_parts
 
 _logger = logging.getLogger(__name__)
 
@@ -67,6 +70,12 @@ def _observe(recorder: Any, event: Any) -> None:
     if state is None:
         if getattr(event, "type", None) != "message_start":
             return
+        if not hasattr(recorder, "_content"):
+            private_parts.missing(
+                "anthropic",
+                "StreamedMessage._content",
+                "a raw messages.create(stream=True) records no output with content on",
+            )
         # Content off, or a helper shares its own Message: the SDK records the output itself.
         if not getattr(recorder, "_content", False):
             return
