@@ -257,7 +257,7 @@ class AnthropicInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         except ImportError:
             module = None
         if not callable(getattr(module, name, None)):
-            private.missing(f"{module_name}.{name}")
+            private.missing(f"the tracing hook {name}")  # one warning for every module
             return
         wrapt.wrap_function_wrapper(module, name, patch.tool_use_ids_hook())
         self._wrapped.append((module, name))
