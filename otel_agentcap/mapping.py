@@ -117,38 +117,64 @@ def _model_call_payload(span: SpanLike, attributes: Mapping[str, AttributeValue]
     )
 
 
+class SpanRejected(ValueError):
+    """A stamped span whose agentcap attributes cannot be read as records (a sequence that is
+    not an integer, an id that is not a string, ...): the whole span is rejected, alone."""
+
+
+def _text(value: object, name: str) -> str:
+    """``value`` as a plain ``str`` (the capture sets some as ``str`` enums); raises
+    ``SpanRejected`` when it is not a string."""
+    if type(value) is str:
+        return value
+    if isinstance(value, str):
+        return str.__str__(value)
+    raise SpanRejected(f"{name} is missing" if value is None else f"{name} is not a string")
+
+
 def _event(
     attributes: Mapping[str, AttributeValue],
     timestamp: int | None,
     trace_id: str | None,
     span_id: str | None,
     payload: Any,
-) -> Event | None:
-    """The primary event of a span, from its stamp attributes (values as the capture set them:
-    strings, an int sequence, a tuple of parent ids; storage validates them again)."""
+) -> Event:
+    """The primary event of a span, from its stamp attributes (values as the capture sets them:
+    strings, an int sequence, a tuple of parent ids); raises ``SpanRejected`` for values of
+    another type. Storage validates the values (``otel_agentcap.validation``)."""
     get = attributes.get
     event_id = get(attr.EVENT_ID)
     if type(event_id) is not str:
-        return None
+        raise SpanRejected(f"{attr.EVENT_ID} is not a string")
     parents = get(attr.EVENT_CAUSAL_PARENT_IDS) or ()
-    seq = get(attr.EVENT_SEQ, 0)
+    if type(parents) is not tuple:
+        if not isinstance(parents, (list, tuple)):
+            raise SpanRejected(f"{attr.EVENT_CAUSAL_PARENT_IDS} is not an array of strings")
+        parents = tuple(parents)
+    seq = get(attr.EVENT_SEQ)
     if type(seq) is not int:
-        seq = int(seq)  # type: ignore[arg-type]
+        raise SpanRejected(
+            f"{attr.EVENT_SEQ} is missing" if seq is None else f"{attr.EVENT_SEQ} is not an integer"
+        )
     key = get(attr.EVENT_IDEMPOTENCY_KEY)
-    run_id = get(attr.RUN_ID, "")
-    agent_id = get(attr.AGENT_ID, "")
-    event_type = get(attr.EVENT_TYPE, "")
+    run_id = get(attr.RUN_ID)
+    agent_id = get(attr.AGENT_ID)
+    event_type = get(attr.EVENT_TYPE)
+    if type(run_id) is not str or type(agent_id) is not str or type(event_type) is not str:
+        run_id = _text(run_id, attr.RUN_ID)
+        agent_id = _text(agent_id, attr.AGENT_ID)
+        event_type = _text(event_type, attr.EVENT_TYPE)
     return _new_event(
         (
             event_id,
-            str(run_id),
-            str(agent_id),
+            run_id,
+            agent_id,
             seq,
-            str(event_type),
+            event_type,
             # The key is left out of the span when it is the default.
-            f"seq:{seq}" if key is None else str(key),
+            f"seq:{seq}" if key is None else _text(key, attr.EVENT_IDEMPOTENCY_KEY),
             _time(timestamp),
-            parents if type(parents) is tuple else tuple(parents),  # type: ignore[arg-type]
+            parents,
             payload,
             trace_id,
             span_id,
@@ -183,7 +209,9 @@ def _record_event(
     trace_id: str | None,
     span_id: str | None,
 ) -> Event | None:
-    """A further event of a span, recorded as one JSON record; run and agent are the span's."""
+    """A further event of a span, recorded as one JSON record; run and agent are the span's.
+    None when the record cannot be read back (cut before its identity); raises ``SpanRejected``
+    when it can be read but its fields have the wrong types."""
     if not isinstance(raw, str):
         return None
     record = jsonsafe.loads(raw)
@@ -191,22 +219,25 @@ def _record_event(
         record = _salvage_record(raw)
         if record is None:
             return None
-    try:
-        return Event(
-            event_id=record["id"],
-            run_id=str(owner.get(attr.RUN_ID, "")),
-            agent_id=str(owner.get(attr.AGENT_ID, "")),
-            seq=int(record.get("seq", 0)),
-            event_type=str(record.get("type", "")),
-            idempotency_key=str(record.get("key", "")),
-            wall_time=_time(timestamp),
-            causal_parent_ids=tuple(str(p) for p in record.get("parents") or ()),
-            payload=record.get("payload"),
-            trace_id=trace_id,
-            span_id=span_id,
-        )
-    except (TypeError, ValueError):
-        return None
+    seq = record.get("seq")
+    if type(seq) is not int:
+        raise SpanRejected("the sequence of a closing event is not an integer")
+    parents = record.get("parents") or ()
+    if not isinstance(parents, list | tuple) or not all(type(p) is str for p in parents):
+        raise SpanRejected("the causal parents of a closing event are not strings")
+    return Event(
+        event_id=record["id"],
+        run_id=_text(owner.get(attr.RUN_ID), attr.RUN_ID),
+        agent_id=_text(owner.get(attr.AGENT_ID), attr.AGENT_ID),
+        seq=seq,
+        event_type=_text(record.get("type"), "the type of a closing event"),
+        idempotency_key=_text(record.get("key"), "the key of a closing event"),
+        wall_time=_time(timestamp),
+        causal_parent_ids=tuple(parents),
+        payload=record.get("payload"),
+        trace_id=trace_id,
+        span_id=span_id,
+    )
 
 
 def events_from_span(span: SpanLike, *, raw_payloads: bool = False) -> list[Event]:
@@ -258,10 +289,7 @@ def _events(
         payload = _model_call_payload(span, attributes)
     else:
         payload = None
-    events: list[Event] = []
-    main = _event(attributes, span.start_time, trace_id, span_id, payload)
-    if main is not None:
-        events.append(main)
+    events: list[Event] = [_event(attributes, span.start_time, trace_id, span_id, payload)]
     outcome = attributes.get(attr.OUTCOME)
     if outcome is not None:
         closing = _record_event(outcome, attributes, span.end_time, trace_id, span_id)
@@ -287,33 +315,49 @@ def agents_from_span(span: SpanLike) -> list[AgentRecord]:
     return _agents(attributes_of(span))
 
 
+def _optional_text(value: object, name: str) -> str | None:
+    return None if value is None else _text(value, name)
+
+
 def _agents(attributes: Mapping[str, AttributeValue]) -> list[AgentRecord]:
+    """The agent rows of a stamped span. Only the agent's own ``agent_start`` knows its lineage
+    (a parent and spawn link, or none: a root), and its parent's ``agent_spawn``; other spans
+    leave it unknown, whatever they carry."""
     if attr.EVENT_ID not in attributes:
         return []
-    run_id = str(attributes.get(attr.RUN_ID, ""))
-    agent_id = str(attributes.get(attr.AGENT_ID, ""))
-    name = attributes.get(attr.GEN_AI_AGENT_NAME)
-    parent = attributes.get(attr.PARENT_AGENT_ID)
-    spawned_at = attributes.get(attr.SPAWNED_AT_EVENT_ID)
+    run_id = _text(attributes.get(attr.RUN_ID), attr.RUN_ID)
+    agent_id = _text(attributes.get(attr.AGENT_ID), attr.AGENT_ID)
+    name = _optional_text(attributes.get(attr.GEN_AI_AGENT_NAME), attr.GEN_AI_AGENT_NAME)
+    event_type = attributes.get(attr.EVENT_TYPE)
+    starts = event_type == EventType.AGENT_START
     records = [
         AgentRecord(
             run_id,
             agent_id,
-            name=str(name) if name is not None else None,
-            parent_agent_id=str(parent) if parent is not None else None,
-            spawned_at_event_id=str(spawned_at) if spawned_at is not None else None,
+            name=name,
+            parent_agent_id=_optional_text(
+                attributes.get(attr.PARENT_AGENT_ID), attr.PARENT_AGENT_ID
+            )
+            if starts
+            else None,
+            spawned_at_event_id=_optional_text(
+                attributes.get(attr.SPAWNED_AT_EVENT_ID), attr.SPAWNED_AT_EVENT_ID
+            )
+            if starts
+            else None,
+            lineage_known=starts,
         )
     ]
     child = attributes.get(attr.CHILD_AGENT_ID)
-    if attributes.get(attr.EVENT_TYPE) == EventType.AGENT_SPAWN and child is not None:
-        child_name = attributes.get(attr.CHILD_AGENT_NAME)
+    if event_type == EventType.AGENT_SPAWN and child is not None:
         records.append(
             AgentRecord(
                 run_id,
-                str(child),
-                name=str(child_name) if child_name is not None else None,
+                _text(child, attr.CHILD_AGENT_ID),
+                name=_optional_text(attributes.get(attr.CHILD_AGENT_NAME), attr.CHILD_AGENT_NAME),
                 parent_agent_id=agent_id,
-                spawned_at_event_id=str(attributes[attr.EVENT_ID]),
+                spawned_at_event_id=_text(attributes[attr.EVENT_ID], attr.EVENT_ID),
+                lineage_known=True,
             )
         )
     return records
@@ -327,6 +371,7 @@ _AGENT_KEYS = (
     attr.PARENT_AGENT_ID,
     attr.SPAWNED_AT_EVENT_ID,
     attr.CHILD_AGENT_ID,
+    attr.CHILD_AGENT_NAME,
 )
 
 
@@ -406,9 +451,6 @@ class _ModelCalls:
             by_id.setdefault(request_key, index)
 
 
-_NO_RUN_ATTRIBUTES: Mapping[str, Any] = {}
-
-
 def _enum_value(value: Any, default: int) -> int:
     number = getattr(value, "value", value)
     return number if type(number) is int else default
@@ -473,39 +515,123 @@ def span_record(
 _new_span_record = from_fields(SpanRecord)
 
 
-def _add_run_attributes(
-    into: dict[str, dict[str, Any]], attributes: Mapping[str, AttributeValue], declared: object
-) -> None:
-    """The attributes ``run(run_id, **attributes)`` declared, from a span that carries them."""
-    run_id = attributes.get(attr.RUN_ID)
-    if type(run_id) is not str or not isinstance(declared, str):
-        return
+def declared_run_attributes(attributes: Mapping[str, AttributeValue]) -> dict[str, Any] | None:
+    """The attributes ``run(run_id, **attributes)`` declared, from a span that carries them
+    (the spans of the run's agent executions); None when the span declares none, or a value
+    that is not a JSON object (cut by a length limit, say)."""
+    declared = attributes.get(attr.RUN_ATTRIBUTES)
+    if not isinstance(declared, str):
+        return None
     parsed = jsonsafe.loads(declared)
-    if isinstance(parsed, dict):
-        target = into.setdefault(run_id, {})
-        for key, value in parsed.items():
-            target.setdefault(key, value)
+    return parsed if isinstance(parsed, dict) else None
 
 
-def batch_from_spans(spans: Iterable[SpanLike], *, raw_payloads: bool = False) -> Batch:
+class SpanCheck(Protocol):
+    """A check :func:`batch_from_spans` applies to each span's records before it takes them:
+    returns why the span must be rejected, or None. ``root_run`` is the run id of a run's root
+    span (which has no events), else None."""
+
+    def __call__(
+        self,
+        span: SpanLike,
+        events: Sequence[Event],
+        agents: Sequence[AgentRecord],
+        run_attributes: Mapping[str, Any] | None,
+        root_run: str | None,
+    ) -> str | None: ...
+
+
+def _span_agents(attributes: Mapping[str, AttributeValue]) -> tuple[AgentRecord, ...]:
+    """The agent records of a span; most spans name the same agent again, so records are kept
+    by the attributes they come from (a spawn's records also hold its event id: built anew)."""
+    identity = tuple(map(attributes.get, _AGENT_KEYS))
+    if identity[0] == EventType.AGENT_SPAWN:
+        return tuple(_agents(attributes))
+    try:
+        records = _agent_records.get(identity)
+    except TypeError:  # an unhashable value (an OTLP key-value list): nothing to cache
+        return tuple(_agents(attributes))
+    return records if records is not None else _remember_agents(identity, attributes)
+
+
+def _root_span(
+    span: SpanLike,
+    attributes: Mapping[str, AttributeValue],
+    check: SpanCheck | None,
+    started: dict[str, datetime],
+    roots: dict[str, tuple[str, str]],
+    envelopes: list[SpanRecord],
+    declarations: dict[str, list[dict[str, Any]]],
+) -> str | None:
+    """Take a run's root span (``ac.run``: no event of its own): its envelope, the run's root
+    span ids and start, and the attributes it declares; or why it is rejected."""
+    try:
+        run_id = _text(attributes.get(attr.RUN_ID), attr.RUN_ID)
+        declared = (
+            declared_run_attributes(attributes) if attr.RUN_ATTRIBUTES in attributes else None
+        )
+        reason = None if check is None else check(span, (), (), declared, run_id)
+        envelope = span_record(span, run_id) if reason is None else None
+    except SpanRejected as exc:
+        return str(exc)
+    except Exception as exc:  # a value no capture sets, that the mapping could not handle
+        return f"span could not be read: {type(exc).__name__}: {exc}"
+    if reason is not None or envelope is None:
+        return reason
+    envelopes.append(envelope)
+    roots[run_id] = (envelope.trace_id, envelope.span_id)
+    first = started.get(run_id)
+    if first is None or envelope.start_time < first:
+        started[run_id] = envelope.start_time
+    if declared is not None:
+        runs_declared = declarations.setdefault(run_id, [])
+        if declared not in runs_declared:
+            runs_declared.append(declared)
+    return None
+
+
+def batch_from_spans(
+    spans: Iterable[SpanLike], *, raw_payloads: bool = False, check: SpanCheck | None = None
+) -> Batch:
     """All events, agents and runs recorded by ``spans``; unstamped spans are skipped.
     Agent rows that repeat one another exactly are given once; a model call recorded by several
-    spans under different event ids is one event (the others in ``Batch.superseded``)."""
+    spans under different event ids is one event (the others in ``Batch.superseded``).
+
+    A span whose agentcap attributes cannot be read as records, or that ``check`` refuses, is
+    left out whole and listed in ``Batch.rejected`` with its position and the reason; the other
+    spans are mapped as if it were not there. Of several different attribute declarations of
+    one run, the first comes first in ``Batch.runs``."""
     events: list[Event] = []
     calls = _ModelCalls(events)
     agents: dict[AgentRecord, None] = {}
-    seen: set[tuple[object, ...]] = set()
     started: dict[str, datetime] = {}
-    run_attributes: dict[str, dict[str, Any]] = {}
+    declarations: dict[str, list[dict[str, Any]]] = {}
     roots: dict[str, tuple[str, str]] = {}
     envelopes: list[SpanRecord] = []
+    rejected: list[tuple[int, str]] = []
     lost = [0]
-    for span in spans:
+    for index, span in enumerate(spans):
         attributes = attributes_of(span)  # read only, never copied: the spans have ended
-        declared = attributes.get(attr.RUN_ATTRIBUTES)
-        if declared is not None:
-            _add_run_attributes(run_attributes, attributes, declared)
-        span_events = _events(span, attributes, raw_payloads, lost)
+        if attr.EVENT_ID not in attributes:
+            if attributes.get(attr.RUN_ROOT) is True:
+                reason = _root_span(span, attributes, check, started, roots, envelopes, declarations)
+                if reason is not None:
+                    rejected.append((index, reason))
+            continue
+        try:
+            span_events = _events(span, attributes, raw_payloads, lost)
+            records = _span_agents(attributes)
+            declared = (
+                declared_run_attributes(attributes) if attr.RUN_ATTRIBUTES in attributes else None
+            )
+            reason = None if check is None else check(span, span_events, records, declared, None)
+        except SpanRejected as exc:
+            reason = str(exc)
+        except Exception as exc:  # a value no capture sets, that the mapping could not handle
+            reason = f"span could not be read: {type(exc).__name__}: {exc}"
+        if reason is not None:
+            rejected.append((index, reason))
+            continue
         for event in span_events:
             if event.event_type == _MODEL_CALL:
                 calls.add(event, is_sdk_scope(_scope_name(span)))
@@ -536,21 +662,28 @@ def batch_from_spans(spans: Iterable[SpanLike], *, raw_payloads: bool = False) -
                 first = started.get(run_id)
                 if first is None or envelope.start_time < first:
                     started[run_id] = envelope.start_time
-        # Most spans name the same agent again: build its record only once.
-        identity = tuple(map(attributes.get, _AGENT_KEYS))
-        if identity in seen:
-            continue
-        seen.add(identity)
-        records = _agent_records.get(identity)
-        if records is None:
-            records = _remember_agents(identity, attributes)
         for record in records:
             agents[record] = None
+        if declared is not None:
+            runs_declared = declarations.setdefault(str(attributes[attr.RUN_ID]), [])
+            if declared not in runs_declared:
+                runs_declared.append(declared)
     superseded, kept = calls.set_aside()
-    runs = tuple(
-        RunRecord(run_id, at, run_attributes.get(run_id, _NO_RUN_ATTRIBUTES), *roots[run_id])
-        if run_id in roots
-        else RunRecord(run_id, at, run_attributes.get(run_id, _NO_RUN_ATTRIBUTES))
-        for run_id, at in started.items()
+    runs: list[RunRecord] = []
+    for run_id, at in started.items():
+        root = roots.get(run_id, (None, None))
+        declared_list = declarations.get(run_id)
+        if not declared_list:
+            runs.append(RunRecord(run_id, at, None, *root))
+        else:
+            runs.extend(RunRecord(run_id, at, declared, *root) for declared in declared_list)
+    return Batch(
+        tuple(events),
+        tuple(agents),
+        tuple(runs),
+        superseded,
+        kept,
+        lost[0],
+        tuple(envelopes),
+        tuple(rejected),
     )
-    return Batch(tuple(events), tuple(agents), runs, superseded, kept, lost[0], tuple(envelopes))

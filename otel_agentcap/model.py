@@ -13,7 +13,6 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Final, NamedTuple, TypeVar, cast
 
 if TYPE_CHECKING:  # the API's SpanContext, only as a type: the model imports no OpenTelemetry
@@ -151,22 +150,32 @@ class Event(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class AgentRecord:
-    """One row of the agents table. Fields that are ``None`` are unknown, not "no value"."""
+    """One row of the agents table. ``name`` ``None`` is unknown, not "no name".
+
+    ``lineage_known`` says whether the record knows the agent's lineage: then ``parent_agent_id``
+    ``None`` means a root agent, else the parent and its spawn event; without it, both are
+    ``None`` and say nothing (a span other than the agent's ``agent_start`` or its parent's
+    ``agent_spawn`` does not know where the agent came from). The log keeps the first known name
+    and lineage of an agent (first writer wins)."""
 
     run_id: str
     agent_id: str
     name: str | None = None
     parent_agent_id: str | None = None
     spawned_at_event_id: str | None = None
-
-
-_NO_ATTRIBUTES: Final[Mapping[str, Any]] = MappingProxyType({})
+    lineage_known: bool = False
 
 
 class RunRecord(NamedTuple):
+    """One row of the runs table. ``attributes`` ``None``: the record does not declare the run's
+    attributes (the run's root span and the spans of its agent executions do, when it has
+    some); the log keeps the first
+    declaration (first writer wins). ``started_at`` is the earliest event time the record knows;
+    the log keeps the start of the first record it stores for the run."""
+
     run_id: str
-    started_at: datetime
-    attributes: Mapping[str, Any] = _NO_ATTRIBUTES
+    started_at: datetime | None
+    attributes: Mapping[str, Any] | None = None
     #: The run's root span (``ac.run``), hex, when this record comes from it.
     trace_id: str | None = None
     root_span_id: str | None = None
@@ -212,3 +221,6 @@ class Batch(NamedTuple):
     unreadable: int = 0
     #: The envelopes of the spans that carried the events (and of run root spans).
     spans: tuple[SpanRecord, ...] = ()
+    #: Spans left out because their records could not be read or were refused (see
+    #: ``mapping.batch_from_spans``): each span's position among those mapped, and why.
+    rejected: tuple[tuple[int, str], ...] = ()

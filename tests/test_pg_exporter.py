@@ -236,19 +236,29 @@ def test_payload_cut_by_a_length_limit_is_stored_safely_with_the_rest(pg_dsn):
 
 
 def test_a_row_the_server_refuses_costs_only_its_own_span(pg_dsn):
-    """A span whose row PostgreSQL refuses (here an agent id over the index entry limit, which
-    validation keeps capture from making) does not take the rest of its batch down: the batch is
-    written in halves and only that span's events fail."""
-    from opentelemetry.sdk.trace import ReadableSpan
-
+    """A span whose row PostgreSQL refuses (here a trigger refuses its payload) does not take the
+    rest of its batch down: the batch is written in halves and only that span's events fail."""
+    with psycopg.connect(pg_dsn) as conn:
+        conn.execute(
+            """
+            CREATE FUNCTION agentcap.fail_on_poison() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                IF NEW.payload ? 'poison' THEN RAISE EXCEPTION 'poisoned' USING ERRCODE = '23514'; END IF;
+                RETURN NEW;
+            END $$;
+            CREATE TRIGGER poison BEFORE INSERT ON agentcap.events
+                FOR EACH ROW EXECUTE FUNCTION agentcap.fail_on_poison();
+            """
+        )
     with capture_events() as captured:
         _program("run-poison")
     spans = list(captured.spans)
     victim = spans[len(spans) // 2]
-    poisoned = dict(victim.attributes or {})
-    huge_id = secrets.token_hex(4500)  # random, so PostgreSQL cannot compress it under the limit
-    poisoned[attr.AGENT_ID] = huge_id
-    poisoned[attr.EVENT_ID] = event_id_for("run-poison", huge_id, "poison")
+    poisoned = {k: v for k, v in (victim.attributes or {}).items() if k != attr.OUTCOME}
+    poisoned[attr.EVENT_ID] = event_id_for("run-poison", str(poisoned[attr.AGENT_ID]), "poison")
+    poisoned[attr.EVENT_IDEMPOTENCY_KEY] = "poison"
+    poisoned[attr.EVENT_SEQ] = 10_000
+    poisoned[attr.EVENT_PAYLOAD] = '{"poison": true}'
     spans.append(
         ReadableSpan(
             name=victim.name,
@@ -268,7 +278,61 @@ def test_a_row_the_server_refuses_costs_only_its_own_span(pg_dsn):
         exporter.shutdown()
     stored = _count(pg_dsn, "SELECT count(*) FROM agentcap.events WHERE run_id = 'run-poison'")
     assert stored == len(captured.events)
-    assert stats.failed_batches == 1 and 1 <= stats.events_failed <= 2
+    assert stats.failed_batches == 1 and stats.events_failed == 1
+
+
+def test_spans_that_break_a_validation_rule_are_left_out_alone(pg_dsn):
+    """Spans with an over-long agent id, a sequence that is not an integer, an event id that is
+    not the id of their run, agent and key, or a sequence beyond the accepted range are left out
+    and counted; every other span of the batch is stored and the export succeeds."""
+    with capture_events() as captured:
+        _program("run-invalid")
+    spans = list(captured.spans)
+    victim = next(s for s in spans if s.name == "memory_write")
+    base = {k: v for k, v in (victim.attributes or {}).items() if k != attr.OUTCOME}
+    huge_id = secrets.token_hex(4500)
+    bad = [
+        {
+            **base,
+            attr.AGENT_ID: huge_id,
+            attr.EVENT_ID: event_id_for("run-invalid", huge_id, "k"),
+            attr.EVENT_IDEMPOTENCY_KEY: "k",
+        },
+        {**base, attr.EVENT_SEQ: "12"},
+        {
+            **base,
+            attr.EVENT_ID: event_id_for("other-run", "planner", "k"),
+            attr.EVENT_IDEMPOTENCY_KEY: "k",
+        },
+        {
+            **base,
+            attr.EVENT_SEQ: 2**63 - 1,
+            attr.EVENT_IDEMPOTENCY_KEY: "far",
+            attr.EVENT_ID: event_id_for("run-invalid", "planner", "far"),
+        },
+    ]
+    for attributes in bad:
+        spans.append(
+            ReadableSpan(
+                name=victim.name,
+                context=victim.context,
+                attributes=attributes,
+                start_time=victim.start_time,
+                end_time=victim.end_time,
+            )
+        )
+    exporter = PostgresSpanExporter(pg_dsn, retry_timeout=2)
+    try:
+        assert exporter.export(spans) is SpanExportResult.SUCCESS
+        stats = exporter.stats()
+    finally:
+        exporter.shutdown()
+    stored = _count(pg_dsn, "SELECT count(*) FROM agentcap.events WHERE run_id = 'run-invalid'")
+    assert stored == len(captured.events)
+    assert stats.spans_rejected == 1  # the sequence that is not an integer: unreadable
+    assert stats.events_rejected == 3
+    assert _count(pg_dsn, "SELECT count(*) FROM agentcap.agents WHERE length(agent_id) > 512") == 0
+    assert _count(pg_dsn, "SELECT count(*) FROM agentcap.conflicts") == 0
 
 
 _LIMITED = textwrap.dedent(
@@ -428,8 +492,8 @@ def _recorded_call(
         name="chat m",
         context=SpanContext(trace_id=0xABC, span_id=seq, is_remote=False),
         attributes=attributes,
-        start_time=1_000_000_000 + seq,
-        end_time=2_000_000_000,
+        start_time=1_700_000_000_000_000_000 + seq,
+        end_time=1_700_000_001_000_000_000,
         status=Status(StatusCode.OK),
         instrumentation_scope=InstrumentationScope(scope),
     )

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from psycopg_pool import ConnectionPool
 
-from otel_agentcap.exporters.postgres.errors import ConnectionFailed, InvalidBatch, WriteFailed
+from otel_agentcap.exporters.postgres.errors import ConnectionFailed, WriteFailed
 from otel_agentcap.exporters.postgres.store import conflicts_count, run_agents, run_events
 from otel_agentcap.exporters.postgres.writer import EventWriter
 from otel_agentcap.model import AgentRecord, Batch, Event, RunRecord, event_id_for, validate_id
@@ -116,19 +116,21 @@ def test_collision_on_sequence_goes_to_conflicts(pool: ConnectionPool[Any]) -> N
     assert row == ("run_agent_seq", stored.event_id, other.event_id, "second", {"different": True})
 
 
-def test_collision_on_idempotency_key_goes_to_conflicts(pool: ConnectionPool[Any]) -> None:
-    """A different event id on a stored (run, agent, key) is kept in conflicts."""
+def test_event_id_that_is_not_derived_from_run_agent_and_key_is_rejected(
+    pool: ConnectionPool[Any],
+) -> None:
+    """An event whose id is not uuid5(run, agent, key), as a forged span would carry to take a
+    stored event's place or another run's id, is left out and counted; the stored event and the
+    rest of the batch are kept."""
     writer = EventWriter(pool)
     stored = ev("r", "a", 1, key="tool-call-1")
     writer.write(Batch((stored,)))
-    other = ev("r", "a", 2, key="tool-call-1", event_id=str(uuid.uuid4()))
-    result = writer.write(Batch((other,)))
-    assert (result.inserted, result.conflicts) == (0, 1)
-    with pool.connection() as conn:
-        row = conn.execute(
-            "SELECT reason, existing_event_id::text FROM agentcap.conflicts"
-        ).fetchone()
-    assert row == ("run_agent_key", stored.event_id)
+    another_key = ev("r", "a", 2, key="tool-call-1", event_id=str(uuid.uuid4()))
+    another_run = ev("r2", "a", 1, key="tool-call-1", event_id=stored.event_id)
+    result = writer.write(Batch((another_key, another_run, ev("r", "a", 3))))
+    assert (result.inserted, result.conflicts, result.rejected) == (1, 0, 2)
+    assert count(pool, "events") == 2
+    assert count(pool, "conflicts") == 0
 
 
 def test_same_event_id_with_other_content_goes_to_conflicts(pool: ConnectionPool[Any]) -> None:
@@ -155,19 +157,21 @@ def test_collisions_inside_one_batch_go_to_conflicts(pool: ConnectionPool[Any]) 
     assert row == ("run_agent_seq", a.event_id)
 
 
-def test_unknown_event_type_is_kept_as_conflict(pool: ConnectionPool[Any]) -> None:
-    """An event type outside the schema's list does not fail the batch; it is kept in conflicts."""
+def test_unknown_event_type_is_rejected(pool: ConnectionPool[Any]) -> None:
+    """An event type outside the known set does not fail the batch; it is left out and counted."""
     result = EventWriter(pool).write(
         Batch((ev("r", "a", 1, event_type="telepathy"), ev("r", "a", 2)))
     )
-    assert (result.inserted, result.conflicts) == (1, 1)
+    assert (result.inserted, result.conflicts, result.rejected) == (1, 0, 1)
 
 
-def test_invalid_event_id_raises_invalid_batch(pool: ConnectionPool[Any]) -> None:
-    """An event id that is not a UUID raises InvalidBatch and stores nothing."""
-    with pytest.raises(InvalidBatch):
-        EventWriter(pool).write(Batch((ev("r", "a", 1, event_id="not-a-uuid"),)))
-    assert count(pool, "events") == 0
+def test_invalid_event_id_is_rejected_alone(pool: ConnectionPool[Any]) -> None:
+    """An event id that is not a UUID is left out; the rest of the batch is stored."""
+    result = EventWriter(pool).write(
+        Batch((ev("r", "a", 1, event_id="not-a-uuid"), ev("r", "a", 2)))
+    )
+    assert (result.inserted, result.rejected) == (1, 1)
+    assert count(pool, "events") == 1
 
 
 @pytest.mark.fault
@@ -239,7 +243,14 @@ def test_awkward_payloads_and_text_land(pool: ConnectionPool[Any]) -> None:
     ]
     events = tuple(ev("r", "a", i, payload=p) for i, p in enumerate(payloads))
     events += (
-        ev("r", "a", 99, key="key\x00with nul", trace_id="t\x00", span_id="00f067aa0ba902b7"),
+        ev(
+            "r",
+            "a",
+            99,
+            key="key with \u00fc and spaces",
+            trace_id="t\x00",
+            span_id="00f067aa0ba902b7",
+        ),
     )
     writer = EventWriter(pool)
     result = writer.write(Batch(events))
@@ -264,7 +275,16 @@ def test_non_uuid_run_and_agent_ids_land(
     """Any string works as run or agent id; reads give it back unchanged."""
     batch = Batch(
         (ev(run_id, agent_id, 1),),
-        (AgentRecord(run_id, agent_id, name=agent_id, parent_agent_id="root agent"),),
+        (
+            AgentRecord(
+                run_id,
+                agent_id,
+                name=agent_id,
+                parent_agent_id="root agent",
+                spawned_at_event_id=event_id_for(run_id, "root agent", f"spawn:{agent_id}"),
+                lineage_known=True,
+            ),
+        ),
         (RunRecord(run_id, T0, {"who": "test"}),),
     )
     assert EventWriter(pool).write(batch).inserted == 1
@@ -283,7 +303,16 @@ def test_the_longest_ids_validate_id_accepts_land(pool: ConnectionPool[Any]) -> 
     key = f"tool:{longest}\x1fattempt2:invocation"
     batch = Batch(
         (ev(run_id, agent_id, 1, key=key, event_type="tool_invocation"),),
-        (AgentRecord(run_id, agent_id, name=agent_id, parent_agent_id=longest),),
+        (
+            AgentRecord(
+                run_id,
+                agent_id,
+                name=agent_id,
+                parent_agent_id=longest,
+                spawned_at_event_id=event_id_for(run_id, longest, f"spawn:{agent_id}"),
+                lineage_known=True,
+            ),
+        ),
         (RunRecord(run_id, T0, {}),),
     )
     assert EventWriter(pool).write(batch).inserted == 1
@@ -291,44 +320,109 @@ def test_the_longest_ids_validate_id_accepts_land(pool: ConnectionPool[Any]) -> 
         assert [e.idempotency_key for e in run_events(conn, run_id)] == [key]
 
 
-def test_agent_upsert_fills_unknown_fields_only(pool: ConnectionPool[Any]) -> None:
-    """Later agent rows fill null fields but never overwrite known ones; runs keep the earliest start."""
+def test_agents_and_runs_first_writer_wins(pool: ConnectionPool[Any]) -> None:
+    """Later records fill what a stored agent or run does not know yet (a name, a lineage, the
+    run's attributes) but never change what it knows: a different name, lineage, start or
+    attribute declaration is kept in record_conflicts with a reason, once however often it is
+    sent."""
     writer = EventWriter(pool)
-    spawn = ev("r", "parent", 1, event_type="agent_spawn")
-    writer.write(Batch((ev("r", "child", 0),), (AgentRecord("r", "child", name="worker"),)))
+    spawn = ev("r", "parent", 1, key="spawn:child", event_type="agent_spawn")
+    child_lineage = dict(parent_agent_id="parent", spawned_at_event_id=spawn.event_id)
+    # The child's own events come first: its name is known, its lineage not yet.
+    writer.write(
+        Batch(
+            (ev("r", "child", 3),),
+            (AgentRecord("r", "child", name="worker"),),
+            (RunRecord("r", T0 + timedelta(hours=1)),),
+        )
+    )
+    # Its parent's spawn brings the lineage; the run's executions declare its attributes.
     writer.write(
         Batch(
             (spawn,),
             (
-                AgentRecord(
-                    "r",
-                    "child",
-                    name="renamed",
-                    parent_agent_id="parent",
-                    spawned_at_event_id=spawn.event_id,
-                ),
+                AgentRecord("r", "parent", name="parent", lineage_known=True),
+                AgentRecord("r", "child", name="worker", lineage_known=True, **child_lineage),
             ),
-            (RunRecord("r", T0 + timedelta(hours=1), {"a": 1}),),
+            (RunRecord("r", T0, {"a": 1}),),
         )
     )
-    writer.write(
-        Batch(
-            (),
-            (AgentRecord("r", "child", parent_agent_id="someone else"),),
-            (RunRecord("r", T0 - timedelta(hours=1), {"a": 2, "b": 3}),),
-        )
+    forged = Batch(
+        (),
+        (
+            AgentRecord("r", "child", name="renamed"),
+            AgentRecord(
+                "r",
+                "parent",
+                lineage_known=True,
+                parent_agent_id="child",
+                spawned_at_event_id=event_id_for("r", "child", "spawn:parent"),
+            ),
+        ),
+        (RunRecord("r", T0 - timedelta(days=365), {"a": 2, "b": 3}),),
     )
+    first = writer.write(forged)
+    again = writer.write(forged)
+    assert (first.record_conflicts, first.rejected_records) == (3, 0)
+    assert again.record_conflicts == 3
     with pool.connection() as conn:
         agents = {a.agent_id: a for a in run_agents(conn, "r")}
         run = conn.execute("SELECT started_at, attributes FROM agentcap.runs").fetchone()
-    child = agents["child"]
+        recorded = conn.execute(
+            "SELECT agent_id, reason, stored, offered FROM agentcap.record_conflicts"
+            " ORDER BY reason"
+        ).fetchall()
+    child, parent = agents["child"], agents["parent"]
     assert (child.name, child.parent_agent_id, child.spawned_at_event_id) == (
         "worker",
         "parent",
         spawn.event_id,
     )
-    assert agents["parent"].parent_agent_id is None
-    assert run == (T0 - timedelta(hours=1), {"a": 1, "b": 3})
+    assert (parent.parent_agent_id, parent.spawned_at_event_id) == (None, None)
+    assert run == (T0 + timedelta(seconds=3), {"a": 1})  # the first batch's earliest event
+    assert recorded == [
+        (
+            "parent",
+            "agent_lineage",
+            {"parent_agent_id": None, "spawned_at_event_id": None},
+            {
+                "parent_agent_id": "child",
+                "spawned_at_event_id": event_id_for("r", "child", "spawn:parent"),
+            },
+        ),
+        ("child", "agent_name", "worker", "renamed"),
+        (None, "run_attributes", {"a": 1}, {"a": 2, "b": 3}),
+    ]
+
+
+def test_records_with_invalid_ids_are_rejected(pool: ConnectionPool[Any]) -> None:
+    """Agent and run records with empty ids, a spawn link that is not the parent's spawn event,
+    or a parent without a known lineage are left out and counted; no ('', '') agent or '' run
+    row appears."""
+    writer = EventWriter(pool)
+    result = writer.write(
+        Batch(
+            (ev("r", "a", 1),),
+            (
+                AgentRecord("", ""),
+                AgentRecord("r", "b", parent_agent_id="a", lineage_known=False),
+                AgentRecord(
+                    "r",
+                    "c",
+                    parent_agent_id="a",
+                    spawned_at_event_id=str(uuid.uuid4()),
+                    lineage_known=True,
+                ),
+            ),
+            (RunRecord("", T0), RunRecord("r", datetime(1970, 1, 1, tzinfo=UTC))),
+        )
+    )
+    assert (result.inserted, result.rejected_records) == (1, 5)
+    with pool.connection() as conn:
+        assert conn.execute("SELECT run_id, agent_id FROM agentcap.agents").fetchall() == [
+            ("r", "a")
+        ]
+        assert conn.execute("SELECT run_id FROM agentcap.runs").fetchall() == [("r",)]
 
 
 event_strategy = st.builds(

@@ -74,12 +74,21 @@ def snapshot_batches(snapshot: RunSnapshot) -> list[Batch]:
     started = (
         _time(run.started_at_us)
         if run.started_at_us is not None
-        else min((e.wall_time for e in events), default=_EPOCH)
+        else min((e.wall_time for e in events), default=None)
     )
     head = Batch(
         events=tuple(events[:EVENTS_PER_WRITE]),
         agents=tuple(
-            AgentRecord(a.run_id, a.agent_id, a.name, a.parent_agent_id, a.spawned_at_event_id)
+            # A parent in the file is a known lineage; a row without one may be a root or an
+            # agent whose lineage its log did not know: left unknown.
+            AgentRecord(
+                a.run_id,
+                a.agent_id,
+                a.name,
+                a.parent_agent_id,
+                a.spawned_at_event_id,
+                lineage_known=a.parent_agent_id is not None,
+            )
             for a in snapshot.agents
         ),
         runs=(

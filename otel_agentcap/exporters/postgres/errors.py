@@ -40,11 +40,17 @@ class WriteContention(WriteFailed):
     retryable = True
 
 
-class InvalidPayload(WriteFailed):
+class DataRejected(WriteFailed):
+    """The server refused the batch for the values it holds (a constraint, an index entry over
+    its size limit, a value of the wrong form): the same rows will be refused again, while the
+    other rows of the batch could be stored without them."""
+
+
+class InvalidPayload(DataRejected):
     """The server rejected a payload as JSON (e.g. text cut by an attribute length limit)."""
 
 
-class InvalidBatch(WriteFailed):
+class InvalidBatch(DataRejected):
     """The batch holds values that can never be stored (e.g. an event id that is not a UUID)."""
 
 

@@ -51,6 +51,26 @@ def write_spans(
             return writer.write(batch_from_spans(spans))
 
 
+_rejected_lock = threading.Lock()
+_rejected_logged_at = 0.0
+
+
+def _log_rejected_spans(batch: Batch) -> None:
+    """Log spans the mapping left out, at most once every 10 s (each one is counted)."""
+    global _rejected_logged_at
+    now = time.monotonic()
+    with _rejected_lock:
+        if now - _rejected_logged_at < 10:
+            return
+        _rejected_logged_at = now
+    _logger.warning(
+        "agentcap: %d span(s) of a batch could not be read as event records and were left out, "
+        "e.g.: %s",
+        len(batch.rejected),
+        "; ".join(sorted({reason for _, reason in batch.rejected})[:3]),
+    )
+
+
 @dataclass
 class ExportStats:
     """Counters of what the exporter did; read them with :meth:`PostgresSpanExporter.stats`."""
@@ -68,6 +88,14 @@ class ExportStats:
     events_dropped: int = 0
     #: Closing events whose record an attribute value length limit cut (``Batch.unreadable``).
     events_unreadable: int = 0
+    #: Spans whose agentcap attributes could not be read as records (``Batch.rejected``), and
+    #: events, agent rows and run rows that broke a validation rule (``otel_agentcap.validation``):
+    #: left out, logged, the rest of their batch stored.
+    spans_rejected: int = 0
+    events_rejected: int = 0
+    records_rejected: int = 0
+    #: Agent or run records that differ from the stored rows (kept in record_conflicts).
+    record_conflicts: int = 0
 
 
 class PostgresSpanExporter(SpanExporter):
@@ -128,9 +156,12 @@ class PostgresSpanExporter(SpanExporter):
 
     def _export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         batch = batch_from_spans(spans, raw_payloads=True)
-        if batch.unreadable:
+        if batch.unreadable or batch.rejected:
             with self._stats_lock:
                 self._stats.events_unreadable += batch.unreadable
+                self._stats.spans_rejected += len(batch.rejected)
+            if batch.rejected:
+                _log_rejected_spans(batch)
         if not batch.events and not batch.agents and not batch.spans:
             return SpanExportResult.SUCCESS
         deadline = time.monotonic() + self._retry_timeout
@@ -180,6 +211,9 @@ class PostgresSpanExporter(SpanExporter):
                 self._stats.events_inserted += result.inserted
                 self._stats.duplicates += result.duplicates
                 self._stats.conflicts += result.conflicts
+                self._stats.events_rejected += result.rejected
+                self._stats.records_rejected += result.rejected_records
+                self._stats.record_conflicts += result.record_conflicts
             if result.conflicts:
                 _logger.error(
                     "agentcap: %d events collided with different stored events; kept in "

@@ -1,8 +1,14 @@
 """Apply the versioned SQL migrations shipped in ``migrations/`` (``NNNN_name.sql``), in order.
 
-All pending files are applied in one transaction that first takes a transaction-level advisory
-lock with a fixed key, so several processes starting at once serialise here: the first applies
-the files, the others then find the versions recorded in ``agentcap.schema_version`` and do nothing.
+A schema that is up to date is recognised with one read of ``agentcap.schema_version``, without
+locks or DDL, so a role that may not create anything (the writer role of `otel-agentcap db
+grant`) starts on it. Otherwise all pending files are applied in one transaction that first takes
+a transaction-level advisory lock with a fixed key, so several processes starting at once
+serialise here: the first applies the files, the others then find the versions recorded in
+``agentcap.schema_version`` and do nothing. A role that may not apply them gets a
+``MigrationError`` that says which versions are missing and who can apply them. After applying
+migrations, the privileges of the roles that `otel-agentcap db grant` set up are granted again,
+so they cover new tables.
 """
 
 from __future__ import annotations
@@ -24,7 +30,6 @@ _FILE_RE: Final = re.compile(r"^(\d{4})_([A-Za-z0-9_]+)\.sql$")
 
 _BOOTSTRAP: Final = sql.SQL(
     """
-    CREATE SCHEMA IF NOT EXISTS agentcap;
     CREATE TABLE IF NOT EXISTS agentcap.schema_version (
         version    integer     PRIMARY KEY,
         name       text        NOT NULL,
@@ -65,22 +70,58 @@ def applied_versions(conn: psycopg.Connection[Any]) -> set[int]:
     return {int(r[0]) for r in conn.execute("SELECT version FROM agentcap.schema_version")}
 
 
-def _apply(conn: psycopg.Connection[Any]) -> list[int]:
-    pending: list[int] = []
+def pending_versions(conn: psycopg.Connection[Any]) -> list[int]:
+    """The shipped versions not applied yet (read only: no lock, no DDL)."""
     with conn.transaction():
-        conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK_KEY,))
-        conn.execute(_BOOTSTRAP)
         done = applied_versions(conn)
-        for migration in available_migrations():
-            if migration.version in done:
-                continue
-            conn.execute(migration.sql_text.encode("utf-8"))
-            conn.execute(
-                "INSERT INTO agentcap.schema_version (version, name) VALUES (%s, %s)",
-                (migration.version, migration.name),
-            )
-            pending.append(migration.version)
-    return pending
+    return [m.version for m in available_migrations() if m.version not in done]
+
+
+def _apply(conn: psycopg.Connection[Any]) -> list[int]:
+    pending: list[int] | None = None
+    applied: list[int] = []
+    try:
+        pending = pending_versions(conn)
+        if not pending:
+            return []  # up to date: nothing needs privileges beyond reading schema_version
+        with conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK_KEY,))
+            row = conn.execute("SELECT to_regnamespace('agentcap') IS NULL").fetchone()
+            if row is not None and row[0]:
+                conn.execute("CREATE SCHEMA IF NOT EXISTS agentcap")
+            conn.execute(_BOOTSTRAP)
+            done = applied_versions(conn)
+            for migration in available_migrations():
+                if migration.version in done:
+                    continue
+                conn.execute(migration.sql_text.encode("utf-8"))
+                conn.execute(
+                    "INSERT INTO agentcap.schema_version (version, name) VALUES (%s, %s)",
+                    (migration.version, migration.name),
+                )
+                applied.append(migration.version)
+            if applied:
+                from .roles import regrant
+
+                regrant(conn)
+    except psycopg.errors.InsufficientPrivilege as exc:
+        row = conn.execute(
+            "SELECT current_user, (SELECT nspowner::regrole::text FROM pg_namespace "
+            "WHERE nspname = 'agentcap')"
+        ).fetchone()
+        user, owner = (row[0], row[1]) if row else ("?", None)
+        reason = str(exc).strip().splitlines()[0]
+        if pending is None:
+            raise MigrationError(
+                f"role {user!r} may not read the agentcap schema ({reason}): give it the "
+                "writer or reader role of `otel-agentcap db grant`"
+            ) from exc
+        raise MigrationError(
+            f"the agentcap schema lacks migrations {pending} and role {user!r} may not apply "
+            f"them ({reason}): run `otel-agentcap db migrate` as "
+            f"{f'its owner {owner!r}' if owner else 'a role that may create the schema'}"
+        ) from exc
+    return applied
 
 
 def migrate(conn_or_dsn: psycopg.Connection[Any] | str) -> list[int]:

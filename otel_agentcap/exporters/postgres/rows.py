@@ -1,8 +1,12 @@
-"""Turn a ``model.Batch`` into the rows the writer sends: sanitised, sorted, resolved within the batch.
+"""Turn a ``model.Batch`` into the rows the writer sends: validated, sanitised, sorted, resolved
+within the batch.
 
-Everything here is pure Python (no I/O). Values PostgreSQL would reject are made storable:
-NUL and lone surrogates in text columns are escaped, naive timestamps are taken as UTC, payloads go
-through ``jsonsafe`` whenever they are not already plain JSON that jsonb accepts.
+Everything here is pure Python (no I/O). Every event, agent row and run row is first checked
+against ``otel_agentcap.validation`` (the same rules for every writer: the exporter, the OTLP
+ingest, a hand-built batch); one that breaks a rule is left out and counted with its reason, the
+rest of the batch is kept. Values PostgreSQL would reject are made storable: NUL and lone
+surrogates in free text are escaped, payloads go through ``jsonsafe`` whenever they are not
+already plain JSON that jsonb accepts.
 """
 
 from __future__ import annotations
@@ -21,8 +25,9 @@ from psycopg.pq import Format
 from psycopg.types.json import Jsonb
 
 from otel_agentcap import jsonsafe
-from otel_agentcap.model import AgentRecord, Batch, Event, EventType, SpanRecord
+from otel_agentcap.model import AgentRecord, Batch, Event, EventType, RunRecord, SpanRecord
 from otel_agentcap.model_calls import call_ids
+from otel_agentcap.validation import Validator
 
 from .errors import InvalidBatch
 
@@ -74,12 +79,28 @@ class EventRow(NamedTuple):
     batch_conflict_with: bytes | None
 
 
+#: An agents row: run, agent, name, parent agent, spawn event, lineage known.
+AgentRow = tuple[str, str, str | None, str | None, uuid.UUID | None, bool]
+#: A runs row: run, start, declared attributes (None: not declared), root span trace and span id.
+RunRow = tuple[str, datetime | None, Jsonb | None, str | None, str | None]
+
+
 @dataclass(frozen=True, slots=True)
 class PreparedBatch:
     events: list[EventRow]
     in_batch_duplicates: int
+    #: One row per run named by the batch: what it offers to store.
     runs: list[RunRow]
-    agents: list[tuple[str, str, str | None, str | None, uuid.UUID | None]]
+    #: One row per agent named by the batch, its fields merged (the first known value wins).
+    agents: list[AgentRow]
+    #: Every distinct attribute declaration of a run in the batch, to compare with what is stored.
+    run_offers: list[tuple[str, Jsonb]] = field(default_factory=list)
+    #: Every distinct agent record that knows a name or a lineage, to compare with what is stored.
+    agent_offers: list[AgentRow] = field(default_factory=list)
+    #: Why each record that broke a validation rule was left out.
+    rejected: tuple[str, ...] = ()
+    #: How many of those were events.
+    events_rejected: int = 0
     spans: list[SpanRow] = field(default_factory=list)
 
 
@@ -181,15 +202,12 @@ def _same_payload(a: Any, b: Any, dumps: Callable[[Any], bytes]) -> bool:
 
 
 def _row(event: Event, dumps: Callable[[Any], bytes]) -> EventRow:
-    try:
-        seq = int(event.seq)
-    except (TypeError, ValueError) as exc:
-        raise InvalidBatch(f"event {event.event_id} has a non-integer seq {event.seq!r}") from exc
+    """The staged row of a validated event (``otel_agentcap.validation``)."""
     return EventRow(
         uuid_bytes(event.event_id, "event_id"),
         clean_text(event.run_id),
         clean_text(event.agent_id),
-        seq,
+        event.seq,
         _utc(event.wall_time),
         clean_text(str(event.event_type)),
         uuid_array(event.causal_parent_ids),
@@ -323,9 +341,12 @@ def resolve_events(
 
 def merge_agents(
     records: Sequence[AgentRecord], rows: Sequence[EventRow]
-) -> list[tuple[str, str, str | None, str | None, uuid.UUID | None]]:
-    """One row per (run, agent) named by the batch; the first known value of each field wins."""
+) -> tuple[list[AgentRow], list[AgentRow]]:
+    """One row per (run, agent) named by the batch, with the first known name and the first
+    known lineage (parent and spawn link together); and every distinct record that knows a name
+    or a lineage, which the writer compares with what the log holds."""
     merged: dict[tuple[str, str], list[Any]] = {}
+    offers: dict[AgentRow, None] = {}
     for rec in records:
         key = (clean_text(rec.run_id), clean_text(rec.agent_id))
         spawned = (
@@ -333,28 +354,34 @@ def merge_agents(
             if rec.spawned_at_event_id is None
             else _uuid(rec.spawned_at_event_id, "spawned_at_event_id")
         )
-        fields = [_opt_text(rec.name), _opt_text(rec.parent_agent_id), spawned]
-        current = merged.setdefault(key, [None, None, None])
-        for i, value in enumerate(fields):
-            if current[i] is None:
-                current[i] = value
+        name = _opt_text(rec.name)
+        parent = _opt_text(rec.parent_agent_id)
+        known = bool(rec.lineage_known)
+        if name is not None or known:
+            offers[(key[0], key[1], name, parent, spawned, known)] = None
+        current = merged.setdefault(key, [None, None, None, False])
+        if current[0] is None:
+            current[0] = name
+        if known and not current[3]:
+            current[1], current[2], current[3] = parent, spawned, True
     for row in rows:
-        merged.setdefault((row.run_id, row.agent_id), [None, None, None])
-    return [(k[0], k[1], v[0], v[1], v[2]) for k, v in sorted(merged.items())]
-
-
-RunRow = tuple[str, datetime | None, Jsonb, str | None, str | None]
+        merged.setdefault((row.run_id, row.agent_id), [None, None, None, False])
+    return (
+        [(k[0], k[1], v[0], v[1], v[2], v[3]) for k, v in sorted(merged.items())],
+        list(offers),
+    )
 
 
 def merge_runs(
-    batch: Batch, rows: Sequence[EventRow], dumps: Callable[[Any], bytes]
-) -> list[RunRow]:
-    """One row per run named by the batch: earliest known start, attributes merged (first wins),
-    the root span's trace and span id (first wins)."""
+    runs: Sequence[RunRecord], rows: Sequence[EventRow], dumps: Callable[[Any], bytes]
+) -> tuple[list[RunRow], list[tuple[str, Jsonb]]]:
+    """One row per run named by the batch: the earliest known start and the first attribute
+    declaration; and every distinct declaration, which the writer compares with what is stored."""
     started: dict[str, datetime | None] = {}
-    attributes: dict[str, dict[str, Any]] = {}
+    declared: dict[str, Jsonb] = {}
+    offers: dict[tuple[str, bytes], Jsonb] = {}
     roots: dict[str, tuple[str, str]] = {}
-    for run in batch.runs:
+    for run in runs:
         run_id = clean_text(run.run_id)
         if run.trace_id and run.root_span_id and run_id not in roots:
             roots[run_id] = (clean_text(run.trace_id), clean_text(run.root_span_id))
@@ -363,23 +390,22 @@ def merge_runs(
         started[run_id] = (
             start if previous is None or (start is not None and start < previous) else previous
         )
-        attrs = jsonsafe.to_jsonable(dict(run.attributes or {}))
-        target = attributes.setdefault(run_id, {})
-        for key, value in attrs.items() if isinstance(attrs, dict) else ():
-            target.setdefault(key, value)
+        if run.attributes is not None:
+            attrs = jsonsafe.to_jsonable(dict(run.attributes))
+            value = Jsonb(attrs if isinstance(attrs, dict) else {}, dumps)
+            offers.setdefault((run_id, dumps(value.obj)), value)
+            declared.setdefault(run_id, value)
     for row in rows:
         previous = started.get(row.run_id)
         if previous is None or row.wall_time < previous:
             started[row.run_id] = row.wall_time
-    return [
-        (
-            run_id,
-            started[run_id],
-            Jsonb(attributes.get(run_id, {}), dumps),
-            *roots.get(run_id, _NO_ROOT),
-        )
-        for run_id in sorted(started)
-    ]
+    return (
+        [
+            (run_id, started[run_id], declared.get(run_id), *roots.get(run_id, _NO_ROOT))
+            for run_id in sorted(started)
+        ],
+        [(run_id, value) for (run_id, _), value in offers.items()],
+    )
 
 
 _NO_ROOT: Final = (None, None)
@@ -412,14 +438,61 @@ def span_rows(spans: Iterable[SpanRecord]) -> list[SpanRow]:
     return [rows[key] for key in sorted(rows)]
 
 
-def prepare(batch: Batch, max_payload_chars: int = DEFAULT_MAX_PAYLOAD_CHARS) -> PreparedBatch:
-    """Everything the writer sends for ``batch``; raises ``InvalidBatch`` for unstorable ids."""
+def _validated(batch: Batch, validator: Validator) -> tuple[Batch, list[str], int]:
+    """``batch`` without the records that break a validation rule, the reasons, and how many of
+    them were events."""
+    check_event = validator.event
+    reasons = [check_event(e) for e in batch.events]
+    superseded_reasons = [check_event(e) for e in batch.superseded]
+    agent_reasons = [validator.agent(a) for a in batch.agents]
+    run_reasons = [validator.run(r) for r in batch.runs]
+    if not (any(reasons) or any(superseded_reasons) or any(agent_reasons) or any(run_reasons)):
+        return batch, [], 0  # the common case: nothing to leave out
+    rejected = [r for r in (*reasons, *superseded_reasons) if r is not None]
+    events_rejected = len(rejected)
+    rejected += [r for r in (*agent_reasons, *run_reasons) if r is not None]
+    linked = len(batch.superseded_by) == len(batch.superseded)
+    superseded = tuple(
+        e for e, r in zip(batch.superseded, superseded_reasons, strict=True) if r is None
+    )
+    superseded_by = (
+        tuple(k for k, r in zip(batch.superseded_by, superseded_reasons, strict=True) if r is None)
+        if linked
+        else batch.superseded_by
+    )
+    return (
+        batch._replace(
+            events=tuple(e for e, r in zip(batch.events, reasons, strict=True) if r is None),
+            superseded=superseded,
+            superseded_by=superseded_by,
+            agents=tuple(a for a, r in zip(batch.agents, agent_reasons, strict=True) if r is None),
+            runs=tuple(x for x, r in zip(batch.runs, run_reasons, strict=True) if r is None),
+        ),
+        rejected,
+        events_rejected,
+    )
+
+
+def prepare(
+    batch: Batch,
+    max_payload_chars: int = DEFAULT_MAX_PAYLOAD_CHARS,
+    validator: Validator | None = None,
+) -> PreparedBatch:
+    """Everything the writer sends for ``batch``: its valid records (see
+    ``otel_agentcap.validation``; the others are counted in ``rejected``), resolved."""
+    batch, rejected, events_rejected = _validated(batch, validator or Validator())
     dumps = payload_dumps(max_payload_chars)
     events, duplicates = resolve_events(batch.events, dumps, batch.superseded, batch.superseded_by)
+    runs, run_offers = merge_runs(batch.runs, events, dumps)
+    agents, agent_offers = merge_agents(batch.agents, events)
     return PreparedBatch(
         events,
         duplicates,
-        merge_runs(batch, events, dumps),
-        merge_agents(batch.agents, events),
+        runs,
+        agents,
+        run_offers,
+        agent_offers,
+        tuple(rejected),
+        events_rejected,
         span_rows(batch.spans),
     )

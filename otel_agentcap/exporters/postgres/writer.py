@@ -38,6 +38,7 @@ from otel_agentcap.model import EVENT_TYPES, Batch
 from .errors import (
     AgentCapStorageError,
     ConnectionFailed,
+    DataRejected,
     InvalidPayload,
     SchemaNotReady,
     WriteContention,
@@ -59,23 +60,31 @@ _EVENT_COLUMNS: Final = tuple(name for name, _ in STAGING_COLUMNS[:11])
 _COPY_TYPES: Final = [pgtype for _, pgtype in STAGING_COLUMNS]
 _STAGING_NAME_RE: Final = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
+# Runs and agents: first writer wins. A new row is inserted as offered; a stored row only gets
+# what it does not know yet (a run's attribute declaration, an agent's name, an agent's lineage),
+# never another value (migration 0003's triggers refuse that too). Rows that would change nothing
+# are filtered out first, so steady-state batches take no row locks here and concurrent writers
+# do not serialise.
 _RUNS_UPSERT: Final = b"""
-INSERT INTO agentcap.runs AS r (run_id, started_at, attributes, trace_id, root_span_id)
-SELECT v.run_id, v.started_at, v.attributes, v.trace_id, v.root_span_id
+INSERT INTO agentcap.runs AS r
+    (run_id, started_at, attributes, attributes_declared, trace_id, root_span_id)
+SELECT v.run_id, v.started_at, COALESCE(v.attributes, '{}'::jsonb), v.attributes IS NOT NULL,
+       v.trace_id, v.root_span_id
 FROM unnest(%s::text[], %s::timestamptz[], %s::jsonb[], %s::text[], %s::text[])
     AS v(run_id, started_at, attributes, trace_id, root_span_id)
 WHERE NOT EXISTS (
     SELECT 1 FROM agentcap.runs x
-    WHERE x.run_id = v.run_id
-      AND (v.started_at IS NULL OR x.started_at <= v.started_at)
-      AND (v.trace_id IS NULL OR x.trace_id IS NOT NULL)
-      AND COALESCE((SELECT bool_and(x.attributes ? k) FROM jsonb_object_keys(v.attributes) k), true))
+    WHERE x.run_id = v.run_id AND (x.attributes_declared OR v.attributes IS NULL)
+      AND (v.trace_id IS NULL OR x.trace_id IS NOT NULL))
 ORDER BY v.run_id
 ON CONFLICT (run_id) DO UPDATE SET
-    started_at = LEAST(r.started_at, EXCLUDED.started_at),
-    attributes = EXCLUDED.attributes || r.attributes,
+    attributes = CASE WHEN r.attributes_declared OR NOT EXCLUDED.attributes_declared
+                      THEN r.attributes ELSE EXCLUDED.attributes END,
+    attributes_declared = r.attributes_declared OR EXCLUDED.attributes_declared,
     trace_id = COALESCE(r.trace_id, EXCLUDED.trace_id),
     root_span_id = CASE WHEN r.trace_id IS NULL THEN EXCLUDED.root_span_id ELSE r.root_span_id END
+WHERE (NOT r.attributes_declared AND EXCLUDED.attributes_declared)
+   OR (r.trace_id IS NULL AND EXCLUDED.trace_id IS NOT NULL)
 """
 
 # Span envelopes: binary COPY into the writer's span staging table, then one insert in which the
@@ -101,21 +110,65 @@ ON CONFLICT (run_id, trace_id, span_id) DO NOTHING
 """
 
 _AGENTS_UPSERT: Final = b"""
-INSERT INTO agentcap.agents AS a (run_id, agent_id, name, parent_agent_id, spawned_at_event_id)
-SELECT v.run_id, v.agent_id, v.name, v.parent_agent_id, v.spawned_at_event_id
-FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::uuid[])
-    AS v(run_id, agent_id, name, parent_agent_id, spawned_at_event_id)
+INSERT INTO agentcap.agents AS a
+    (run_id, agent_id, name, parent_agent_id, spawned_at_event_id, lineage_known)
+SELECT v.run_id, v.agent_id, v.name, v.parent_agent_id, v.spawned_at_event_id, v.lineage_known
+FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::uuid[], %s::bool[])
+    AS v(run_id, agent_id, name, parent_agent_id, spawned_at_event_id, lineage_known)
 WHERE NOT EXISTS (
     SELECT 1 FROM agentcap.agents x
     WHERE x.run_id = v.run_id AND x.agent_id = v.agent_id
       AND (v.name IS NULL OR x.name IS NOT NULL)
-      AND (v.parent_agent_id IS NULL OR x.parent_agent_id IS NOT NULL)
-      AND (v.spawned_at_event_id IS NULL OR x.spawned_at_event_id IS NOT NULL))
+      AND (NOT v.lineage_known OR x.lineage_known OR x.parent_agent_id IS NOT NULL))
 ORDER BY v.run_id, v.agent_id
 ON CONFLICT (run_id, agent_id) DO UPDATE SET
     name = COALESCE(a.name, EXCLUDED.name),
-    parent_agent_id = COALESCE(a.parent_agent_id, EXCLUDED.parent_agent_id),
-    spawned_at_event_id = COALESCE(a.spawned_at_event_id, EXCLUDED.spawned_at_event_id)
+    parent_agent_id = CASE WHEN a.lineage_known OR a.parent_agent_id IS NOT NULL
+                                OR NOT EXCLUDED.lineage_known
+                           THEN a.parent_agent_id ELSE EXCLUDED.parent_agent_id END,
+    spawned_at_event_id = CASE WHEN a.lineage_known OR a.parent_agent_id IS NOT NULL
+                                    OR NOT EXCLUDED.lineage_known
+                               THEN a.spawned_at_event_id ELSE EXCLUDED.spawned_at_event_id END,
+    lineage_known = a.lineage_known OR EXCLUDED.lineage_known
+WHERE (a.name IS NULL AND EXCLUDED.name IS NOT NULL)
+   OR (NOT a.lineage_known AND EXCLUDED.lineage_known)
+"""
+
+# After the upserts (a separate statement, so it sees rows that concurrent writers committed
+# meanwhile): every offered record that differs from the stored row goes to record_conflicts.
+_RECORD_CONFLICTS: Final = b"""
+WITH ra AS (
+    SELECT * FROM unnest(%s::text[], %s::jsonb[]) AS v(run_id, attributes)
+), ag AS (
+    SELECT * FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::uuid[], %s::bool[])
+        AS v(run_id, agent_id, name, parent_agent_id, spawned_at_event_id, lineage_known)
+), found AS (
+    SELECT ra.run_id, NULL::text AS agent_id, 'run_attributes' AS reason,
+           r.attributes AS stored, ra.attributes AS offered
+    FROM ra JOIN agentcap.runs r ON r.run_id = ra.run_id
+    WHERE r.attributes_declared AND r.attributes IS DISTINCT FROM ra.attributes
+    UNION ALL
+    SELECT ag.run_id, ag.agent_id, 'agent_name', to_jsonb(a.name), to_jsonb(ag.name)
+    FROM ag JOIN agentcap.agents a ON a.run_id = ag.run_id AND a.agent_id = ag.agent_id
+    WHERE ag.name IS NOT NULL AND a.name IS NOT NULL AND a.name <> ag.name
+    UNION ALL
+    SELECT ag.run_id, ag.agent_id, 'agent_lineage',
+           jsonb_build_object('parent_agent_id', a.parent_agent_id,
+                              'spawned_at_event_id', a.spawned_at_event_id),
+           jsonb_build_object('parent_agent_id', ag.parent_agent_id,
+                              'spawned_at_event_id', ag.spawned_at_event_id)
+    FROM ag JOIN agentcap.agents a ON a.run_id = ag.run_id AND a.agent_id = ag.agent_id
+    WHERE ag.lineage_known AND (a.lineage_known OR a.parent_agent_id IS NOT NULL)
+      AND (a.parent_agent_id, a.spawned_at_event_id)
+          IS DISTINCT FROM (ag.parent_agent_id, ag.spawned_at_event_id)
+), ins AS (
+    INSERT INTO agentcap.record_conflicts (run_id, agent_id, reason, stored, offered, row_digest)
+    SELECT run_id, agent_id, reason, stored, offered, md5(offered::text) FROM found
+    ORDER BY run_id, agent_id, reason
+    ON CONFLICT (run_id, agent_id, reason, row_digest) DO NOTHING
+    RETURNING 1
+)
+SELECT count(*) FROM found
 """
 
 _CONTENT: Final = (
@@ -235,12 +288,39 @@ _RETRYABLE_DB_ERRORS: Final = (
 
 @dataclass(frozen=True, slots=True)
 class WriteResult:
-    """What one ``EventWriter.write`` did: rows stored, repeats dropped, collisions recorded."""
+    """What one ``EventWriter.write`` did: rows stored, repeats dropped, collisions recorded,
+    records left out because they broke a validation rule (``otel_agentcap.validation``)."""
 
     inserted: int
     duplicates: int
     conflicts: int
     attempts: int = 1
+    #: Events left out: invalid (logged with the reason).
+    rejected: int = 0
+    #: Agent or run records that differ from the stored rows (kept in record_conflicts).
+    record_conflicts: int = 0
+    #: Agent or run records left out: invalid.
+    rejected_records: int = 0
+
+
+_rejected_lock = threading.Lock()
+_rejected_logged_at = 0.0
+
+
+def _log_rejected(reasons: tuple[str, ...]) -> None:
+    """Log records left out of a batch, at most once every 10 s (a flood of bad spans must not
+    flood the log); every one is counted by the caller."""
+    global _rejected_logged_at
+    now = time.monotonic()
+    with _rejected_lock:
+        if now - _rejected_logged_at < 10:
+            return
+        _rejected_logged_at = now
+    _log.warning(
+        "agentcap: %d record(s) of a batch broke a validation rule and were left out, e.g.: %s",
+        len(reasons),
+        "; ".join(sorted(set(reasons))[:3]),
+    )
 
 
 class _ConcurrentInsert(Exception):
@@ -304,9 +384,20 @@ class EventWriter:
             raise ValueError("max_attempts must be at least 1")
         self._pool = pool
         self._name = name
-        self._staging = sql.Identifier("agentcap", name)
+        self._max_attempts = max_attempts
+        self._connect_timeout = connect_timeout
+        self._max_payload_chars = max_payload_chars
+        self._staging_ready = False
+        self._lock = threading.Lock()
+        self._use_schema("agentcap")
+
+    def _use_schema(self, schema: str) -> None:
+        """Stage in ``schema``: ``agentcap`` (an UNLOGGED table) or ``pg_temp`` (a TEMP table
+        per connection, for a role that may not create tables in ``agentcap``)."""
+        self._temporary = schema == "pg_temp"
+        self._staging = sql.Identifier(schema, self._name)
         # Within PostgreSQL's 63-byte identifiers; the prefix keeps the orphan clean-up's parse.
-        self._span_staging = sql.Identifier("agentcap", f"{name[:57]}_spans")
+        self._span_staging = sql.Identifier(schema, f"{self._name[:57]}_spans")
         span_columns = sql.SQL(", ").join(sql.Identifier(n) for n, _ in _SPAN_COLUMNS)
         self._copy_spans = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT BINARY)").format(
             self._span_staging, span_columns
@@ -314,21 +405,44 @@ class EventWriter:
         self._insert_spans = sql.SQL(_SPANS_INSERT).format(
             columns=span_columns, staging=self._span_staging
         )
-        self._max_attempts = max_attempts
-        self._connect_timeout = connect_timeout
-        self._max_payload_chars = max_payload_chars
-        self._staging_ready = False
-        self._lock = threading.Lock()
         self._classify_fast = self._build_classify(_FAST_PROBES)
         self._classify_full = self._build_classify(_FULL_PROBES)
         self._copy = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT BINARY)").format(
             self._staging, sql.SQL(", ").join(sql.Identifier(n) for n, _ in STAGING_COLUMNS)
         )
+        columns = sql.SQL(", ").join(
+            sql.SQL("{} {}").format(sql.Identifier(n), sql.SQL(t)) for n, t in STAGING_COLUMNS
+        )
+        span_typed = sql.SQL(", ").join(
+            sql.SQL("{} {}").format(sql.Identifier(n), sql.SQL(t)) for n, t in _SPAN_COLUMNS
+        )
+        if self._temporary:
+            # Created in each transaction if missing: a TEMP table belongs to one session, and a
+            # pool (or a transaction-pooling proxy) hands out several.
+            create = sql.SQL("CREATE TEMP TABLE IF NOT EXISTS {} ({}); TRUNCATE {}")
+            self._prepare_staging = create.format(self._staging, columns, self._staging)
+            self._prepare_span_staging = create.format(
+                self._span_staging, span_typed, self._span_staging
+            )
+        else:
+            self._prepare_staging = sql.SQL("TRUNCATE {}").format(self._staging)
+            self._prepare_span_staging = sql.SQL("TRUNCATE {}").format(self._span_staging)
+        unlogged = sql.SQL(
+            "CREATE UNLOGGED TABLE IF NOT EXISTS {} ({}) WITH (autovacuum_enabled = false)"
+        )
+        self._create_staging = sql.Composed(
+            [
+                unlogged.format(self._staging, columns),
+                sql.SQL("; "),
+                unlogged.format(self._span_staging, span_typed),
+            ]
+        )
 
     @property
     def staging_table(self) -> str:
-        """Qualified name of this writer's staging table."""
-        return f"agentcap.{self._name}"
+        """Qualified name of this writer's staging table (``pg_temp.*`` when the role may not
+        create tables in ``agentcap``)."""
+        return f"{'pg_temp' if self._temporary else 'agentcap'}.{self._name}"
 
     def _build_classify(self, probes: str) -> sql.Composed:
         columns = sql.SQL(", ").join(sql.Identifier(c) for c in _EVENT_COLUMNS)
@@ -351,18 +465,18 @@ class EventWriter:
         with self._lock:
             if self._staging_ready:
                 return
-            cols = sql.SQL(", ").join(
-                sql.SQL("{} {}").format(sql.Identifier(n), sql.SQL(t)) for n, t in STAGING_COLUMNS
-            )
-            stmt = sql.SQL(
-                "CREATE UNLOGGED TABLE IF NOT EXISTS {} ({}) WITH (autovacuum_enabled = false)"
-            )
-            span_cols = sql.SQL(", ").join(
-                sql.SQL("{} {}").format(sql.Identifier(n), sql.SQL(t)) for n, t in _SPAN_COLUMNS
-            )
+            row = conn.execute("SELECT has_schema_privilege('agentcap', 'CREATE')").fetchone()
+            conn.rollback()
+            if row is not None and not row[0]:
+                # A least-privilege writer (see `otel-agentcap db grant`): stage in a TEMP table
+                # of each connection, created with the batch.
+                self._use_schema("pg_temp")
+                self._staging_ready = True
+                return
+            if self._temporary:
+                self._use_schema("agentcap")
             with conn.transaction():
-                conn.execute(stmt.format(self._staging, cols))
-                conn.execute(stmt.format(self._span_staging, span_cols))
+                conn.execute(self._create_staging)
             self._staging_ready = True
             self._drop_orphans(conn)
 
@@ -389,27 +503,37 @@ class EventWriter:
 
     def _write_once(
         self, conn: psycopg.Connection[Any], batch: PreparedBatch, *, full: bool
-    ) -> tuple[int, int, int]:
+    ) -> tuple[int, int, int, int]:
         with conn.transaction():
             if batch.runs:
                 conn.execute(_RUNS_UPSERT, [[r[i] for r in batch.runs] for i in range(5)])
             if batch.agents:
-                conn.execute(_AGENTS_UPSERT, [[a[i] for a in batch.agents] for i in range(5)])
+                conn.execute(_AGENTS_UPSERT, [[a[i] for a in batch.agents] for i in range(6)])
             if batch.spans:
                 self._write_spans(conn, batch.spans)
+            records = 0
+            if batch.run_offers or batch.agent_offers:
+                row = conn.execute(
+                    _RECORD_CONFLICTS,
+                    [
+                        *([r[i] for r in batch.run_offers] for i in range(2)),
+                        *([a[i] for a in batch.agent_offers] for i in range(6)),
+                    ],
+                ).fetchone()
+                records = int(row[0]) if row else 0
             if not batch.events:
-                return 0, 0, 0
-            conn.execute(sql.SQL("TRUNCATE {}").format(self._staging))
+                return 0, 0, 0, records
+            conn.execute(self._prepare_staging)
             self._copy_rows(conn, batch.events)
             row = conn.execute(self._classify_full if full else self._classify_fast).fetchone()
             assert row is not None
             inserted, new, duplicates, conflicts = (int(v) for v in row)
             if inserted != new:
                 raise _ConcurrentInsert
-            return inserted, duplicates, conflicts
+            return inserted, duplicates, conflicts, records
 
     def _write_spans(self, conn: psycopg.Connection[Any], rows: list[SpanRow]) -> None:
-        conn.execute(sql.SQL("TRUNCATE {}").format(self._span_staging))
+        conn.execute(self._prepare_span_staging)
         with conn.cursor() as cur, cur.copy(self._copy_spans) as copy:
             copy.set_types(_SPAN_TYPES)
             for row in rows:
@@ -435,7 +559,9 @@ class EventWriter:
                 with self._pool.connection(timeout=self._connect_timeout) as conn:
                     if not self._staging_ready:
                         self._ensure_staging(conn)
-                    inserted, duplicates, conflicts = self._write_once(conn, prepared, full=full)
+                    inserted, duplicates, conflicts, records = self._write_once(
+                        conn, prepared, full=full
+                    )
             except (_ConcurrentInsert, *_RETRYABLE_DB_ERRORS) as exc:
                 last = exc
                 if isinstance(exc, psycopg.errors.UniqueViolation) and not full:
@@ -456,13 +582,15 @@ class EventWriter:
             except psycopg.errors.ProgramLimitExceeded as exc:
                 # An OperationalError by SQLSTATE class, but the rows are the problem (an index
                 # entry over its size limit), not the connection: retrying cannot help.
-                raise WriteFailed(f"batch rejected and rolled back: {exc}") from exc
+                raise DataRejected(f"batch rejected and rolled back: {exc}") from exc
             except psycopg.OperationalError as exc:
                 last = exc  # broken connection: the pool discards it, the next attempt gets another
                 time.sleep(min(0.05 * 2**attempt, 1.0))
                 continue
             except psycopg.errors.InvalidTextRepresentation as exc:
                 raise InvalidPayload(f"batch rejected and rolled back: {exc}") from exc
+            except (psycopg.DataError, psycopg.IntegrityError) as exc:
+                raise DataRejected(f"batch rejected and rolled back: {exc}") from exc
             except psycopg.Error as exc:
                 raise WriteFailed(f"batch rejected and rolled back: {exc}") from exc
             if conflicts:
@@ -470,8 +598,22 @@ class EventWriter:
                     "agentcap: %d event(s) collided with stored events; kept in agentcap.conflicts",
                     conflicts,
                 )
+            if records:
+                _log.warning(
+                    "agentcap: %d agent or run record(s) differ from the stored rows, which are "
+                    "kept (first writer wins); the differences are in agentcap.record_conflicts",
+                    records,
+                )
+            if prepared.rejected:
+                _log_rejected(prepared.rejected)
             return WriteResult(
-                inserted, duplicates + prepared.in_batch_duplicates, conflicts, attempt
+                inserted,
+                duplicates + prepared.in_batch_duplicates,
+                conflicts,
+                attempt,
+                rejected=prepared.events_rejected,
+                record_conflicts=records,
+                rejected_records=len(prepared.rejected) - prepared.events_rejected,
             )
         if isinstance(last, psycopg.OperationalError):
             raise ConnectionFailed(
