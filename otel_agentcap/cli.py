@@ -6,6 +6,8 @@ import argparse
 import contextlib
 import json
 import os
+import re
+import shlex
 import sys
 import time
 from collections import Counter
@@ -58,7 +60,31 @@ def _console() -> Any:
     # Plain text (no colour, no boxes drawn with control codes) when not writing to a terminal,
     # and tables as wide as they need (rich would fold them into 80 columns).
     width = None if sys.stdout.isatty() else 1000
-    return _Console(highlight=False, soft_wrap=True, width=width)
+    # Never markup: whatever is printed from the database or from arguments goes through _text.
+    return _Console(highlight=False, soft_wrap=True, width=width, markup=False, emoji=False)
+
+
+#: Characters a terminal would act on rather than show: C0 and C1 controls (ESC starts escape
+#: sequences), and the bidirectional overrides that reorder what is shown.
+_CONTROL_RE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def _shown(value: object) -> str:
+    """``value`` as text a terminal shows as is: control characters as ``\\xNN`` escapes."""
+    return _CONTROL_RE.sub(lambda m: ascii(m.group())[1:-1], str(value))
+
+
+def _text(*parts: object | tuple[object, str]) -> Any:
+    """A rich ``Text`` of ``parts`` (a value, or a (value, style) pair), never read as markup."""
+    from rich.text import Text
+
+    text = Text()
+    for part in parts:
+        if isinstance(part, tuple):
+            text.append(_shown(part[0]), style=part[1])
+        else:
+            text.append(_shown(part))
+    return text
 
 
 def _dsn(args: argparse.Namespace) -> str:
@@ -124,21 +150,28 @@ def cmd_demo(args: argparse.Namespace) -> int:
         return 0
     console = _console()
     console.print(
-        f"run {result.run_id}: {data['agents']} agents, {data['events']} events stored in {elapsed:.2f} s"
+        _text(
+            f"run {result.run_id}: {data['agents']} agents, {data['events']} events stored in "
+            f"{elapsed:.2f} s"
+        )
     )
     console.print(
-        f"  {by_type['model_call']} model calls, {by_type['tool_invocation']} tool calls "
-        f"({result.failed_tools} failed), {by_type['memory_write']} memory writes, timed out: "
-        f"{', '.join(result.timed_out_agents) or 'none'}, conflicts: {conflicts}"
+        _text(
+            f"  {by_type['model_call']} model calls, {by_type['tool_invocation']} tool calls "
+            f"({result.failed_tools} failed), {by_type['memory_write']} memory writes, timed out: "
+            f"{', '.join(result.timed_out_agents) or 'none'}, conflicts: {conflicts}"
+        )
     )
-    console.print(f"  database: {dsn}")
-    dsn_flag = f" --dsn '{args.dsn}'" if args.dsn else ""
+    console.print(_text(f"  database: {dsn}"))
+    dsn_flag = f" --dsn {shlex.quote(args.dsn)}" if args.dsn else ""
     # As the user ran it (e.g. .venv/bin/otel-agentcap from make demo), so it can be pasted.
     prog = sys.argv[0] if sys.argv[0].endswith("otel-agentcap") else "otel-agentcap"
-    console.print(f"next: {prog} show {result.run_id}{dsn_flag}")
+    console.print(_text(f"next: {prog} show {shlex.quote(result.run_id)}{dsn_flag}"))
     console.print(
-        f"      {prog} export {result.run_id}{dsn_flag} --format jaeger-json -o {result.run_id}.json"
-        "   (open it in the Jaeger UI: Search, Upload)"
+        _text(
+            f"      {prog} export {shlex.quote(result.run_id)}{dsn_flag} --format jaeger-json"
+            f" -o {shlex.quote(result.run_id + '.json')}   (open it in the Jaeger UI: Search, Upload)"
+        )
     )
     return 0
 
@@ -157,10 +190,12 @@ def cmd_runs(args: argparse.Namespace) -> int:
         if run.first_wall_time and run.last_wall_time:
             duration = f"{(run.last_wall_time - run.first_wall_time).total_seconds():.2f} s"
         started = run.started_at.isoformat(timespec="seconds") if run.started_at else ""
-        table.add_row(run.run_id, started, str(run.agents), str(run.events), duration)
+        table.add_row(
+            _text(run.run_id), _text(started), _text(run.agents), _text(run.events), _text(duration)
+        )
     console = _console()
     if not runs:
-        console.print("no runs stored yet; try: otel-agentcap demo")
+        console.print(_text("no runs stored yet; try: otel-agentcap demo"))
         return 0
     console.print(table)
     return 0
@@ -172,7 +207,9 @@ def cmd_show(args: argparse.Namespace) -> int:
             events = store.run_events(conn, args.run_id)
             agents = store.run_agents(conn, args.run_id)
         except RunNotFound:
-            raise CliError(f"unknown run id: {args.run_id!r} (see: otel-agentcap runs)") from None
+            raise CliError(
+                f"unknown run id: {_shown(repr(args.run_id))} (see: otel-agentcap runs)"
+            ) from None
         known = {e.event_id for e in events}
         missing = sorted({p for e in events for p in e.causal_parent_ids if p not in known})
         elsewhere = store.locate_events(conn, missing)
@@ -195,25 +232,26 @@ def cmd_show(args: argparse.Namespace) -> int:
             }
         )
         return 0
-    from rich.markup import escape
-
     console = _console()
     for line in layout(events, agents):
         indent = "  " * line.depth
         if line.event is None:
             record = line.agent
             name = f" ({record.name})" if record.name and record.name != record.agent_id else ""
-            console.print(f"{indent}[bold]agent {escape(record.agent_id)}[/bold]{escape(name)}")
+            console.print(_text(indent, (f"agent {record.agent_id}", "bold"), name))
             continue
         event = line.event
         parents = parent_text(event, positions)
         console.print(
-            f"{indent}{event.seq:>6}  {event.event_type:<16} {escape(summary(event))}"
-            + (f"  {escape(parents)}" if parents else "")
+            _text(
+                f"{indent}{event.seq:>6}  {event.event_type:<16} ",
+                summary(event),
+                f"  {parents}" if parents else "",
+            )
         )
         if args.payloads or args.content:
             for text in _payload_lines(event.payload, content=args.content):
-                console.print(f"{indent}{'':>8}{escape(text)}")
+                console.print(_text(f"{indent}{'':>8}", text))
     console.print()
     console.print(_totals_table(run_totals, agent_totals))
     return 0
@@ -273,7 +311,6 @@ def _payload_lines(payload: Any, *, content: bool) -> list[str]:
 
 
 def _totals_table(run: Totals, agents: dict[str, Totals]) -> Any:
-    from rich.markup import escape
     from rich.table import Table
 
     table = Table(
@@ -291,7 +328,7 @@ def _totals_table(run: Totals, agents: dict[str, Totals]) -> Any:
         box=None,
     )
 
-    def row(name: str, t: Totals) -> None:
+    def row(name: Any, t: Totals) -> None:
         calls = f"{t.model_calls}" + (
             f" ({t.model_call_errors} failed)" if t.model_call_errors else ""
         )
@@ -310,8 +347,8 @@ def _totals_table(run: Totals, agents: dict[str, Totals]) -> Any:
         )
 
     for agent_id, agent_totals in agents.items():
-        row(escape(agent_id), agent_totals)
-    row("[bold]run[/bold]", run)
+        row(_text(agent_id), agent_totals)
+    row(_text(("run", "bold")), run)
     return table
 
 
@@ -342,24 +379,102 @@ def cmd_db(args: argparse.Namespace) -> int:
             applied = migrate(conn)
         print(f"applied migrations: {applied}" if applied else "schema is up to date")
         return 0
+    if action == "grant":
+        return _grant(args)
     raise CliError(f"unknown db action {action!r}")
+
+
+def _grant(args: argparse.Namespace) -> int:
+    from otel_agentcap.exporters.postgres.roles import Roles, grant
+
+    reader = None if args.reader.lower() == "none" else args.reader
+    roles = Roles(owner=args.owner, writer=args.writer, reader=reader)
+    try:
+        with _connect(_dsn(args)) as conn:
+            migrate(conn)
+            created = grant(conn, roles)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    if args.json:
+        _print_json(
+            {"owner": roles.owner, "writer": roles.writer, "reader": reader, "created": created}
+        )
+        return 0
+    for name in created:
+        print(f"created role {_shown(name)} (NOLOGIN)")
+    print(f"owner:  {_shown(roles.owner)} (owns the agentcap schema; run migrations as it)")
+    print(
+        f"writer: {_shown(roles.writer)} (exporter and ingest: SELECT, INSERT; no UPDATE, "
+        "DELETE or TRUNCATE of events and conflicts)"
+    )
+    if reader is not None:
+        print(f"reader: {_shown(reader)} (SELECT only)")
+    print(
+        "give them to login roles, e.g.: GRANT "
+        f"{_shown(roles.writer)} TO my_app; GRANT {_shown(roles.owner)} TO my_admin"
+    )
+    return 0
 
 
 def cmd_ingest(args: argparse.Namespace) -> int:
     try:
-        from otel_agentcap.ingest import OtlpIngestServer, serve
+        from otel_agentcap.ingest import (
+            Authenticator,
+            IngestLimits,
+            OtlpIngestServer,
+            TlsConfig,
+            TokenConfigError,
+            serve,
+        )
     except ImportError as exc:
         raise CliError(
-            f"the ingest needs opentelemetry-proto: pip install 'otel-agentcap[otlp]' ({exc})"
+            f"the ingest needs the otlp extra: pip install 'otel-agentcap[otlp]' ({exc})"
         ) from None
+    try:
+        authenticator = Authenticator.from_sources(args.token_file)
+    except TokenConfigError as exc:
+        raise CliError(str(exc)) from None
+    if (args.tls_cert is None) != (args.tls_key is None):
+        raise CliError("give both --tls-cert and --tls-key")
+    if args.tls_client_ca is not None and args.tls_cert is None:
+        raise CliError("--tls-client-ca needs --tls-cert and --tls-key")
+    tls = (
+        TlsConfig(args.tls_cert, args.tls_key, args.tls_client_ca)
+        if args.tls_cert is not None
+        else None
+    )
+    try:
+        limits = IngestLimits(
+            max_body_bytes=int(args.max_body_mib * 1024 * 1024),
+            max_concurrent_requests=args.max_concurrent,
+            idle_timeout=args.idle_timeout,
+        )
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
     dsn = _dsn(args)
     with _connect(dsn) as conn:  # a bad DSN is a one-line error here, before serving
         migrate(conn)
 
     def announce(server: OtlpIngestServer) -> None:
         print(f"accepting OTLP/HTTP traces at {server.endpoint} (Ctrl-C stops)", file=sys.stderr)
+        if server.grpc_endpoint is not None:
+            print(f"accepting OTLP/gRPC traces at {server.grpc_endpoint}", file=sys.stderr)
+        for warning in server.warnings():
+            print(f"otel-agentcap: warning: {warning}", file=sys.stderr)
 
-    stats = serve(dsn, args.host, args.port, on_ready=announce)
+    try:
+        stats = serve(
+            dsn,
+            args.host,
+            args.port,
+            on_ready=announce,
+            grpc_port=args.grpc_port,
+            authenticator=authenticator,
+            tls=tls,
+            limits=limits,
+        )
+    except OSError as exc:
+        raise CliError(f"cannot listen on {args.host}: {exc}") from None
     if args.json:
         _print_json(asdict(stats))
     return 0
@@ -426,7 +541,9 @@ def cmd_export(args: argparse.Namespace) -> int:
         try:
             data = writer(args, conn)
         except RunNotFound:
-            raise CliError(f"unknown run id: {args.run_id!r} (see: otel-agentcap runs)") from None
+            raise CliError(
+                f"unknown run id: {_shown(repr(args.run_id))} (see: otel-agentcap runs)"
+            ) from None
     if args.output == "-":
         sys.stdout.buffer.write(data)
         sys.stdout.flush()
@@ -486,10 +603,32 @@ def build_parser() -> argparse.ArgumentParser:
     load.set_defaults(func=cmd_import)
 
     ingest = sub.add_parser(
-        "ingest", parents=[common], help="receive OTLP/HTTP traces from a collector into the log"
+        "ingest", parents=[common], help="receive OTLP traces from a collector into the log"
     )
-    ingest.add_argument("--host", default="127.0.0.1")
-    ingest.add_argument("--port", type=int, default=4319)
+    ingest.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    ingest.add_argument("--port", type=int, default=4319, help="OTLP/HTTP port (0: any free)")
+    ingest.add_argument(
+        "--grpc-port", type=int, default=None, help="also serve OTLP/gRPC on this port"
+    )
+    ingest.add_argument(
+        "--token-file",
+        help="bearer tokens, one a line, each optionally followed by the run ids (or a prefix "
+        "ending in *) it may write; also AGENTCAP_INGEST_TOKENS",
+    )
+    ingest.add_argument("--tls-cert", help="serve TLS with this certificate chain (PEM)")
+    ingest.add_argument("--tls-key", help="the certificate's private key (PEM)")
+    ingest.add_argument(
+        "--tls-client-ca", help="require client certificates signed by this CA (PEM)"
+    )
+    ingest.add_argument(
+        "--max-body-mib", type=float, default=64, help="largest request, after decompression"
+    )
+    ingest.add_argument(
+        "--max-concurrent", type=int, default=4, help="requests read and stored at once"
+    )
+    ingest.add_argument(
+        "--idle-timeout", type=float, default=30, help="seconds before an idle connection closes"
+    )
     ingest.set_defaults(func=cmd_ingest)
 
     ui = sub.add_parser("ui", parents=[common], help="serve a read-only web view of the event log")
@@ -522,8 +661,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     export.set_defaults(func=cmd_export)
 
-    db = sub.add_parser("db", parents=[common], help="the embedded PostgreSQL server")
-    db.add_argument("action", choices=["start", "stop", "status", "dsn", "migrate"])
+    db = sub.add_parser(
+        "db", parents=[common], help="the embedded PostgreSQL server, migrations, roles"
+    )
+    db.add_argument("action", choices=["start", "stop", "status", "dsn", "migrate", "grant"])
+    db.add_argument(
+        "--owner", default="agentcap_owner", help="grant: the role that owns the schema"
+    )
+    db.add_argument(
+        "--writer", default="agentcap_writer", help="grant: the append-only writer role"
+    )
+    db.add_argument(
+        "--reader", default="agentcap_reader", help="grant: the read-only role ('none': no reader)"
+    )
     db.set_defaults(func=cmd_db)
     return parser
 
@@ -547,14 +697,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         return _stdout_closed()
     except CliError as exc:
-        print(f"otel-agentcap: {exc}", file=sys.stderr)
+        print(f"otel-agentcap: {_shown(exc)}", file=sys.stderr)
         return 1
     except AgentCapStorageError as exc:
-        print(f"otel-agentcap: {exc}", file=sys.stderr)
+        print(f"otel-agentcap: {_shown(exc)}", file=sys.stderr)
         return 1
     except psycopg.Error as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        print(f"otel-agentcap: database error: {first}", file=sys.stderr)
+        print(f"otel-agentcap: database error: {_shown(first)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

@@ -614,7 +614,9 @@ def batch_from_spans(
         attributes = attributes_of(span)  # read only, never copied: the spans have ended
         if attr.EVENT_ID not in attributes:
             if attributes.get(attr.RUN_ROOT) is True:
-                reason = _root_span(span, attributes, check, started, roots, envelopes, declarations)
+                reason = _root_span(
+                    span, attributes, check, started, roots, envelopes, declarations
+                )
                 if reason is not None:
                     rejected.append((index, reason))
             continue

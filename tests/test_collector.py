@@ -24,6 +24,8 @@ from opentelemetry.sdk.trace.export import SpanExportResult
 
 import otel_agentcap as ac
 from otel_agentcap.ingest import OtlpIngestServer, spans_from_otlp
+from otel_agentcap.ingest.auth import ANONYMOUS
+from otel_agentcap.ingest.service import RetryLater
 from otel_agentcap.mapping import batch_from_spans
 from otel_agentcap.model import Batch
 from otel_agentcap.testing import capture_events
@@ -227,21 +229,27 @@ def test_spans_through_rotel_land_in_postgres(pg_dsn, rotel_to):
     assert _count(pg_dsn, "SELECT count(*) FROM agentcap.agents WHERE run_id = 'run-rotel'") == 2
 
 
-class _LostAckServer(OtlpIngestServer):
-    """Stores the first request but answers it 503, as if the acknowledgement were lost."""
+def _lose_first_ack(server: OtlpIngestServer) -> None:
+    """Make ``server`` store the first request but answer it 503, as if the acknowledgement were
+    lost."""
+    process = server.service.process
+    failed: list[bool] = []
 
-    def handle(self, body: bytes) -> tuple[HTTPStatus, bytes]:
-        status, payload = super().handle(body)
-        if not getattr(self, "_failed_once", False):
-            self._failed_once = True
-            return HTTPStatus.SERVICE_UNAVAILABLE, b""
-        return status, payload
+    def first_answer_lost(request, principal=ANONYMOUS):
+        outcome = process(request, principal)
+        if not failed:
+            failed.append(True)
+            raise RetryLater("acknowledgement lost", 1)
+        return outcome
+
+    server.service.process = first_answer_lost  # type: ignore[method-assign]
 
 
 def test_rotel_redelivery_after_lost_ack_stores_each_event_once(pg_dsn, rotel_to):
     """rotel retries a request whose answer was 503 after it was stored: no event is stored twice."""
     spans, expected = _captured("run-redeliver")
-    with _LostAckServer(pg_dsn, port=0) as server:
+    with OtlpIngestServer(pg_dsn, port=0) as server:
+        _lose_first_ack(server)
         url = rotel_to(server.port)
         exporter = OTLPSpanExporter(endpoint=url, timeout=5)
         try:

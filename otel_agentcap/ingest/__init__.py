@@ -1,17 +1,21 @@
 """Ingest of spans that arrive over OTLP (e.g. from an OpenTelemetry Collector) into the event log.
 
-Needs ``opentelemetry-proto`` (``pip install 'otel-agentcap[otlp]'``).
+Needs the ``otlp`` extra (``pip install 'otel-agentcap[otlp]'``: opentelemetry-proto, Starlette,
+Hypercorn, grpcio).
 """
 
 from __future__ import annotations
 
 try:
-    from otel_agentcap.ingest.otlp import (
+    from otel_agentcap.ingest.auth import Authenticator, Principal, TokenConfigError
+    from otel_agentcap.ingest.config import (
         DEFAULT_HOST,
         DEFAULT_PORT,
         TRACES_PATH,
-        IngestStats,
-        OtlpIngestServer,
+        IngestLimits,
+        TlsConfig,
+    )
+    from otel_agentcap.ingest.otlp import (
         OtlpScope,
         OtlpSpan,
         OtlpSpanContext,
@@ -20,14 +24,19 @@ try:
         decode_value,
         iter_spans,
         parse_request,
-        serve,
+        span_from_proto,
         spans_from_otlp,
     )
+    from otel_agentcap.ingest.server import OtlpIngestServer, serve
+    from otel_agentcap.ingest.service import IngestStats, Outcome
+    from otel_agentcap.ingest.wire import DecodeError, decode_json, decode_protobuf
 except ModuleNotFoundError as exc:  # pragma: no cover - depends on the installed extras
-    if exc.name is None or not exc.name.startswith(("opentelemetry.proto", "google")):
+    if exc.name is None or not exc.name.startswith(
+        ("opentelemetry.proto", "google", "grpc", "starlette", "hypercorn", "anyio")
+    ):
         raise
     raise ModuleNotFoundError(
-        "otel_agentcap.ingest needs opentelemetry-proto: pip install 'otel-agentcap[otlp]'",
+        "otel_agentcap.ingest needs the otlp extra: pip install 'otel-agentcap[otlp]'",
         name=exc.name,
     ) from exc
 
@@ -35,16 +44,26 @@ __all__ = [
     "DEFAULT_HOST",
     "DEFAULT_PORT",
     "TRACES_PATH",
+    "Authenticator",
+    "DecodeError",
+    "IngestLimits",
     "IngestStats",
     "OtlpIngestServer",
     "OtlpScope",
     "OtlpSpan",
     "OtlpSpanContext",
     "OtlpSpanEvent",
+    "Outcome",
+    "Principal",
+    "TlsConfig",
+    "TokenConfigError",
     "decode_attributes",
+    "decode_json",
+    "decode_protobuf",
     "decode_value",
     "iter_spans",
     "parse_request",
     "serve",
+    "span_from_proto",
     "spans_from_otlp",
 ]

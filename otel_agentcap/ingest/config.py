@@ -1,0 +1,76 @@
+"""Settings of the OTLP ingest server: limits, timeouts, TLS."""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+from typing import Final
+
+DEFAULT_HOST: Final = "127.0.0.1"
+DEFAULT_PORT: Final = 4319
+"""Default OTLP/HTTP port of the ingest (4317 and 4318 are the collector's own receivers)."""
+TRACES_PATH: Final = "/v1/traces"
+MiB: Final = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class IngestLimits:
+    """Bounds on what one ingest process accepts and holds.
+
+    Memory: a request holds at most its body (``max_body_bytes`` after decompression, OTLP/JSON
+    ``max_json_body_bytes``) plus one chunk of mapped spans, and at most
+    ``max_concurrent_requests`` requests per transport are read and processed at once; others
+    wait up to ``queue_timeout`` seconds without their bodies being read, then get 503
+    (``Retry-After``). So the ingest holds about ``2 x max_concurrent_requests x max_body_bytes``
+    at most (HTTP and gRPC), whatever the number of connections.
+    """
+
+    max_body_bytes: int = 64 * MiB
+    #: OTLP/JSON is parsed whole (about 8 times its size in memory): a smaller limit.
+    max_json_body_bytes: int = 16 * MiB
+    max_concurrent_requests: int = 4
+    queue_timeout: float = 10.0
+    #: A connection with no request in progress (fresh, or kept alive) is closed after this.
+    idle_timeout: float = 30.0
+    #: One read from a connection that waits longer than this closes it.
+    read_timeout: float = 30.0
+    #: The whole body of a request must arrive within this (a slow sender gets 408).
+    body_timeout: float = 120.0
+    #: On shutdown, requests in progress get this long to finish.
+    graceful_timeout: float = 30.0
+    #: Largest request head (line and headers).
+    max_header_bytes: int = 64 * 1024
+    #: HTTP/2 streams per connection, gRPC streams per connection.
+    max_streams_per_connection: int = 16
+    #: Spans mapped and stored per transaction.
+    chunk_spans: int = 2_000
+    #: Seconds a sender is asked to wait when the event log is unavailable.
+    retry_after: int = 5
+
+    def __post_init__(self) -> None:
+        for name in ("max_body_bytes", "max_json_body_bytes", "max_concurrent_requests"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1")
+        for name in ("queue_timeout", "idle_timeout", "read_timeout", "body_timeout"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive")
+
+
+@dataclass(frozen=True, slots=True)
+class TlsConfig:
+    """Serve over TLS with this certificate chain and key (PEM files); with ``client_ca``, ask
+    clients for a certificate signed by it (mutual TLS) and refuse those without."""
+
+    certfile: str
+    keyfile: str
+    client_ca: str | None = None
+
+
+def is_loopback(host: str) -> bool:
+    """Whether listening on ``host`` is reachable from this machine only."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name: assume it resolves beyond loopback

@@ -1,0 +1,272 @@
+"""Decode OTLP trace requests span by span, in bounded memory.
+
+An ``ExportTraceServiceRequest`` is parsed lazily: :func:`decode_protobuf` first walks the
+request's framing (resource spans, scope spans, the length of each span) over the body without
+copying it, and fails with ``DecodeError`` if the framing is broken anywhere, before anything is
+stored; then :meth:`DecodedRequest.items` parses one span at a time. A 64 MB request therefore
+costs about its own size, not the two to three times more of a whole-message parse, and a span
+whose own bytes do not parse is rejected alone. :func:`decode_json` reads OTLP/JSON (hex trace
+and span ids, as the OTLP specification maps them), also span by span.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from array import array
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from google.protobuf import json_format
+from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope
+from opentelemetry.proto.resource.v1.resource_pb2 import Resource
+from opentelemetry.proto.trace.v1 import trace_pb2
+
+from otel_agentcap.ingest.otlp import (
+    OtlpScope,
+    OtlpSpan,
+    decode_attributes,
+    span_from_proto,
+)
+
+Buffer = bytes | bytearray | memoryview
+
+
+class DecodeError(ValueError):
+    """The request is not an OTLP trace request (its framing, or its JSON, is broken)."""
+
+
+# --- protobuf wire format ---------------------------------------------------------------------
+
+_MAX_VARINT_BYTES: Final = 10
+
+
+def _varint(buf: Buffer, pos: int, end: int) -> tuple[int, int]:
+    result = 0
+    shift = 0
+    for _ in range(_MAX_VARINT_BYTES):
+        if pos >= end:
+            raise DecodeError("truncated varint")
+        byte = buf[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return result, pos
+        shift += 7
+    raise DecodeError("varint longer than 10 bytes")
+
+
+def _fields(buf: Buffer, start: int, end: int) -> Iterator[tuple[int, int, int, int]]:
+    """The fields of the message in ``buf[start:end]``: (number, wire type, value start, value
+    end); for length-delimited fields the value is the payload, for others it is skipped."""
+    pos = start
+    while pos < end:
+        key, pos = _varint(buf, pos, end)
+        number, wire_type = key >> 3, key & 7
+        if number == 0:
+            raise DecodeError("field number 0")
+        if wire_type == 0:
+            _, value_end = _varint(buf, pos, end)
+            value_start = pos
+        elif wire_type == 2:
+            length, value_start = _varint(buf, pos, end)
+            value_end = value_start + length
+        elif wire_type == 1:
+            value_start, value_end = pos, pos + 8
+        elif wire_type == 5:
+            value_start, value_end = pos, pos + 4
+        else:
+            raise DecodeError(f"unsupported wire type {wire_type}")
+        if value_end > end:
+            raise DecodeError("field runs past the end of its message")
+        yield number, wire_type, value_start, value_end
+        pos = value_end
+
+
+def _message_field(number: int, wire_type: int, what: str) -> bool:
+    if wire_type != 2:
+        raise DecodeError(f"{what} (field {number}) is not length-delimited")
+    return True
+
+
+@dataclass(frozen=True, slots=True)
+class _ScopeSpans:
+    resource: Mapping[str, Any]
+    scope: OtlpScope
+    #: Start and end of each span's bytes, flattened.
+    spans: array[int]
+
+
+#: An item of a decoded request: the span, or why it cannot be read.
+Item = tuple[OtlpSpan | None, str | None]
+
+
+class DecodedRequest:
+    """The spans of one OTLP request, read one by one (see :meth:`items`)."""
+
+    def __init__(self, count: int, items: Callable[[], Iterator[Item]]) -> None:
+        self.count = count
+        self._items = items
+
+    def items(self) -> Iterator[Item]:
+        """Each span in request order: ``(span, None)``, or ``(None, reason)`` for a span that
+        cannot be read (its bytes are not a ``Span``, or its ids are invalid)."""
+        return self._items()
+
+
+def _merged(message_type: Any, buf: Buffer, parts: list[tuple[int, int]]) -> Any:
+    """A message from its occurrences (protobuf merges repeated occurrences of a field)."""
+    message = message_type()
+    try:
+        for start, end in parts:
+            message.MergeFromString(memoryview(buf)[start:end])
+    except Exception as exc:  # google.protobuf.message.DecodeError, which ships no stubs
+        raise DecodeError(f"{message_type.__name__} does not parse: {exc}") from exc
+    return message
+
+
+def _scope_of(message: InstrumentationScope) -> OtlpScope:
+    return OtlpScope(message.name, message.version or None)
+
+
+def decode_protobuf(buf: Buffer) -> DecodedRequest:
+    """A binary ``ExportTraceServiceRequest``; raises ``DecodeError`` when its framing, a
+    resource or a scope is broken (all checked before any span is returned)."""
+    entries: list[_ScopeSpans] = []
+    count = 0
+    for number, wire_type, start, end in _fields(buf, 0, len(buf)):
+        if number != 1 or not _message_field(number, wire_type, "resource_spans"):
+            continue
+        resource: list[tuple[int, int]] = []
+        scopes: list[tuple[list[tuple[int, int]], array[int]]] = []
+        for n2, w2, s2, e2 in _fields(buf, start, end):
+            if n2 == 1 and _message_field(n2, w2, "resource"):
+                resource.append((s2, e2))
+            elif n2 == 2 and _message_field(n2, w2, "scope_spans"):
+                scope: list[tuple[int, int]] = []
+                spans = array("Q")
+                for n3, w3, s3, e3 in _fields(buf, s2, e2):
+                    if n3 == 2 and _message_field(n3, w3, "span"):
+                        spans.append(s3)
+                        spans.append(e3)
+                    elif n3 == 1 and _message_field(n3, w3, "scope"):
+                        scope.append((s3, e3))
+                scopes.append((scope, spans))
+                count += len(spans) // 2
+        attributes = decode_attributes(_merged(Resource, buf, resource).attributes)
+        for scope, spans in scopes:
+            entries.append(
+                _ScopeSpans(attributes, _scope_of(_merged(InstrumentationScope, buf, scope)), spans)
+            )
+
+    def items() -> Iterator[Item]:
+        view = memoryview(buf)
+        for entry in entries:
+            spans = entry.spans
+            for i in range(0, len(spans), 2):
+                try:
+                    # A view, not a copy: upb parses any buffer (the stubs say bytes).
+                    span = trace_pb2.Span.FromString(view[spans[i] : spans[i + 1]])  # type: ignore[arg-type]
+                except Exception as exc:  # DecodeError (no stubs)
+                    yield None, f"span does not parse as an OTLP Span: {exc}"
+                    continue
+                yield _converted(span, entry.scope, entry.resource)
+
+    return DecodedRequest(count, items)
+
+
+def _converted(span: trace_pb2.Span, scope: OtlpScope, resource: Mapping[str, Any]) -> Item:
+    try:
+        converted = span_from_proto(span, scope, resource)
+    except Exception as exc:  # a value the conversion cannot take
+        return None, f"span cannot be read: {type(exc).__name__}: {exc}"
+    if converted is None:
+        return None, "span has no valid trace id or span id"
+    return converted, None
+
+
+# --- OTLP/JSON --------------------------------------------------------------------------------
+
+_ID_FIELDS: Final = ("traceId", "spanId", "parentSpanId", "trace_id", "span_id", "parent_span_id")
+
+
+def _hex_ids(obj: dict[str, Any]) -> dict[str, Any]:
+    """``obj`` with its hex trace and span ids in the base64 form protobuf's JSON mapping reads."""
+    out = dict(obj)
+    for name in _ID_FIELDS:
+        value = out.get(name)
+        if isinstance(value, str) and value:
+            try:
+                raw = bytes.fromhex(value)
+            except ValueError as exc:
+                raise ValueError(f"{name} is not hex") from exc
+            out[name] = base64.b64encode(raw).decode("ascii")
+    return out
+
+
+def _span_from_json(obj: object) -> trace_pb2.Span:
+    if not isinstance(obj, dict):
+        raise ValueError("a span is not a JSON object")
+    span = _hex_ids(obj)
+    links = span.get("links")
+    if isinstance(links, list):
+        span["links"] = [_hex_ids(link) if isinstance(link, dict) else link for link in links]
+    return json_format.ParseDict(span, trace_pb2.Span(), ignore_unknown_fields=True)
+
+
+def _json_list(obj: Mapping[str, Any], camel: str, snake: str) -> list[Any]:
+    value = obj.get(camel, obj.get(snake, []))
+    if not isinstance(value, list):
+        raise DecodeError(f"{camel} is not an array")
+    return value
+
+
+def _json_message(obj: Mapping[str, Any], name: str, message_type: Any) -> Any:
+    value = obj.get(name)
+    if value is None:
+        return message_type()
+    if not isinstance(value, dict):
+        raise DecodeError(f"{name} is not an object")
+    try:
+        return json_format.ParseDict(value, message_type(), ignore_unknown_fields=True)
+    except (json_format.ParseError, ValueError, TypeError) as exc:
+        raise DecodeError(f"{name} does not parse: {exc}") from exc
+
+
+def decode_json(text: Buffer) -> DecodedRequest:
+    """An OTLP/JSON ``ExportTraceServiceRequest``; raises ``DecodeError`` when it is not JSON or
+    not shaped like one (a span that does not parse is rejected alone)."""
+    try:
+        root = json.loads(bytes(text))
+    except (ValueError, RecursionError) as exc:
+        raise DecodeError(f"not JSON: {exc}") from exc
+    if not isinstance(root, dict):
+        raise DecodeError("not a JSON object")
+    entries: list[tuple[dict[str, Any], OtlpScope, list[Any]]] = []
+    count = 0
+    for resource_spans in _json_list(root, "resourceSpans", "resource_spans"):
+        if not isinstance(resource_spans, dict):
+            raise DecodeError("resourceSpans holds something other than objects")
+        resource = decode_attributes(_json_message(resource_spans, "resource", Resource).attributes)
+        for scope_spans in _json_list(resource_spans, "scopeSpans", "scope_spans"):
+            if not isinstance(scope_spans, dict):
+                raise DecodeError("scopeSpans holds something other than objects")
+            scope = _scope_of(_json_message(scope_spans, "scope", InstrumentationScope))
+            spans = _json_list(scope_spans, "spans", "spans")
+            entries.append((resource, scope, spans))
+            count += len(spans)
+    del root
+
+    def items() -> Iterator[Item]:
+        for resource, scope, spans in entries:
+            for obj in spans:
+                try:
+                    span = _span_from_json(obj)
+                except (json_format.ParseError, ValueError, TypeError, binascii.Error) as exc:
+                    yield None, f"span does not parse as OTLP/JSON: {exc}"
+                    continue
+                yield _converted(span, scope, resource)
+
+    return DecodedRequest(count, items)
