@@ -214,9 +214,9 @@ def test_chunked_body_with_a_bad_size_line_gets_an_answer(server):
     """A chunked body whose size line is not hex is answered 400; the connection is not just
     dropped."""
     head = (
-        f"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\n"
-        "Transfer-Encoding: chunked\r\n\r\n"
-    ).encode()
+        b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n"
+    )
     answer = raw_exchange(server.port, head + b"zz\r\nhello\r\n0\r\n\r\n")
     assert answer.startswith(b"HTTP/1.1 400")
 
@@ -227,9 +227,9 @@ def test_chunked_and_compressed_bodies_in_many_pieces_are_stored(pg_dsn, server)
     body = gzip.compress(request_bytes(spans))
     chunks = b"".join(b"%x;ext=1\r\n%s\r\n" % (1, body[i : i + 1]) for i in range(len(body)))
     head = (
-        "POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\n"
-        "Content-Encoding: gzip\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
-    ).encode()
+        b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\n"
+        b"Content-Encoding: gzip\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+    )
     answer = raw_exchange(server.port, head + chunks + b"0\r\nX-Trailer: 1\r\n\r\n")
     assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
     assert count(pg_dsn, EVENTS, "run-chunked") == expected
@@ -386,9 +386,9 @@ def test_a_slow_body_gets_408(pg_dsn):
     limits = IngestLimits(body_timeout=1, read_timeout=5, idle_timeout=5)
     with OtlpIngestServer(pg_dsn, port=0, limits=limits) as server:
         head = (
-            "POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\n"
-            "Content-Length: 100\r\n\r\n"
-        ).encode()
+            b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\n"
+            b"Content-Length: 100\r\n\r\n"
+        )
         with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
             sock.sendall(head + b"\0" * 10)
             answer = sock.recv(1000)
