@@ -1,0 +1,199 @@
+"""Append-only roles (``otel-agentcap db grant``): the writer role stores events and cannot
+change or remove them; the exporter and the ingest run as it without CREATE."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import psycopg
+import pytest
+from opentelemetry.sdk.trace.export import SpanExportResult
+from otlp_support import captured, count, forged, post, request_bytes
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
+
+from otel_agentcap.exporters.postgres import PostgresSpanExporter
+from otel_agentcap.exporters.postgres.errors import MigrationError
+from otel_agentcap.exporters.postgres.migrate import migrate
+from otel_agentcap.exporters.postgres.roles import Roles, grant
+from otel_agentcap.exporters.postgres.sequences import reserve_sequence_block
+from otel_agentcap.ingest import OtlpIngestServer
+
+pytestmark = pytest.mark.storage
+
+
+@dataclass(frozen=True)
+class Granted:
+    roles: Roles
+    admin_dsn: str
+    writer_dsn: str
+    reader_dsn: str
+
+
+def _drop_roles(dsn: str, names: list[str]) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        existing = [
+            n
+            for n in names
+            if conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (n,)).fetchone()
+        ]
+        if not existing:
+            return
+        roles = sql.SQL(", ").join(sql.Identifier(n) for n in existing)
+        conn.execute(sql.SQL("REASSIGN OWNED BY {} TO CURRENT_USER").format(roles))
+        conn.execute(sql.SQL("DROP OWNED BY {}").format(roles))
+        for name in existing:
+            conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(name)))
+
+
+@pytest.fixture()
+def granted(pg_dsn: str) -> Iterator[Granted]:
+    """Owner, writer and reader roles with unique names on the test database, and a login role
+    for the writer and one for the reader; all dropped afterwards (roles are cluster-wide)."""
+    tag = uuid.uuid4().hex[:10]
+    roles = Roles(f"ac_owner_{tag}", f"ac_writer_{tag}", f"ac_reader_{tag}")
+    logins = {"writer": f"ac_w_login_{tag}", "reader": f"ac_r_login_{tag}"}
+    password = uuid.uuid4().hex
+    names = [*roles.names(), *logins.values()]
+    try:
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            grant(conn, roles)
+            for kind, login in logins.items():
+                conn.execute(
+                    sql.SQL("CREATE ROLE {} LOGIN PASSWORD {} IN ROLE {}").format(
+                        sql.Identifier(login),
+                        sql.Literal(password),
+                        sql.Identifier(roles.writer if kind == "writer" else str(roles.reader)),
+                    )
+                )
+        yield Granted(
+            roles,
+            pg_dsn,
+            make_conninfo(pg_dsn, user=logins["writer"], password=password),
+            make_conninfo(pg_dsn, user=logins["reader"], password=password),
+        )
+    finally:
+        _drop_roles(pg_dsn, names)
+
+
+def test_the_writer_cannot_update_delete_or_truncate_the_log(granted: Granted) -> None:
+    """As the writer: events, conflicts and record_conflicts refuse UPDATE, DELETE and TRUNCATE;
+    nothing can be created in the schema; a stored agent name cannot be changed even through the
+    column it may fill."""
+    spans, _ = captured("run-roles")
+    exporter = PostgresSpanExporter(granted.writer_dsn)
+    try:
+        assert exporter.export(spans) is SpanExportResult.SUCCESS
+    finally:
+        exporter.shutdown()
+    statements = [
+        f"{verb} agentcap.{table}"
+        for table in ("events", "conflicts", "record_conflicts")
+        for verb in ("TRUNCATE", "DELETE FROM")
+    ] + [
+        "UPDATE agentcap.events SET payload = '{}'",
+        "UPDATE agentcap.conflicts SET payload = '{}'",
+        "UPDATE agentcap.runs SET started_at = now()",
+        "CREATE TABLE agentcap.mine (x int)",
+        "ALTER TABLE agentcap.events DISABLE TRIGGER events_append_only",
+    ]
+    with psycopg.connect(granted.writer_dsn, autocommit=True) as conn:
+        for statement in statements:
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute(statement)
+        with pytest.raises(psycopg.errors.IntegrityConstraintViolation):
+            conn.execute("UPDATE agentcap.agents SET name = 'renamed' WHERE agent_id = 'planner'")
+    assert count(granted.admin_dsn, "SELECT count(*) FROM agentcap.events") > 0
+
+
+def test_exporter_ingest_and_sequences_run_as_the_writer(granted: Granted) -> None:
+    """The exporter, the ingest and sequence reservations work as the writer role, which has no
+    CREATE privilege: every event is stored."""
+    with psycopg.connect(granted.writer_dsn) as conn:
+        row = conn.execute(
+            "SELECT has_database_privilege(current_database(), 'CREATE'),"
+            " has_schema_privilege('agentcap', 'CREATE')"
+        ).fetchone()
+        assert row == (False, False)
+        assert reserve_sequence_block(conn, "run-w", "a", at_least=1, size=16) >= 1
+    spans, expected = captured("run-exported")
+    exporter = PostgresSpanExporter(granted.writer_dsn)
+    try:
+        assert exporter.export(spans) is SpanExportResult.SUCCESS
+        assert exporter.stats().events_inserted == expected
+    finally:
+        exporter.shutdown()
+    spans, expected = captured("run-ingested")
+    with OtlpIngestServer(granted.writer_dsn, port=0) as server:
+        assert post(server.endpoint, request_bytes(spans))[0] == 200
+    query = "SELECT count(*) FROM agentcap.events WHERE run_id = %s"
+    assert count(granted.admin_dsn, query, "run-exported") == expected
+    assert count(granted.admin_dsn, query, "run-ingested") == expected
+    # Conflicts of both kinds are written as the writer too.
+    stored = next(s for s in spans if s.name == "memory_write")
+    changed = forged(stored, agentcap__event__payload='{"other": 1}', gen_ai__agent__name="x")
+    exporter = PostgresSpanExporter(granted.writer_dsn)
+    try:
+        assert exporter.export([changed]) is SpanExportResult.SUCCESS
+        stats = exporter.stats()
+    finally:
+        exporter.shutdown()
+    assert (stats.conflicts, stats.record_conflicts) == (1, 1)
+
+
+def test_the_reader_only_reads(granted: Granted) -> None:
+    """The reader role can list runs and cannot insert."""
+    with psycopg.connect(granted.reader_dsn, autocommit=True) as conn:
+        conn.execute("SELECT count(*) FROM agentcap.runs").fetchone()
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("INSERT INTO agentcap.runs (run_id) VALUES ('x')")
+
+
+def test_a_writer_on_a_schema_behind_fails_clearly(granted: Granted) -> None:
+    """When the schema lacks a migration, migrate() as the writer raises a MigrationError that
+    names the missing versions and who can apply them, instead of failing on CREATE."""
+    with psycopg.connect(granted.admin_dsn, autocommit=True) as conn:
+        conn.execute("DELETE FROM agentcap.schema_version WHERE version = 3")
+    with pytest.raises(MigrationError) as info, psycopg.connect(granted.writer_dsn) as conn:
+        migrate(conn)
+    message = str(info.value)
+    assert "lacks migrations [3]" in message and "otel-agentcap db migrate" in message
+    assert granted.roles.owner in message
+
+
+def test_db_grant_command_is_idempotent(pg_dsn: str) -> None:
+    """``otel-agentcap db grant`` creates the roles once and can run again."""
+    tag = uuid.uuid4().hex[:10]
+    args = ["--owner", f"ac_o_{tag}", "--writer", f"ac_w_{tag}", "--reader", "none"]
+    try:
+        for expected_created in ([f"ac_o_{tag}", f"ac_w_{tag}"], []):
+            done = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "otel_agentcap.cli",
+                    "db",
+                    "grant",
+                    "--dsn",
+                    pg_dsn,
+                    "--json",
+                    *args,
+                ],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert done.returncode == 0, done.stderr
+            assert json.loads(done.stdout)["created"] == expected_created
+        with psycopg.connect(pg_dsn) as conn:
+            owner = conn.execute(
+                "SELECT nspowner::regrole::text FROM pg_namespace WHERE nspname = 'agentcap'"
+            ).fetchone()
+        assert owner == (f"ac_o_{tag}",)
+    finally:
+        _drop_roles(pg_dsn, [f"ac_o_{tag}", f"ac_w_{tag}"])
