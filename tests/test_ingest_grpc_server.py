@@ -1,0 +1,120 @@
+"""The OTLP/gRPC receiver of the ingest: storage, partial success, tokens, limits, retry info."""
+
+from __future__ import annotations
+
+import gzip
+
+import grpc
+import pytest
+from google.rpc import error_details_pb2, status_pb2
+from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+from opentelemetry.sdk.trace.export import SpanExportResult
+from otlp_support import captured, count, forged, free_port, request_bytes
+
+from otel_agentcap.ingest import Authenticator, IngestLimits, OtlpIngestServer
+from otel_agentcap.ingest.grpc_server import METHOD
+
+pytestmark = pytest.mark.storage
+
+EVENTS = "SELECT count(*) FROM agentcap.events WHERE run_id = %s"
+
+
+def _call(
+    endpoint: str,
+    body: bytes,
+    *,
+    metadata: tuple[tuple[str, str], ...] = (),
+    compression: grpc.Compression | None = None,
+) -> bytes:
+    with grpc.insecure_channel(
+        endpoint, options=[("grpc.max_send_message_length", 256 * 1024 * 1024)]
+    ) as channel:
+        export = channel.unary_unary(METHOD)
+        return export(body, metadata=metadata, timeout=30, compression=compression)
+
+
+def test_spans_exported_over_grpc_are_stored(pg_dsn):
+    """The SDK's OTLP/gRPC exporter (gzip) stores every event, once even when sent twice."""
+    spans, expected = captured("run-grpc")
+    with OtlpIngestServer(pg_dsn, port=0, grpc_port=0) as server:
+        assert server.grpc_endpoint is not None
+        exporter = OTLPSpanExporter(
+            endpoint=server.grpc_endpoint, insecure=True, compression=grpc.Compression.Gzip
+        )
+        try:
+            assert exporter.export(spans) is SpanExportResult.SUCCESS
+            assert exporter.export(spans) is SpanExportResult.SUCCESS
+        finally:
+            exporter.shutdown()
+        stats = server.stats()
+    assert count(pg_dsn, EVENTS, "run-grpc") == expected
+    assert (stats.events_inserted, stats.duplicates) == (expected, expected)
+
+
+def test_a_bad_span_over_grpc_is_rejected_alone(pg_dsn):
+    """A span with a sequence that is not a number is reported in partial_success; the others
+    are stored."""
+    spans, expected = captured("run-grpc-bad")
+    bad = forged(next(s for s in spans if s.name == "memory_write"), agentcap__event__seq="x")
+    with OtlpIngestServer(pg_dsn, port=0, grpc_port=0) as server:
+        answer = ExportTraceServiceResponse.FromString(
+            _call(server.grpc_endpoint or "", request_bytes([*spans, bad]))
+        )
+    assert answer.partial_success.rejected_spans == 1
+    assert "not an integer" in answer.partial_success.error_message
+    assert count(pg_dsn, EVENTS, "run-grpc-bad") == expected
+
+
+def test_grpc_checks_the_bearer_token(pg_dsn):
+    """Without the token the call fails UNAUTHENTICATED; with it, spans are stored."""
+    spans, expected = captured("run-grpc-token")
+    authenticator = Authenticator([("grpc-token-0123456789", None)])
+    with OtlpIngestServer(pg_dsn, port=0, grpc_port=0, authenticator=authenticator) as server:
+        endpoint = server.grpc_endpoint or ""
+        with pytest.raises(grpc.RpcError) as info:
+            _call(endpoint, request_bytes(spans))
+        assert info.value.code() is grpc.StatusCode.UNAUTHENTICATED
+        _call(
+            endpoint,
+            request_bytes(spans),
+            metadata=(("authorization", "Bearer grpc-token-0123456789"),),
+        )
+    assert count(pg_dsn, EVENTS, "run-grpc-token") == expected
+
+
+def test_grpc_refuses_what_is_too_large_or_not_a_request(pg_dsn):
+    """A message over the limit (also one that is only over it once decompressed) is
+    RESOURCE_EXHAUSTED; bytes that are not a request are INVALID_ARGUMENT; nothing is stored."""
+    limits = IngestLimits(max_body_bytes=1024 * 1024)
+    with OtlpIngestServer(pg_dsn, port=0, grpc_port=0, limits=limits) as server:
+        endpoint = server.grpc_endpoint or ""
+        for body, compression in (
+            (b"\0" * (2 * 1024 * 1024), None),
+            (b"\0" * (64 * 1024 * 1024), grpc.Compression.Gzip),
+        ):
+            with pytest.raises(grpc.RpcError) as info:
+                _call(endpoint, body, compression=compression)
+            assert info.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+        with pytest.raises(grpc.RpcError) as info:
+            _call(endpoint, b"\x0a\x05abc")  # a field that runs past the end
+        assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert count(pg_dsn, "SELECT count(*) FROM agentcap.events") == 0
+    assert len(gzip.compress(b"\0" * 1024)) < 1024  # the bomb above is small on the wire
+
+
+def test_grpc_asks_to_retry_with_retry_info_when_the_database_is_down():
+    """With PostgreSQL down the call fails UNAVAILABLE with a google.rpc.RetryInfo detail."""
+    spans, _ = captured("run-grpc-down")
+    dsn = f"postgresql://agentcap@127.0.0.1:{free_port()}/agentcap?connect_timeout=1"
+    with (
+        OtlpIngestServer(dsn, port=0, grpc_port=0, connect_timeout=0.5) as server,
+        pytest.raises(grpc.RpcError) as info,
+    ):
+        _call(server.grpc_endpoint or "", request_bytes(spans))
+    error = info.value
+    assert error.code() is grpc.StatusCode.UNAVAILABLE
+    details = dict(error.trailing_metadata() or ())["grpc-status-details-bin"]
+    status = status_pb2.Status.FromString(details)
+    retry = error_details_pb2.RetryInfo()
+    assert status.details[0].Unpack(retry) and retry.retry_delay.seconds >= 1
