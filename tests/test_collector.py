@@ -525,3 +525,49 @@ def test_a_run_across_agents_threads_tasks_and_processes_is_one_trace(pg_dsn, ro
         links = {(target, a.get(attr.LINK_EVENT_ID)) for target, a in by_id[span_id]["links"]}
         assert (span_of[parent], parent) in links, (by_id[span_id]["name"], parent)
     assert crossing >= 6
+
+
+def test_bad_and_forged_spans_through_rotel_do_not_hold_up_good_ones(pg_dsn, rotel_to):
+    """Malformed and forged spans batched with good ones through rotel: every good span is
+    stored at once, the bad ones are rejected alone (partial success, which rotel does not
+    retry), and nothing stored is changed."""
+    from otlp_support import event_span, forged
+
+    runs = [f"run-rotel-mixed-{i}" for i in range(5)]
+    good: list[ReadableSpan] = []
+    expected = 0
+    for run_id in runs:
+        spans, events = _captured(run_id)
+        good += spans
+        expected += events
+    write = next(s for s in good if s.name == "memory_write")
+    tool = next(s for s in good if s.name == "execute_tool double")
+    bad = [
+        forged(write, agentcap__event__seq="not a number"),
+        forged(write, agentcap__event__id="not-a-uuid"),
+        event_span(write, runs[0], "planner", "far", 2**63 - 1),
+        forged(tool, agentcap__run__id="run-attacker", agentcap__event__payload='{"x": 1}'),
+        forged(write, drop=tuple(k for k in (write.attributes or {}) if k != "agentcap.event.id")),
+    ]
+    mixed = list(good)
+    for i, span in enumerate(bad):  # spread among the good spans
+        mixed.insert(1 + i * 7, span)
+    with OtlpIngestServer(pg_dsn, port=0) as server:
+        url = rotel_to(server.port)
+        exporter = OTLPSpanExporter(endpoint=url, timeout=5)
+        try:
+            assert exporter.export(mixed) is SpanExportResult.SUCCESS
+        finally:
+            exporter.shutdown()
+        stored = sum(_wait_for_count(pg_dsn, 1, run_id) for run_id in runs)
+        deadline = time.monotonic() + 15
+        while stored < expected and time.monotonic() < deadline:
+            time.sleep(0.1)
+            stored = _count(pg_dsn, "SELECT count(*) FROM agentcap.events")
+        time.sleep(1.5)  # room for a retry, were rotel to retry
+        stats = server.stats()
+    assert stored == expected
+    assert stats.spans_rejected == len(bad)
+    assert (stats.failed_requests, stats.rejected_requests) == (0, 0)  # nothing for rotel to retry
+    assert _count(pg_dsn, "SELECT count(*) FROM agentcap.conflicts") == 0
+    assert _count(pg_dsn, "SELECT count(*) FROM agentcap.events WHERE run_id = 'run-attacker'") == 0
