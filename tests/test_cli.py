@@ -209,3 +209,72 @@ def test_db_commands_to_a_closed_pipe_end_quietly(command):
     result = _closed_stdout(*command)
     assert result.stderr == "", result.stderr
     assert result.returncode == 141
+
+
+HOSTILE_IDS = ["[/bogus]", "[bold red]loud[/]", "\x1b[2J\x1b[31mcleared", "rtl \u202egnp.exe"]
+
+
+def _store_hostile_runs(dsn: str) -> None:
+    from datetime import UTC, datetime
+
+    from psycopg_pool import ConnectionPool
+
+    from otel_agentcap.exporters.postgres.writer import EventWriter
+    from otel_agentcap.model import AgentRecord, Batch, Event, RunRecord, event_id_for
+
+    at = datetime(2026, 1, 1, tzinfo=UTC)
+    events, agents, runs = [], [], []
+    for run_id in HOSTILE_IDS:
+        for agent in ("[/agent]", "a\x1b]0;title\x07"):
+            events.append(
+                Event(
+                    event_id_for(run_id, agent, "seq:1"),
+                    run_id,
+                    agent,
+                    1,
+                    "memory_write",
+                    "seq:1",
+                    at,
+                    payload={"memory": "[/m]", "key": "\x1b[5m"},
+                )
+            )
+            agents.append(AgentRecord(run_id, agent, name="[red]name", lineage_known=True))
+        runs.append(RunRecord(run_id, at, {"[/k]": "[/v]"}))
+    with ConnectionPool(dsn, min_size=1, max_size=1) as pool:
+        writer = EventWriter(pool)
+        assert writer.write(Batch(tuple(events), tuple(agents), tuple(runs))).inserted == 8
+        writer.close()
+
+
+def _plain(output: str) -> None:
+    """What a terminal would act on never reaches it: no ESC, no BEL, no bidi override."""
+    assert not any(c in output for c in ("\x1b", "\x07", "\u202e")), repr(output)
+
+
+@pytest.mark.storage
+def test_hostile_run_ids_are_printed_as_text_by_every_command(pg_dsn):
+    """Run and agent ids holding rich markup, escape sequences or bidi overrides are printed as
+    text by runs and show (plain and --json), and by demo and the unknown-run error, without a
+    MarkupError and without control characters reaching the terminal."""
+    _store_hostile_runs(pg_dsn)
+    runs = _cli("runs", "--dsn", pg_dsn)
+    assert runs.returncode == 0, runs.stderr
+    assert "[/bogus]" in runs.stdout and "[bold red]loud[/]" in runs.stdout
+    assert "\\x1b[2J\\x1b[31mcleared" in runs.stdout
+    _plain(runs.stdout)
+    listed = json.loads(_cli("runs", "--dsn", pg_dsn, "--json").stdout)
+    assert {r["run_id"] for r in listed} == set(HOSTILE_IDS)
+    for run_id in HOSTILE_IDS:
+        shown = _cli("show", run_id, "--dsn", pg_dsn)
+        assert shown.returncode == 0, shown.stderr
+        assert "agent [/agent]" in shown.stdout and "(\\x1b" not in shown.stdout
+        _plain(shown.stdout)
+        data = json.loads(_cli("show", run_id, "--dsn", pg_dsn, "--json").stdout)
+        assert data["run_id"] == run_id
+    missing = _cli("show", "[/none]\x1b[2J", "--dsn", pg_dsn)
+    assert missing.returncode == 1 and "Traceback" not in missing.stderr
+    _plain(missing.stderr)
+    demo = _cli("demo", "--run-id", "[/bogus-demo]\x1b[31m", "--dsn", pg_dsn)
+    assert demo.returncode == 0, demo.stderr
+    assert "[/bogus-demo]" in demo.stdout
+    _plain(demo.stdout)
