@@ -1,0 +1,153 @@
+"""ingest.wire: OTLP requests decoded span by span, protobuf and JSON."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import pytest
+from google.protobuf import json_format
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.trace.v1 import trace_pb2
+
+from otel_agentcap.ingest import DecodeError, decode_json, decode_protobuf, spans_from_otlp
+
+values = st.one_of(
+    st.text(max_size=20).map(lambda s: AnyValue(string_value=s)),
+    st.integers(-(2**63), 2**63 - 1).map(lambda i: AnyValue(int_value=i)),
+    st.booleans().map(lambda b: AnyValue(bool_value=b)),
+)
+attributes = st.lists(st.tuples(st.text(min_size=1, max_size=10), values), max_size=4).map(
+    lambda kvs: [KeyValue(key=k, value=v) for k, v in kvs]
+)
+spans = st.builds(
+    lambda name, attrs, n: trace_pb2.Span(
+        trace_id=(n + 1).to_bytes(16, "big"),
+        span_id=(n + 1).to_bytes(8, "big"),
+        name=name,
+        attributes=attrs,
+        start_time_unix_nano=1_700_000_000_000_000_000 + n,
+        end_time_unix_nano=1_700_000_001_000_000_000,
+    ),
+    st.text(max_size=20),
+    attributes,
+    st.integers(0, 2**60),
+)
+requests = st.lists(
+    st.tuples(
+        attributes,
+        st.lists(st.tuples(st.text(max_size=10), st.lists(spans, max_size=4)), max_size=3),
+    ),
+    max_size=3,
+).map(
+    lambda resources: ExportTraceServiceRequest(
+        resource_spans=[
+            {
+                "resource": {"attributes": resource},
+                "scope_spans": [
+                    {"scope": {"name": scope}, "spans": scope_spans}
+                    for scope, scope_spans in scopes
+                ],
+            }
+            for resource, scopes in resources
+        ]
+    )
+)
+
+
+def _key(span) -> tuple[object, ...]:
+    """A span's fields (``Status`` has no equality of its own)."""
+    status = span.status
+    return (
+        span.name,
+        span.context,
+        span.parent,
+        span.kind,
+        span.attributes,
+        span.events,
+        span.start_time,
+        span.end_time,
+        status.status_code,
+        status.description,
+        span.instrumentation_scope,
+        span.resource_attributes,
+    )
+
+
+def _decoded(request) -> list[object]:
+    return [_key(span) for span, _ in request.items()]
+
+
+def _as_json(request: ExportTraceServiceRequest) -> bytes:
+    data = json_format.MessageToDict(request, use_integers_for_enums=True)
+    for rs in data.get("resourceSpans", []):
+        for ss in rs.get("scopeSpans", []):
+            for span in ss.get("spans", []):
+                for key in ("traceId", "spanId", "parentSpanId"):
+                    if key in span:
+                        span[key] = base64.b64decode(span[key]).hex()
+    return json.dumps(data).encode()
+
+
+@settings(max_examples=60, deadline=None)
+@given(requests)
+def test_span_by_span_decoding_matches_a_whole_parse(request):
+    """Protobuf and OTLP/JSON requests decoded span by span give exactly the spans of a parse of
+    the whole message, in order, with every resource and scope."""
+    data = request.SerializeToString()
+    expected = [_key(span) for span in spans_from_otlp(data)]
+    decoded = decode_protobuf(data)
+    assert decoded.count == len(expected)
+    assert _decoded(decoded) == expected
+    assert _decoded(decode_json(_as_json(request))) == expected
+
+
+@settings(max_examples=40, deadline=None)
+@given(requests.filter(lambda r: r.ByteSize() > 2), st.data())
+def test_a_request_cut_inside_a_field_is_refused_whole(request, data):
+    """A body cut inside its last top-level field raises DecodeError before any span is given."""
+    body = request.SerializeToString()
+    last = request.resource_spans[-1].SerializeToString()
+    cut = data.draw(st.integers(len(body) - len(last), len(body) - 1))
+    with pytest.raises(DecodeError):
+        decode_protobuf(body[:cut])
+
+
+def test_unknown_fields_are_skipped_and_a_bad_span_is_rejected_alone():
+    """Unknown fields of the request are skipped; a span whose bytes do not parse, or whose ids
+    are not 16 and 8 bytes, is given with a reason while the others are decoded."""
+    good = trace_pb2.Span(trace_id=b"\1" * 16, span_id=b"\2" * 8, name="good")
+    short = trace_pb2.Span(trace_id=b"\1" * 15, span_id=b"\2" * 8, name="short ids")
+    request = ExportTraceServiceRequest(
+        resource_spans=[{"scope_spans": [{"spans": [good, short]}]}]
+    )
+    body = request.SerializeToString()
+    # An unknown top-level varint field (number 99) after the spans.
+    items = list(decode_protobuf(body + b"\x98\x06\x01").items())
+    assert [span.name if span else reason for span, reason in items] == [
+        "good",
+        "span has no valid trace id or span id",
+    ]
+    scope = trace_pb2.ScopeSpans(spans=[good]).SerializeToString()
+    bad_span = b"\x12\x03\x0a\x05x"  # field 2 (span) of 3 bytes holding a truncated field
+    resource_spans = b"\x12" + bytes([len(scope + bad_span)]) + scope + bad_span
+    body = b"\x0a" + bytes([len(resource_spans)]) + resource_spans
+    items = list(decode_protobuf(body).items())
+    assert items[0][0] is not None and items[0][0].name == "good"
+    assert items[1][0] is None and "does not parse" in str(items[1][1])
+
+
+def test_json_that_is_not_a_request_is_refused():
+    """JSON that is not an object, or whose resourceSpans is not an array, raises DecodeError;
+    a span with an id that is not hex is rejected alone."""
+    for text in (b"[]", b"{not json", b'{"resourceSpans": 5}'):
+        with pytest.raises(DecodeError):
+            decode_json(text)
+    body = json.dumps(
+        {"resourceSpans": [{"scopeSpans": [{"spans": [{"traceId": "zz", "spanId": "01"}]}]}]}
+    ).encode()
+    [(span, reason)] = list(decode_json(body).items())
+    assert span is None and "not hex" in str(reason)
