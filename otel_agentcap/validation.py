@@ -30,7 +30,7 @@ Payloads and run attributes are not restricted: storage turns any value into JSO
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
@@ -193,7 +193,7 @@ class Validator:
         if reason is not None:
             return reason
         parents = event.causal_parent_ids
-        if not isinstance(parents, Sequence) or isinstance(parents, str):
+        if type(parents) is not tuple and not isinstance(parents, list | tuple):
             return "causal parent ids must be a sequence of UUIDs"
         if len(parents) > MAX_CAUSAL_PARENTS:
             return f"more than {MAX_CAUSAL_PARENTS} causal parents ({len(parents)})"

@@ -23,17 +23,21 @@ values = st.one_of(
 attributes = st.lists(st.tuples(st.text(min_size=1, max_size=10), values), max_size=4).map(
     lambda kvs: [KeyValue(key=k, value=v) for k, v in kvs]
 )
+stamp = st.sampled_from(
+    [[], [KeyValue(key="agentcap.event.id", value=AnyValue(string_value="an id"))]]
+)
 spans = st.builds(
-    lambda name, attrs, n: trace_pb2.Span(
+    lambda name, attrs, stamped, n: trace_pb2.Span(
         trace_id=(n + 1).to_bytes(16, "big"),
         span_id=(n + 1).to_bytes(8, "big"),
         name=name,
-        attributes=attrs,
+        attributes=stamped + attrs,
         start_time_unix_nano=1_700_000_000_000_000_000 + n,
         end_time_unix_nano=1_700_000_001_000_000_000,
     ),
     st.text(max_size=20),
     attributes,
+    stamp,
     st.integers(0, 2**60),
 )
 requests = st.lists(
@@ -78,7 +82,13 @@ def _key(span) -> tuple[object, ...]:
 
 
 def _decoded(request) -> list[object]:
-    return [_key(span) for span, _ in request.items()]
+    return [_key(span) if span is not None else reason for span, reason in request.items()]
+
+
+def _expected(span) -> object:
+    """A span of a whole parse as span-by-span decoding gives it: spans without an agentcap
+    event id are not converted (None)."""
+    return _key(span) if "agentcap.event.id" in span.attributes else None
 
 
 def _as_json(request: ExportTraceServiceRequest) -> bytes:
@@ -98,7 +108,7 @@ def test_span_by_span_decoding_matches_a_whole_parse(request):
     """Protobuf and OTLP/JSON requests decoded span by span give exactly the spans of a parse of
     the whole message, in order, with every resource and scope."""
     data = request.SerializeToString()
-    expected = [_key(span) for span in spans_from_otlp(data)]
+    expected = [_expected(span) for span in spans_from_otlp(data)]
     decoded = decode_protobuf(data)
     assert decoded.count == len(expected)
     assert _decoded(decoded) == expected
@@ -119,8 +129,11 @@ def test_a_request_cut_inside_a_field_is_refused_whole(request, data):
 def test_unknown_fields_are_skipped_and_a_bad_span_is_rejected_alone():
     """Unknown fields of the request are skipped; a span whose bytes do not parse, or whose ids
     are not 16 and 8 bytes, is given with a reason while the others are decoded."""
-    good = trace_pb2.Span(trace_id=b"\1" * 16, span_id=b"\2" * 8, name="good")
-    short = trace_pb2.Span(trace_id=b"\1" * 15, span_id=b"\2" * 8, name="short ids")
+    stamped = [KeyValue(key="agentcap.event.id", value=AnyValue(string_value="x"))]
+    good = trace_pb2.Span(trace_id=b"\1" * 16, span_id=b"\2" * 8, name="good", attributes=stamped)
+    short = trace_pb2.Span(
+        trace_id=b"\1" * 15, span_id=b"\2" * 8, name="short ids", attributes=stamped
+    )
     request = ExportTraceServiceRequest(
         resource_spans=[{"scope_spans": [{"spans": [good, short]}]}]
     )
@@ -147,7 +160,25 @@ def test_json_that_is_not_a_request_is_refused():
         with pytest.raises(DecodeError):
             decode_json(text)
     body = json.dumps(
-        {"resourceSpans": [{"scopeSpans": [{"spans": [{"traceId": "zz", "spanId": "01"}]}]}]}
+        {
+            "resourceSpans": [
+                {
+                    "scopeSpans": [
+                        {
+                            "spans": [
+                                {
+                                    "traceId": "zz",
+                                    "spanId": "01",
+                                    "attributes": [
+                                        {"key": "agentcap.event.id", "value": {"stringValue": "x"}}
+                                    ],
+                                }
+                            ]
+                        }
+                    ]
+                }
+            ]
+        }
     ).encode()
     [(span, reason)] = list(decode_json(body).items())
     assert span is None and "not hex" in str(reason)

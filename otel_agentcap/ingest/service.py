@@ -196,7 +196,10 @@ class IngestService:
         try:
             for span, reason in request.items():
                 if span is None:
-                    outcome.reject(reason or "span cannot be read")
+                    if reason is None:  # no agentcap event id: not for the log
+                        outcome.ignored += 1
+                    else:
+                        outcome.reject(reason)
                     continue
                 if attr.EVENT_ID not in attributes_of(span):
                     outcome.ignored += 1
@@ -274,12 +277,13 @@ class IngestService:
     def _write(self, spans: Sequence[OtlpSpan], batch: Batch, check: SpanCheck) -> WriteResult:
         with instrumentation_suppressed():
             self._database.ensure_schema()
+            # Every record passed ``check``, which applies the writer's validation rules.
             try:
-                return self._writer.write(batch)
+                return self._writer.write(batch, validated=True)
             except InvalidPayload:
                 # A payload that is not the JSON it claims (cut by a length limit): map again
                 # with every payload parsed and made safe.
-                return self._writer.write(batch_from_spans(spans, check=check))
+                return self._writer.write(batch_from_spans(spans, check=check), validated=True)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -99,8 +99,11 @@ class _ScopeSpans:
     spans: array[int]
 
 
-#: An item of a decoded request: the span, or why it cannot be read.
+#: An item of a decoded request: the span, or why it cannot be read, or (None, None) for a
+#: span without an agentcap event id (not converted: it is not for the log).
 Item = tuple[OtlpSpan | None, str | None]
+
+_EVENT_ID: Final = "agentcap.event.id"
 
 
 class DecodedRequest:
@@ -111,8 +114,9 @@ class DecodedRequest:
         self._items = items
 
     def items(self) -> Iterator[Item]:
-        """Each span in request order: ``(span, None)``, or ``(None, reason)`` for a span that
-        cannot be read (its bytes are not a ``Span``, or its ids are invalid)."""
+        """Each span in request order: ``(span, None)``; ``(None, reason)`` for a span that
+        cannot be read (its bytes are not a ``Span``, or its ids are invalid); ``(None, None)``
+        for a span without ``agentcap.event.id``, which is not converted."""
         return self._items()
 
 
@@ -178,6 +182,8 @@ def decode_protobuf(buf: Buffer) -> DecodedRequest:
 
 
 def _converted(span: trace_pb2.Span, scope: OtlpScope, resource: Mapping[str, Any]) -> Item:
+    if not any(kv.key == _EVENT_ID for kv in span.attributes):
+        return None, None
     try:
         converted = span_from_proto(span, scope, resource)
     except Exception as exc:  # a value the conversion cannot take

@@ -477,10 +477,17 @@ def prepare(
     batch: Batch,
     max_payload_chars: int = DEFAULT_MAX_PAYLOAD_CHARS,
     validator: Validator | None = None,
+    *,
+    validated: bool = False,
 ) -> PreparedBatch:
     """Everything the writer sends for ``batch``: its valid records (see
-    ``otel_agentcap.validation``; the others are counted in ``rejected``), resolved."""
-    batch, rejected, events_rejected = _validated(batch, validator or Validator())
+    ``otel_agentcap.validation``; the others are counted in ``rejected``), resolved.
+    ``validated``: the caller checked every record of ``batch`` with these rules already (the
+    ingest checks span by span)."""
+    rejected: list[str] = []
+    events_rejected = 0
+    if not validated:
+        batch, rejected, events_rejected = _validated(batch, validator or Validator())
     dumps = payload_dumps(max_payload_chars)
     events, duplicates = resolve_events(batch.events, dumps, batch.superseded, batch.superseded_by)
     runs, run_offers = merge_runs(batch.runs, events, dumps)

@@ -548,10 +548,14 @@ class EventWriter:
                 for row in rows:
                     copy.write_row(row)
 
-    def write(self, batch: Batch) -> WriteResult:
+    def write(self, batch: Batch, *, validated: bool = False) -> WriteResult:
         """Store ``batch`` atomically. Raises an ``AgentCapStorageError`` subclass on failure,
-        after which nothing of the batch is stored and the writer remains usable."""
-        prepared = prepare(batch, self._max_payload_chars)
+        after which nothing of the batch is stored and the writer remains usable.
+
+        Every record is checked against ``otel_agentcap.validation`` first (those that break a
+        rule are left out and counted), unless ``validated`` says the caller did it with the same
+        rules."""
+        prepared = prepare(batch, self._max_payload_chars, validated=validated)
         last: Exception | None = None
         full = False
         for attempt in range(1, self._max_attempts + 1):
