@@ -502,3 +502,105 @@ def test_decode_protobuf_is_checked_whole_before_any_span(pg_dsn, server):
     status, _, _ = post(server.endpoint, cut)
     assert status == 400
     assert count(pg_dsn, "SELECT count(*) FROM agentcap.events") == 0
+
+
+def _status_mib(pid: int, field: str) -> int:
+    for line in open(f"/proc/{pid}/status").read().splitlines():  # noqa: SIM115
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) // 1024
+    raise AssertionError(field)
+
+
+def _small_spans_request(size: int) -> bytes:
+    """A protobuf request of about ``size`` bytes of ~300-byte spans of another instrumentation."""
+    from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+    from opentelemetry.proto.trace.v1 import trace_pb2
+
+    span = trace_pb2.Span(
+        trace_id=b"\1" * 16,
+        span_id=b"\2" * 8,
+        name="GET /api/items",
+        start_time_unix_nano=1,
+        attributes=[
+            KeyValue(key=f"http.attribute.{i}", value=AnyValue(string_value="v" * 20))
+            for i in range(8)
+        ],
+    ).SerializeToString()
+    framed = b"\x12" + _varint(len(span)) + span
+    spans = framed * (size // len(framed))
+    scope = b"\x12" + _varint(len(spans)) + spans
+    return b"\x0a" + _varint(len(scope)) + scope
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        out.append((n & 0x7F) | (0x80 if n > 0x7F else 0))
+        n >>= 7
+        if not n:
+            return bytes(out)
+
+
+@pytest.mark.multiprocess
+def test_concurrent_large_requests_stay_within_the_memory_bound(pg_dsn):
+    """Eight large requests at once (protobuf requests of ~100,000 small spans, and gzip bombs)
+    against `otel-agentcap ingest`: its peak memory grows by less than its configured bound
+    (requests processed at once x body limit, twice over for the buffers), whatever the number
+    of requests, and every request gets an answer."""
+    import concurrent.futures
+    import subprocess
+    import sys
+
+    from otlp_support import free_port
+
+    mib = 32
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "otel_agentcap.cli",
+            "ingest",
+            "--dsn",
+            pg_dsn,
+            "--port",
+            str(port),
+            "--max-body-mib",
+            str(mib),
+            "--max-concurrent",
+            "2",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "the ingest did not start"
+                time.sleep(0.1)
+        plain = _small_spans_request(mib * 1024 * 1024 - 4096)
+        bomb = gzip.compress(b"\0" * (4 * mib * 1024 * 1024))
+        before = _status_mib(proc.pid, "VmHWM")
+        url = f"http://127.0.0.1:{port}/v1/traces"
+
+        def send(i: int) -> int:
+            try:
+                if i % 2:
+                    return post(url, bomb, headers={"Content-Encoding": "gzip"})[0]
+                return post(url, plain)[0]
+            except OSError:
+                return 0  # closed before the whole body was sent (a 413)
+
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            statuses = list(pool.map(send, range(8)))
+        grown = _status_mib(proc.pid, "VmHWM") - before
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    assert statuses.count(200) + statuses.count(503) == 4, statuses  # 503: queue timeout
+    assert set(statuses) <= {200, 413, 503, 0}
+    assert grown < 2 * 2 * mib + 48, f"peak memory grew by {grown} MiB"

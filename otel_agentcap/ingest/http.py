@@ -102,8 +102,12 @@ def build_app(
         service.count(rejected_requests=1)
         return error_response(status, message, json_body=json_body, headers={"Connection": "close"})
 
-    def process(body: bytearray, json_body: bool, principal: Principal) -> Outcome:
+    def process(holder: list[bytearray], json_body: bool, principal: Principal) -> Outcome:
+        # The body comes in a list it is taken out of: a worker thread keeps the arguments of
+        # its last call until its next one, and must not keep the body alive that long.
+        body = holder.pop()
         decoded: DecodedRequest = decode_json(body) if json_body else decode_protobuf(body)
+        del body
         return service.process(decoded, principal)
 
     async def traces(request: Request) -> Response:
@@ -137,8 +141,9 @@ def build_app(
                     f"request body over {limit} bytes",
                     json_body,
                 )
+        encoding = headers.get("content-encoding", "identity")
         try:
-            reader = BodyReader(headers.get("content-encoding", "identity"), limit)
+            BodyReader.check_encoding(encoding)
         except BodyError as exc:
             return close_after(exc.status, str(exc), json_body)
         if slots is None:
@@ -156,11 +161,14 @@ def build_app(
                 headers={"Retry-After": "1", "Connection": "close"},
             )
         try:
+            # Created once a slot is free: it may allocate the declared length at once.
+            reader = BodyReader(encoding, limit, int(declared) if declared is not None else None)
             try:
                 async with asyncio.timeout(limits.body_timeout):
                     async for chunk in request.stream():
                         reader.feed(chunk)
                 body = reader.finish()
+                del reader
             except TimeoutError:
                 return close_after(
                     HTTPStatus.REQUEST_TIMEOUT,
@@ -173,7 +181,7 @@ def build_app(
                 service.count(rejected_requests=1)
                 return Response(status_code=HTTPStatus.BAD_REQUEST)  # nobody left to read it
             try:
-                outcome = await anyio.to_thread.run_sync(process, body, json_body, principal)
+                outcome = await anyio.to_thread.run_sync(process, [body], json_body, principal)
             except DecodeError as exc:
                 service.count(rejected_requests=1)
                 return error_response(
@@ -195,7 +203,6 @@ def build_app(
                 return error_response(
                     HTTPStatus.INTERNAL_SERVER_ERROR, "internal error", json_body=json_body
                 )
-            del body
             return success_response(outcome, json_body=json_body)
         finally:
             slots.release()
