@@ -134,7 +134,9 @@ def _wait_for_count(dsn: str, expected: int, run_id: str, timeout: float = 15.0)
     return count
 
 
-def _rotel_env(tmp_path: Path, ingest_port: int, grpc_port: int, http_port: int) -> dict[str, str]:
+def _rotel_env(
+    tmp_path: Path, ingest_port: int, grpc_port: int, http_port: int, extra: dict[str, str]
+) -> dict[str, str]:
     """collector-config/rotel.env as shipped, with loopback ports of this test."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("ROTEL_")}
     for line in ROTEL_ENV.read_text().splitlines():
@@ -152,25 +154,26 @@ def _rotel_env(tmp_path: Path, ingest_port: int, grpc_port: int, http_port: int)
         NO_PROXY="127.0.0.1,localhost",
         no_proxy="127.0.0.1,localhost",
     )
+    env.update(extra)
     return env
 
 
 @pytest.fixture()
-def rotel_to(tmp_path: Path) -> Iterator[Callable[[int], str]]:
+def rotel_to(tmp_path: Path) -> Iterator[Callable[..., str]]:
     """Start rotel (from the wheel, with rotel.env) forwarding to an ingest port; yields a starter
     that returns rotel's OTLP/HTTP receiver URL; rotel is always killed at teardown."""
     binary = _rotel_binary()
     procs: list[subprocess.Popen[bytes]] = []
     logs: list[Path] = []
 
-    def start(ingest_port: int) -> str:
+    def start(ingest_port: int, **extra: str) -> str:
         grpc_port, http_port = _free_port(), _free_port()
         log = tmp_path / f"rotel-{len(procs)}.out"
         logs.append(log)
         with log.open("wb") as out:
             proc = subprocess.Popen(
                 [str(binary), "start"],
-                env=_rotel_env(tmp_path, ingest_port, grpc_port, http_port),
+                env=_rotel_env(tmp_path, ingest_port, grpc_port, http_port, extra),
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 cwd=tmp_path,
@@ -571,3 +574,25 @@ def test_bad_and_forged_spans_through_rotel_do_not_hold_up_good_ones(pg_dsn, rot
     assert (stats.failed_requests, stats.rejected_requests) == (0, 0)  # nothing for rotel to retry
     assert _count(pg_dsn, "SELECT count(*) FROM agentcap.conflicts") == 0
     assert _count(pg_dsn, "SELECT count(*) FROM agentcap.events WHERE run_id = 'run-attacker'") == 0
+
+
+def test_rotel_sends_the_bearer_token_the_ingest_requires(pg_dsn, rotel_to):
+    """With a token required, rotel configured with the token in its exporter headers stores
+    every event (ROTEL_EXPORTER_AGENTCAP_CUSTOM_HEADERS)."""
+    from otel_agentcap.ingest import Authenticator
+
+    token = "rotel-token-0123456789"
+    spans, expected = _captured("run-rotel-token")
+    authenticator = Authenticator([(token, "run-rotel-*")])
+    with OtlpIngestServer(pg_dsn, port=0, authenticator=authenticator) as server:
+        url = rotel_to(
+            server.port, ROTEL_EXPORTER_AGENTCAP_CUSTOM_HEADERS=f"authorization=Bearer {token}"
+        )
+        exporter = OTLPSpanExporter(endpoint=url, timeout=5)
+        try:
+            assert exporter.export(spans) is SpanExportResult.SUCCESS
+        finally:
+            exporter.shutdown()
+        assert _wait_for_count(pg_dsn, expected, "run-rotel-token") == expected
+        stats = server.stats()
+    assert stats.unauthorized_requests == 0
