@@ -604,3 +604,72 @@ def test_concurrent_large_requests_stay_within_the_memory_bound(pg_dsn):
     assert statuses.count(200) + statuses.count(503) == 4, statuses  # 503: queue timeout
     assert set(statuses) <= {200, 413, 503, 0}
     assert grown < 2 * 2 * mib + 48, f"peak memory grew by {grown} MiB"
+
+
+def test_listening_beyond_loopback_without_a_token_or_tls_warns():
+    """Loopback is quiet; any other address warns without tokens, and with tokens but no TLS."""
+    from otel_agentcap.ingest.config import exposure_warnings
+
+    for host in ("127.0.0.1", "localhost", "::1", "127.0.0.2"):
+        assert exposure_warnings(host, tokens=False, tls=False) == []
+    for host in ("0.0.0.0", "::", "10.1.2.3", "ingest.example"):
+        [warning] = exposure_warnings(host, tokens=False, tls=True)
+        assert "without a bearer token" in warning
+        [warning] = exposure_warnings(host, tokens=True, tls=False)
+        assert "without TLS" in warning
+        assert exposure_warnings(host, tokens=True, tls=True) == []
+
+
+def test_tls_on_http_and_grpc(pg_dsn, tmp_path):
+    """With a certificate, both receivers speak TLS only: HTTPS and gRPC over TLS store the
+    spans, plain HTTP gets no answer."""
+    import http.client
+    import ssl
+    import subprocess
+
+    import grpc
+
+    from otel_agentcap.ingest import TlsConfig
+    from otel_agentcap.ingest.grpc_server import METHOD
+
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+            "-days",
+            "1",
+            "-subj",
+            "/CN=localhost",
+            "-addext",
+            "subjectAltName=DNS:localhost,IP:127.0.0.1",
+        ],
+        check=True,
+        capture_output=True,
+    )
+    spans, expected = captured("run-tls")
+    body = request_bytes(spans)
+    with OtlpIngestServer(
+        pg_dsn, port=0, grpc_port=0, tls=TlsConfig(str(cert), str(key))
+    ) as server:
+        assert server.endpoint.startswith("https://")
+        context = ssl.create_default_context(cafile=str(cert))
+        conn = http.client.HTTPSConnection("127.0.0.1", server.port, context=context, timeout=30)
+        conn.request("POST", "/v1/traces", body, {"Content-Type": "application/x-protobuf"})
+        assert conn.getresponse().status == 200
+        conn.close()
+        assert not raw_exchange(
+            server.port, b"POST /v1/traces HTTP/1.1\r\nHost: x\r\n\r\n", timeout=3
+        ).startswith(b"HTTP/1.1 2")
+        credentials = grpc.ssl_channel_credentials(root_certificates=cert.read_bytes())
+        with grpc.secure_channel(f"localhost:{server.grpc_port}", credentials) as channel:
+            channel.unary_unary(METHOD)(body, timeout=30)
+    assert count(pg_dsn, EVENTS, "run-tls") == expected

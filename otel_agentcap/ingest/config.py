@@ -74,3 +74,21 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False  # a host name: assume it resolves beyond loopback
+
+
+def exposure_warnings(host: str, *, tokens: bool, tls: bool) -> list[str]:
+    """What is unsafe about listening on ``host`` this way: beyond loopback without a bearer
+    token, or with tokens but without TLS."""
+    if is_loopback(host):
+        return []
+    if not tokens:
+        return [
+            f"listening on {host}, beyond loopback, without a bearer token: anyone who can reach "
+            "it can write to the event log (give --token-file or AGENTCAP_INGEST_TOKENS)"
+        ]
+    if not tls:
+        return [
+            f"listening on {host}, beyond loopback, without TLS: bearer tokens and spans travel "
+            "in clear text (give --tls-cert and --tls-key)"
+        ]
+    return []

@@ -33,7 +33,7 @@ from otel_agentcap.ingest.config import (
     TRACES_PATH,
     IngestLimits,
     TlsConfig,
-    is_loopback,
+    exposure_warnings,
 )
 from otel_agentcap.ingest.grpc_server import GrpcReceiver
 from otel_agentcap.ingest.http import build_app
@@ -147,20 +147,9 @@ class OtlpIngestServer:
     def warnings(self) -> list[str]:
         """What is unsafe about this configuration (listening beyond loopback without a token,
         or tokens without TLS there)."""
-        if is_loopback(self.host):
-            return []
-        if not self.authenticator.enabled:
-            return [
-                f"listening on {self.host}, beyond loopback, without a bearer token: anyone who "
-                "can reach it can write to the event log (give --token-file or "
-                "AGENTCAP_INGEST_TOKENS)"
-            ]
-        if self.tls is None:
-            return [
-                f"listening on {self.host}, beyond loopback, without TLS: bearer tokens and "
-                "spans travel in clear text (give --tls-cert and --tls-key)"
-            ]
-        return []
+        return exposure_warnings(
+            self.host, tokens=self.authenticator.enabled, tls=self.tls is not None
+        )
 
     def process(self, request: DecodedRequest) -> Outcome:
         """Check and store a decoded request without any transport (as an anonymous sender)."""
