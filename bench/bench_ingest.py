@@ -93,6 +93,7 @@ class Ingest:
             [sys.executable, "-m", "otel_agentcap.cli", "ingest", "--dsn", dsn,
              "--port", str(self.port), *extra],
             env=env,
+            cwd=tempfile.gettempdir(),  # not the source tree: -m would import from it first
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )

@@ -117,7 +117,7 @@ class Validator:
     """Checks records against the rules above, at one moment (``now``).
 
     Keeps the outcome of the id checks of each (run, agent) pair it met, so a batch of many
-    events of a few agents checks each pair once. Not thread-safe: one per batch or per thread.
+    events of a few agents checks each pair once (in plain dicts: threads may share it).
     """
 
     __slots__ = ("_ids", "_max_seq", "_max_time", "_prefixes")

@@ -10,6 +10,7 @@ the SDK spans the request was encoded from (in the request's span order). The se
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -75,20 +76,19 @@ class OtlpSpan:
     resource_attributes: Mapping[str, Any] = field(default_factory=dict)
 
 
+_SCALARS: Final = {
+    name: operator.attrgetter(name)
+    for name in ("string_value", "bool_value", "int_value", "double_value", "bytes_value")
+}
+
+
 def decode_value(value: AnyValue) -> Any:
     """An OTLP ``AnyValue`` as the Python value the SDK recorded: arrays become tuples (as the
     SDK stores sequences), key-value lists dicts, an empty value ``None``."""
     which = value.WhichOneof("value")
-    if which == "string_value":
-        return value.string_value
-    if which == "bool_value":
-        return value.bool_value
-    if which == "int_value":
-        return value.int_value
-    if which == "double_value":
-        return value.double_value
-    if which == "bytes_value":
-        return value.bytes_value
+    scalar = _SCALARS.get(which)  # type: ignore[arg-type]
+    if scalar is not None:
+        return scalar(value)
     if which == "array_value":
         return tuple(decode_value(v) for v in value.array_value.values)
     if which == "kvlist_value":

@@ -100,6 +100,7 @@ class OtlpIngestServer:
             self._writer,
             chunk_spans=self.limits.chunk_spans,
             retry_after=self.limits.retry_after,
+            max_writes=2 * self.limits.max_concurrent_requests,  # HTTP and gRPC
         )
         self._socket: socket.socket | None = _listen(host, port, 128)
         self.port = int(self._socket.getsockname()[1])
@@ -254,6 +255,7 @@ class OtlpIngestServer:
         if self._grpc is not None and not self._ready.is_set():
             self._grpc.stop(0)
         try:
+            self.service.close()
             self._writer.close()
         finally:
             if self._owns_database:

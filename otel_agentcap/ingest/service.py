@@ -16,10 +16,12 @@ Per request (:meth:`IngestService.process`):
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final
@@ -42,8 +44,8 @@ from otel_agentcap.validation import Validator
 
 _logger = logging.getLogger(__name__)
 
-#: Spans mapped and stored per transaction.
-DEFAULT_CHUNK_SPANS: Final = 2_000
+#: Spans mapped and stored per transaction (a request of more is pipelined: see ``process``).
+DEFAULT_CHUNK_SPANS: Final = 500
 #: Distinct reasons listed in a response's message.
 _MAX_REASONS: Final = 5
 
@@ -83,7 +85,8 @@ class RetryLater(Exception):
 
 @dataclass
 class Outcome:
-    """What became of one request's spans."""
+    """What became of one request's spans (updated by the request's thread and its write
+    thread, under ``lock``)."""
 
     received: int = 0
     ignored: int = 0
@@ -91,10 +94,21 @@ class Outcome:
     batches: int = 0
     reasons: Counter[str] = field(default_factory=Counter)
     result: WriteResult = field(default_factory=lambda: WriteResult(0, 0, 0, 0))
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def reject(self, reason: str, count: int = 1) -> None:
-        self.rejected += count
-        self.reasons[reason] += count
+        with self.lock:
+            self.rejected += count
+            self.reasons[reason] += count
+
+    def ignore(self) -> None:
+        with self.lock:
+            self.ignored += 1
+
+    def stored(self, result: WriteResult) -> None:
+        with self.lock:
+            self.batches += 1
+            self.result = _add(self.result, result)
 
     def message(self) -> str:
         """The ``partial_success.error_message``: how many spans were rejected and why."""
@@ -168,6 +182,7 @@ class IngestService:
         *,
         chunk_spans: int = DEFAULT_CHUNK_SPANS,
         retry_after: int = 5,
+        max_writes: int = 8,
     ) -> None:
         if chunk_spans < 1:
             raise ValueError("chunk_spans must be at least 1")
@@ -177,6 +192,14 @@ class IngestService:
         self._retry_after = retry_after
         self._stats = IngestStats()
         self._lock = threading.Lock()
+        # One write in flight per request at most: as many writers as requests at once.
+        self._writes = ThreadPoolExecutor(
+            max_workers=max_writes, thread_name_prefix="agentcap-ingest-write"
+        )
+
+    def close(self) -> None:
+        """Wait for writes in flight and stop the write threads."""
+        self._writes.shutdown(wait=True)
 
     def stats(self) -> IngestStats:
         with self._lock:
@@ -189,28 +212,39 @@ class IngestService:
 
     def process(self, request: DecodedRequest, principal: Principal = ANONYMOUS) -> Outcome:
         """Check and store the spans of ``request``; raises ``RetryLater`` when the database
-        cannot take them now."""
+        cannot take them now.
+
+        Chunks are pipelined: while one chunk is written (the thread waits on PostgreSQL), the
+        next is decoded and mapped in this thread; at most one write is in flight, so a request
+        holds at most two mapped chunks."""
         outcome = Outcome(received=request.count)
         check = span_check(principal, Validator())
         chunk: list[OtlpSpan] = []
+        writing: Future[None] | None = None
         try:
             for span, reason in request.items():
                 if span is None:
                     if reason is None:  # no agentcap event id: not for the log
-                        outcome.ignored += 1
+                        outcome.ignore()
                     else:
                         outcome.reject(reason)
                     continue
                 if attr.EVENT_ID not in attributes_of(span):
-                    outcome.ignored += 1
+                    outcome.ignore()
                     continue
                 chunk.append(span)
                 if len(chunk) >= self._chunk_spans:
-                    self._store_chunk(chunk, check, outcome)
+                    writing = self._pipeline(writing, chunk, check, outcome)
                     chunk = []
             if chunk:
-                self._store_chunk(chunk, check, outcome)
+                writing = self._pipeline(writing, chunk, check, outcome)
+            if writing is not None:
+                done, writing = writing, None
+                done.result()
         finally:
+            if writing is not None:  # stopped early: let the write in flight end first
+                with contextlib.suppress(Exception):
+                    writing.result()
             result = outcome.result
             self.count(
                 spans_received=outcome.received,
@@ -226,7 +260,15 @@ class IngestService:
             _logger.warning("agentcap ingest: %s", outcome.message())
         return outcome
 
-    def _store_chunk(self, spans: list[OtlpSpan], check: SpanCheck, outcome: Outcome) -> None:
+    def _pipeline(
+        self,
+        writing: Future[None] | None,
+        spans: list[OtlpSpan],
+        check: SpanCheck,
+        outcome: Outcome,
+    ) -> Future[None]:
+        """Map ``spans`` (while the previous chunk is written), wait for that write, then start
+        writing this chunk; raises what the previous write raised (``RetryLater``)."""
         batch = batch_from_spans(spans, raw_payloads=True, check=check)
         for _, reason in batch.rejected:
             outcome.reject(reason)
@@ -235,7 +277,9 @@ class IngestService:
         if batch.rejected:
             rejected = {index for index, _ in batch.rejected}
             spans = [s for i, s in enumerate(spans) if i not in rejected]
-        self._store(spans, batch, check, outcome)
+        if writing is not None:
+            writing.result()
+        return self._writes.submit(self._store, spans, batch, check, outcome)
 
     def _store(
         self, spans: Sequence[OtlpSpan], batch: Batch, check: SpanCheck, outcome: Outcome
@@ -256,10 +300,9 @@ class IngestService:
             _logger.exception("agentcap ingest: storing %d span(s) failed unexpectedly", len(spans))
             self._split(spans, check, outcome, f"internal error: {type(exc).__name__}")
             return
-        outcome.batches += 1
         if result.rejected or result.rejected_records:  # the check applies the same rules
             outcome.reject("a record broke a validation rule", result.rejected)
-        outcome.result = _add(outcome.result, result)
+        outcome.stored(result)
 
     def _split(
         self, spans: Sequence[OtlpSpan], check: SpanCheck, outcome: Outcome, reason: str

@@ -11,7 +11,7 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from otel_agentcap.mapping import agents_from_span, batch_from_spans
+from otel_agentcap.mapping import batch_from_spans
 from otel_agentcap.model import AgentRecord, Event
 from otel_agentcap.processor import AgentCapSpanProcessor, has_agentcap_processor
 
@@ -46,22 +46,24 @@ class InMemoryEventExporter(SpanExporter):
 
     @property
     def agents(self) -> dict[tuple[str, str], AgentRecord]:
-        """Agent rows by (run, agent), merged the way the event log merges them."""
+        """Agent rows by (run, agent), merged the way the event log merges them: the first known
+        name and the first known lineage win."""
         merged: dict[tuple[str, str], AgentRecord] = {}
-        for span in self.spans:
-            for record in agents_from_span(span):
-                key = (record.run_id, record.agent_id)
-                old = merged.get(key)
-                if old is None:
-                    merged[key] = record
-                    continue
-                merged[key] = AgentRecord(
-                    record.run_id,
-                    record.agent_id,
-                    name=old.name or record.name,
-                    parent_agent_id=old.parent_agent_id or record.parent_agent_id,
-                    spawned_at_event_id=old.spawned_at_event_id or record.spawned_at_event_id,
-                )
+        for record in batch_from_spans(self.spans).agents:
+            key = (record.run_id, record.agent_id)
+            old = merged.get(key)
+            if old is None:
+                merged[key] = record
+                continue
+            lineage = old if old.lineage_known or not record.lineage_known else record
+            merged[key] = AgentRecord(
+                record.run_id,
+                record.agent_id,
+                name=old.name if old.name is not None else record.name,
+                parent_agent_id=lineage.parent_agent_id,
+                spawned_at_event_id=lineage.spawned_at_event_id,
+                lineage_known=lineage.lineage_known,
+            )
         return merged
 
     def of_type(self, event_type: str) -> list[Event]:
