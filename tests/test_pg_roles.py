@@ -197,3 +197,23 @@ def test_db_grant_command_is_idempotent(pg_dsn: str) -> None:
         assert owner == (f"ac_o_{tag}",)
     finally:
         _drop_roles(pg_dsn, [f"ac_o_{tag}", f"ac_w_{tag}"])
+
+
+def test_tables_of_later_migrations_get_the_recorded_privileges(granted: Granted) -> None:
+    """A table a later migration adds is given to the owner, readable and insertable by the
+    writer, and readable by the reader, when migrate() grants the recorded roles again."""
+    from otel_agentcap.exporters.postgres.roles import regrant
+
+    with psycopg.connect(granted.admin_dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE agentcap.later (run_id text PRIMARY KEY)")
+        regrant(conn)
+        owner = conn.execute(
+            "SELECT tableowner FROM pg_tables WHERE schemaname = 'agentcap' AND tablename = 'later'"
+        ).fetchone()
+    assert owner == (granted.roles.owner,)
+    with psycopg.connect(granted.writer_dsn, autocommit=True) as conn:
+        conn.execute("INSERT INTO agentcap.later VALUES ('r')")
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("DELETE FROM agentcap.later")
+    with psycopg.connect(granted.reader_dsn, autocommit=True) as conn:
+        assert conn.execute("SELECT count(*) FROM agentcap.later").fetchone() == (1,)

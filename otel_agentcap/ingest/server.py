@@ -23,9 +23,10 @@ from typing import Any
 
 from hypercorn.asyncio import serve as hypercorn_serve
 from hypercorn.config import Config as HypercornConfig
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from otel_agentcap.exporters.postgres.database import Database, resolve_dsn
-from otel_agentcap.exporters.postgres.writer import EventWriter
+from otel_agentcap.exporters.postgres.writer import EventWriter, WriteResult
 from otel_agentcap.ingest.auth import Authenticator
 from otel_agentcap.ingest.config import (
     DEFAULT_HOST,
@@ -38,7 +39,7 @@ from otel_agentcap.ingest.config import (
 from otel_agentcap.ingest.grpc_server import GrpcReceiver
 from otel_agentcap.ingest.http import build_app
 from otel_agentcap.ingest.service import IngestService, IngestStats, Outcome
-from otel_agentcap.ingest.wire import DecodedRequest
+from otel_agentcap.ingest.wire import DecodedRequest, decode_protobuf
 
 _logger = logging.getLogger(__name__)
 
@@ -155,6 +156,14 @@ class OtlpIngestServer:
     def process(self, request: DecodedRequest) -> Outcome:
         """Check and store a decoded request without any transport (as an anonymous sender)."""
         return self.service.process(request)
+
+    def ingest(self, data: bytes | ExportTraceServiceRequest) -> WriteResult:
+        """Check and store one OTLP request (its protobuf bytes) without any transport; what was
+        stored. Raises ``DecodeError`` for bytes that are not a request, ``RetryLater`` when the
+        database is unavailable; see :meth:`process` for the rejected spans."""
+        if isinstance(data, ExportTraceServiceRequest):
+            data = data.SerializeToString()
+        return self.process(decode_protobuf(data)).result
 
     # -- serving
 
