@@ -271,6 +271,8 @@ def test_hostile_run_ids_are_printed_as_text_by_every_command(pg_dsn):
         _plain(shown.stdout)
         data = json.loads(_cli("show", run_id, "--dsn", pg_dsn, "--json").stdout)
         assert data["run_id"] == run_id
+        exported = _cli("export", run_id, "--format", "html", "--dsn", pg_dsn)
+        assert exported.returncode == 0, exported.stderr
     missing = _cli("show", "[/none]\x1b[2J", "--dsn", pg_dsn)
     assert missing.returncode == 1 and "Traceback" not in missing.stderr
     _plain(missing.stderr)

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import ipaddress
 from dataclasses import dataclass
 from typing import Final
+
+from otel_agentcap.tokens import is_loopback
 
 DEFAULT_HOST: Final = "127.0.0.1"
 DEFAULT_PORT: Final = 4319
@@ -65,16 +66,6 @@ class TlsConfig:
     certfile: str
     keyfile: str
     client_ca: str | None = None
-
-
-def is_loopback(host: str) -> bool:
-    """Whether listening on ``host`` is reachable from this machine only."""
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False  # a host name: assume it resolves beyond loopback
 
 
 def exposure_warnings(host: str, *, tokens: bool, tls: bool) -> list[str]:
