@@ -214,6 +214,7 @@ def main() -> None:
     parser.add_argument("--request-mib", type=int, default=64)
     parser.add_argument("--ingest-pythonpath")
     parser.add_argument("--skip-throughput", action="store_true")
+    parser.add_argument("--skip-memory", action="store_true")
     args = parser.parse_args()
 
     root = Path(tempfile.mkdtemp(prefix="agentcap-bench-ingest-"))
@@ -251,7 +252,8 @@ def main() -> None:
             print(f"ingest, {args.senders} senders:            {parallel:>9,.0f} spans/s  {[round(r) for r in parallel_rates]}")
             print(f"ratio ingest (1 sender) / exporter:   {serial / exporter:.2f}  (target >= 0.8)")
             print(f"ratio ingest ({args.senders} senders) / exporter:  {parallel / exporter:.2f}")
-        memory_under_load(dsn, args)
+        if not args.skip_memory:
+            memory_under_load(dsn, args)
     finally:
         embedded.destroy(root / "pg")
 

@@ -44,8 +44,8 @@ class IngestLimits:
     #: HTTP/2 streams per connection, gRPC streams per connection.
     max_streams_per_connection: int = 16
     #: Spans mapped and stored per transaction; a request of more is pipelined (the next chunk is
-    #: decoded and mapped while one is written).
-    chunk_spans: int = 500
+    #: decoded and mapped while one is written). Smaller chunks cost a transaction each.
+    chunk_spans: int = 2_000
     #: Seconds a sender is asked to wait when the event log is unavailable.
     retry_after: int = 5
 

@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
-from typing import Any, Final
+from types import MappingProxyType
+from typing import Any, Final, NamedTuple
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1 import trace_pb2
 from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from otel_agentcap.model import from_fields
 
 # OTLP span kinds are the API's plus one (0 is SPAN_KIND_UNSPECIFIED, read as INTERNAL).
 _KINDS: Final = {
@@ -33,16 +35,18 @@ _KINDS: Final = {
 # --- conversion -------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class OtlpSpanContext:
+# NamedTuples, not frozen dataclasses: the ingest builds one of each per span, and a NamedTuple
+# is built in C (a frozen dataclass sets every field through object.__setattr__).
+
+
+class OtlpSpanContext(NamedTuple):
     """Trace and span id of a span, as the integers the SDK's ``SpanContext`` holds."""
 
     trace_id: int
     span_id: int
 
 
-@dataclass(frozen=True, slots=True)
-class OtlpSpanEvent:
+class OtlpSpanEvent(NamedTuple):
     """An event inside a span (``Span.Event``)."""
 
     name: str
@@ -50,16 +54,17 @@ class OtlpSpanEvent:
     timestamp: int
 
 
-@dataclass(frozen=True, slots=True)
-class OtlpScope:
+class OtlpScope(NamedTuple):
     """The instrumentation scope that recorded a span."""
 
     name: str
     version: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class OtlpSpan:
+_NO_RESOURCE: Final[Mapping[str, Any]] = MappingProxyType({})
+
+
+class OtlpSpan(NamedTuple):
     """One span of an OTLP request, shaped like the parts of an SDK ``ReadableSpan`` that
     :mod:`otel_agentcap.mapping` reads (it satisfies ``mapping.SpanLike``)."""
 
@@ -73,7 +78,7 @@ class OtlpSpan:
     end_time: int | None
     status: Status
     instrumentation_scope: OtlpScope
-    resource_attributes: Mapping[str, Any] = field(default_factory=dict)
+    resource_attributes: Mapping[str, Any] = _NO_RESOURCE
 
 
 _SCALARS: Final = {
@@ -98,22 +103,37 @@ def decode_value(value: AnyValue) -> Any:
 
 def decode_attributes(values: Iterable[KeyValue]) -> dict[str, Any]:
     """OTLP key-values as a dict; a repeated key keeps its last value, as the SDK would."""
-    return {kv.key: decode_value(kv.value) for kv in values}
+    out: dict[str, Any] = {}
+    for kv in values:
+        value = kv.value
+        # Strings first, inline: nearly every attribute of a stamped span is one.
+        if value.WhichOneof("value") == "string_value":
+            out[kv.key] = value.string_value
+        else:
+            out[kv.key] = decode_value(value)
+    return out
 
 
 def _span_context(trace_id: bytes, span_id: bytes) -> OtlpSpanContext | None:
     """The ids as integers; None unless they are valid (16 and 8 bytes, not all zero)."""
     if len(trace_id) != 16 or len(span_id) != 8:
         return None
-    context = OtlpSpanContext(int.from_bytes(trace_id, "big"), int.from_bytes(span_id, "big"))
-    return context if context.trace_id and context.span_id else None
+    trace = int.from_bytes(trace_id, "big")
+    span = int.from_bytes(span_id, "big")
+    return _new_context((trace, span)) if trace and span else None
+
+
+_new_context = from_fields(OtlpSpanContext)
+_new_span = from_fields(OtlpSpan)
+#: The statuses without a description, built once (``Status`` is immutable).
+_PLAIN_STATUS: Final = {code.value: Status(code) for code in StatusCode}
 
 
 def _status(status: trace_pb2.Status) -> Status:
-    code = StatusCode(status.code) if status.code in (0, 1, 2) else StatusCode.UNSET
-    # The API allows a description only with ERROR.
-    description = (status.message or None) if code is StatusCode.ERROR else None
-    return Status(code, description)
+    code = status.code
+    if code != 2:  # UNSET or OK (an unknown code reads as UNSET): the API keeps no description
+        return _PLAIN_STATUS[code] if code in _PLAIN_STATUS else _PLAIN_STATUS[0]
+    return Status(StatusCode.ERROR, status.message or None)
 
 
 def span_from_proto(
@@ -123,21 +143,26 @@ def span_from_proto(
     context = _span_context(span.trace_id, span.span_id)
     if context is None:
         return None  # invalid ids: no SDK span has them, and the mapping would misreport them
-    return OtlpSpan(
-        name=span.name,
-        context=context,
-        parent=_span_context(span.trace_id, span.parent_span_id),
-        kind=_KINDS.get(span.kind, SpanKind.INTERNAL),
-        attributes=decode_attributes(span.attributes),
-        events=tuple(
-            OtlpSpanEvent(e.name, decode_attributes(e.attributes), e.time_unix_nano)
-            for e in span.events
-        ),
-        start_time=span.start_time_unix_nano or None,
-        end_time=span.end_time_unix_nano or None,
-        status=_status(span.status),
-        instrumentation_scope=scope,
-        resource_attributes=resource,
+    parent_id = span.parent_span_id
+    return _new_span(
+        (
+            span.name,
+            context,
+            _span_context(span.trace_id, parent_id) if parent_id else None,
+            _KINDS.get(span.kind, SpanKind.INTERNAL),
+            decode_attributes(span.attributes),
+            tuple(
+                OtlpSpanEvent(e.name, decode_attributes(e.attributes), e.time_unix_nano)
+                for e in span.events
+            )
+            if span.events
+            else (),
+            span.start_time_unix_nano or None,
+            span.end_time_unix_nano or None,
+            _status(span.status),
+            scope,
+            resource,
+        )
     )
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import signal
 import socket
@@ -197,6 +198,11 @@ class OtlpIngestServer:
         self._shutdown = asyncio.Event()
         app = build_app(self.service, self.authenticator, self.limits, self.path)
         config = self._hypercorn_config(sock)
+        # What is alive once serving starts (modules, descriptors, the pool) lives as long as the
+        # server: keep it out of the collector's full passes, which would otherwise walk it
+        # again and again while requests allocate.
+        gc.collect()
+        gc.freeze()
         if self._grpc is not None:
             self._grpc.start()
         on_ready()

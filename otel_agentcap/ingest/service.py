@@ -45,7 +45,7 @@ from otel_agentcap.validation import Validator
 _logger = logging.getLogger(__name__)
 
 #: Spans mapped and stored per transaction (a request of more is pipelined: see ``process``).
-DEFAULT_CHUNK_SPANS: Final = 500
+DEFAULT_CHUNK_SPANS: Final = 2_000
 #: Distinct reasons listed in a response's message.
 _MAX_REASONS: Final = 5
 
