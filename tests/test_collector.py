@@ -7,6 +7,7 @@ import gzip
 import os
 import socket
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -25,7 +26,7 @@ from opentelemetry.sdk.trace.export import SpanExportResult
 import otel_agentcap as ac
 from otel_agentcap.ingest import OtlpIngestServer, spans_from_otlp
 from otel_agentcap.ingest.auth import ANONYMOUS
-from otel_agentcap.ingest.service import RetryLater
+from otel_agentcap.ingest.service import Outcome, RetryLater
 from otel_agentcap.mapping import batch_from_spans
 from otel_agentcap.model import Batch
 from otel_agentcap.testing import capture_events
@@ -418,10 +419,17 @@ provider.shutdown()
 class _RecordingServer(OtlpIngestServer):
     """Keeps every OTLP request rotel forwards, as sent, and stores nothing."""
 
-    def handle(self, body: bytes) -> tuple[HTTPStatus, bytes]:
-        with self._lock:
-            self.bodies = [*getattr(self, "bodies", []), body]
-        return HTTPStatus.OK, ExportTraceServiceResponse().SerializeToString()
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.bodies: list[bytes] = []
+        lock = threading.Lock()
+
+        def record(request, principal=ANONYMOUS):
+            with lock:
+                self.bodies.append(bytes(request.body))
+            return Outcome(received=request.count)
+
+        self.service.process = record  # type: ignore[method-assign]
 
 
 def _received_spans(server: _RecordingServer, run_id: str) -> list[dict[str, object]]:

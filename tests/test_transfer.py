@@ -17,7 +17,7 @@ import otel_agentcap as ac
 from otel_agentcap.exporters.postgres import PostgresSpanExporter
 from otel_agentcap.exporters.postgres.database import Database
 from otel_agentcap.exporters.postgres.writer import EventWriter
-from otel_agentcap.model import EVENT_TYPES, Batch, Event
+from otel_agentcap.model import EVENT_TYPES, Batch, Event, event_id_for
 from otel_agentcap.testing import capture_events
 
 pytestmark = pytest.mark.storage
@@ -136,7 +136,7 @@ def _stored_run(dsn: str, run_id: str) -> None:
         # And a conflict: a different event on a stored event's (run, agent, seq).
         stored = captured.for_agent("lead")[1]
         clash = Event(
-            "00000000-0000-5000-8000-000000000001",
+            event_id_for(run_id, "lead", "other"),  # ids are derived (storage checks it)
             run_id,
             "lead",
             stored.seq,

@@ -3,8 +3,8 @@ store the good ones, and say which were rejected and why.
 
 Per request (:meth:`IngestService.process`):
 
-- spans without ``agentcap.event.id`` are accepted and ignored (counted: a collector may send
-  every span of an application);
+- spans without ``agentcap.event.id`` (other than runs' root spans) are accepted and ignored
+  (counted: a collector may send every span of an application);
 - a span that cannot be read, that breaks a validation rule (``otel_agentcap.validation``), or
   that names a run its token may not write is rejected alone, with a reason;
 - the other spans are mapped and stored in chunks (one transaction each); a chunk the database
@@ -229,7 +229,8 @@ class IngestService:
                     else:
                         outcome.reject(reason)
                     continue
-                if attr.EVENT_ID not in attributes_of(span):
+                attributes = attributes_of(span)
+                if attr.EVENT_ID not in attributes and attributes.get(attr.RUN_ROOT) is not True:
                     outcome.ignore()
                     continue
                 chunk.append(span)

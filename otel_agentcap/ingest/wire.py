@@ -100,18 +100,24 @@ class _ScopeSpans:
 
 
 #: An item of a decoded request: the span, or why it cannot be read, or (None, None) for a
-#: span without an agentcap event id (not converted: it is not for the log).
+#: span without an agentcap event id that is no run's root span (not converted: it is not for
+#: the log).
 Item = tuple[OtlpSpan | None, str | None]
 
-_EVENT_ID: Final = "agentcap.event.id"
+#: A span with either attribute is for the log: an event's span, or a run's root span.
+_FOR_THE_LOG: Final = frozenset({"agentcap.event.id", "agentcap.run.root"})
 
 
 class DecodedRequest:
     """The spans of one OTLP request, read one by one (see :meth:`items`)."""
 
-    def __init__(self, count: int, items: Callable[[], Iterator[Item]]) -> None:
+    def __init__(
+        self, count: int, items: Callable[[], Iterator[Item]], body: Buffer | None = None
+    ) -> None:
         self.count = count
         self._items = items
+        #: The protobuf request the spans come from (None for OTLP/JSON).
+        self.body = body
 
     def items(self) -> Iterator[Item]:
         """Each span in request order: ``(span, None)``; ``(None, reason)`` for a span that
@@ -178,11 +184,11 @@ def decode_protobuf(buf: Buffer) -> DecodedRequest:
                     continue
                 yield _converted(span, entry.scope, entry.resource)
 
-    return DecodedRequest(count, items)
+    return DecodedRequest(count, items, buf)
 
 
 def _converted(span: trace_pb2.Span, scope: OtlpScope, resource: Mapping[str, Any]) -> Item:
-    if not any(kv.key == _EVENT_ID for kv in span.attributes):
+    if not any(kv.key in _FOR_THE_LOG for kv in span.attributes):
         return None, None
     try:
         converted = span_from_proto(span, scope, resource)
