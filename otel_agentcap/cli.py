@@ -428,7 +428,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         )
     except ImportError as exc:
         raise CliError(
-            f"the ingest needs the otlp extra: pip install 'otel-agentcap[otlp]' ({exc})"
+            f"the ingest is missing a dependency of the default install; reinstall ({exc})"
         ) from None
     try:
         authenticator = Authenticator.from_sources(args.token_file)

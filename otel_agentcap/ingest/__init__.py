@@ -1,7 +1,6 @@
 """Ingest of spans that arrive over OTLP (e.g. from an OpenTelemetry Collector) into the event log.
 
-Needs the ``otlp`` extra (``pip install 'otel-agentcap[otlp]'``: opentelemetry-proto, Starlette,
-Hypercorn, grpcio).
+Its dependencies (opentelemetry-proto, Starlette, Hypercorn, grpcio) come with the default install.
 """
 
 from __future__ import annotations
@@ -36,7 +35,8 @@ except ModuleNotFoundError as exc:  # pragma: no cover - depends on the installe
     ):
         raise
     raise ModuleNotFoundError(
-        "otel_agentcap.ingest needs the otlp extra: pip install 'otel-agentcap[otlp]'",
+        "otel_agentcap.ingest is missing a dependency of the default install; reinstall "
+        "otel-agentcap",
         name=exc.name,
     ) from exc
 

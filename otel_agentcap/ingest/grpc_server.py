@@ -148,7 +148,8 @@ class GrpcReceiver:
                     rejected_spans=outcome.rejected, error_message=outcome.message()
                 )
             )
-        return response.SerializeToString()
+        data: bytes = response.SerializeToString()
+        return data
 
 
 __all__ = ["METHOD", "SERVICE", "GrpcReceiver"]

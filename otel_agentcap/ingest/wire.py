@@ -177,8 +177,8 @@ def decode_protobuf(buf: Buffer) -> DecodedRequest:
             spans = entry.spans
             for i in range(0, len(spans), 2):
                 try:
-                    # A view, not a copy: upb parses any buffer (the stubs say bytes).
-                    span = trace_pb2.Span.FromString(view[spans[i] : spans[i + 1]])  # type: ignore[arg-type]
+                    # A view, not a copy: upb parses any buffer.
+                    span = trace_pb2.Span.FromString(view[spans[i] : spans[i + 1]])
                 except Exception as exc:  # DecodeError (no stubs)
                     yield None, f"span does not parse as an OTLP Span: {exc}"
                     continue
@@ -225,7 +225,10 @@ def _span_from_json(obj: object) -> trace_pb2.Span:
     links = span.get("links")
     if isinstance(links, list):
         span["links"] = [_hex_ids(link) if isinstance(link, dict) else link for link in links]
-    return json_format.ParseDict(span, trace_pb2.Span(), ignore_unknown_fields=True)
+    parsed: trace_pb2.Span = json_format.ParseDict(
+        span, trace_pb2.Span(), ignore_unknown_fields=True
+    )
+    return parsed
 
 
 def _json_list(obj: Mapping[str, Any], camel: str, snake: str) -> list[Any]:
