@@ -228,14 +228,26 @@ _c_encoder: Any = (
     if _c_make_encoder is not None
     else None
 )
+_c_sorted_encoder: Any = (
+    _c_make_encoder(
+        None, _not_json, json.encoder.encode_basestring, None, ":", ",", True, False, False
+    )
+    if _c_make_encoder is not None
+    else None
+)
 _py_encode = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode
+_py_encode_sorted = json.JSONEncoder(
+    ensure_ascii=False, allow_nan=False, separators=(",", ":"), sort_keys=True
+).encode
 
 
-def _encode(value: Any) -> str:
-    """``json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))``."""
-    if _c_encoder is None:
-        return _py_encode(value)
-    return "".join(_c_encoder(value, 0))
+def _encode(value: Any, sort_keys: bool = False) -> str:
+    """``json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"),
+    sort_keys=sort_keys)``."""
+    encoder = _c_sorted_encoder if sort_keys else _c_encoder
+    if encoder is None:
+        return _py_encode_sorted(value) if sort_keys else _py_encode(value)
+    return "".join(encoder(value, 0))
 
 
 def _json_key(key: Any) -> str:
@@ -263,36 +275,104 @@ def _jsonb_safe(text: str) -> bool:
     return True
 
 
-def dumps(value: Any, max_chars: int = DEFAULT_MAX_PAYLOAD_CHARS) -> str:
+def dumps(
+    value: Any, max_chars: int = DEFAULT_MAX_PAYLOAD_CHARS, *, sort_keys: bool = False
+) -> str:
     """Serialise ``value`` to a JSON text that jsonb accepts, never raising.
 
     A result longer than ``max_chars`` is replaced by a ``$agentcap.truncated`` marker that keeps
     the first ``max_chars // 2`` characters, so huge payloads are recorded, bounded, and visible.
+    With ``sort_keys`` every object's keys are sorted, so equal values of any key order give one
+    text (the canonical form tool inputs are compared by).
     """
     try:
         # Fast path: most payloads are plain JSON; json.dumps in C plus a scan of its output is
         # far cheaper than walking the value in Python. Anything else takes the general path.
-        text = _encode(value)
+        text = _encode(value, sort_keys)
         fast = _jsonb_safe(text)
     except (TypeError, ValueError, RecursionError):
         fast = False
     try:
         if not fast:
-            text = _encode(to_jsonable(value))
+            text = _encode(to_jsonable(value), sort_keys)
     except Exception as exc:  # recursion limits and the like: keep a record rather than nothing
         text = json.dumps({"$agentcap.error": f"{type(exc).__name__}: could not encode payload"})
-    if len(text) > max_chars:
-        size = len(text)
-        keep = max_chars // 2
-        while True:  # escaping can grow the kept prefix; shrink it until the marker fits
-            marker = json.dumps(
-                {"$agentcap.truncated": _encode_plain(text[:keep]), "size": size},
-                ensure_ascii=False,
-            )
-            if len(marker) <= max_chars or keep == 0:
-                return marker
-            keep //= 2
-    return text
+    return truncate(text, max_chars)
+
+
+def truncate(text: str, max_chars: int = DEFAULT_MAX_PAYLOAD_CHARS) -> str:
+    """``text`` (JSON written by :func:`dumps`), or its ``$agentcap.truncated`` marker when it is
+    longer than ``max_chars``."""
+    if len(text) <= max_chars:
+        return text
+    size = len(text)
+    keep = max_chars // 2
+    while True:  # escaping can grow the kept prefix; shrink it until the marker fits
+        marker = json.dumps(
+            {"$agentcap.truncated": _encode_plain(text[:keep]), "size": size},
+            ensure_ascii=False,
+        )
+        if len(marker) <= max_chars or keep == 0:
+            return marker
+        keep //= 2
+
+
+#: Markers :func:`from_jsonable` turns back into the value they stand for. The others
+#: (``$agentcap.repr``, ``$agentcap.truncated``, ``$agentcap.unparsed``, ``$agentcap.error``)
+#: recorded only a description of a value, and are returned as they are.
+LOSSLESS_MARKERS: Final = frozenset(
+    {
+        "$agentcap.bytes",
+        "$agentcap.float",
+        "$agentcap.str",
+        "$agentcap.int",
+        "$agentcap.items",
+        "$agentcap.literal",
+    }
+)
+
+
+def from_jsonable(value: Any) -> Any:
+    """The inverse of :func:`to_jsonable` where it can be: ``bytes`` for a bytes marker, the
+    float of a NaN or infinity marker, the ``str`` of a string marker, the ``int`` of a long-int
+    marker, a dict with its original keys for an items marker, and the user's own dict for a
+    literal marker. Everything else JSON holds comes back as JSON types (a tuple as a list, a
+    dataclass as a dict); a marker that only describes a value (``$agentcap.repr``, a truncation)
+    comes back as that marker dict. Never raises: a malformed marker is returned as it is."""
+    if isinstance(value, list):
+        return [from_jsonable(item) for item in value]
+    if not isinstance(value, dict):
+        return value
+    if len(value) == 1:
+        ((key, inner),) = value.items()
+        if key in LOSSLESS_MARKERS:
+            try:
+                return _decode_marker(key, inner)
+            except Exception:
+                return value
+    return {key: from_jsonable(item) for key, item in value.items()}
+
+
+def _decode_marker(key: str, inner: Any) -> Any:
+    if key == "$agentcap.bytes":
+        return base64.b64decode(inner, validate=True)
+    if key == "$agentcap.float":
+        if inner not in ("NaN", "Infinity", "-Infinity"):
+            raise ValueError(inner)
+        return float(inner)
+    if key == "$agentcap.str":
+        return base64.b64decode(inner, validate=True).decode("utf-8", "surrogatepass")
+    if key == "$agentcap.int":
+        return int(inner, 16)
+    if key == "$agentcap.items":
+        out: dict[Any, Any] = {}
+        for pair_key, item in inner:
+            out[from_jsonable(pair_key)] = from_jsonable(item)
+        return out
+    # $agentcap.literal: a user dict whose own keys start with the marker prefix.
+    if not isinstance(inner, dict):
+        raise TypeError(type(inner).__name__)
+    return {k: from_jsonable(v) for k, v in inner.items()}
 
 
 class RawJson(str):
