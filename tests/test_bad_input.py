@@ -166,22 +166,30 @@ def test_replayed_builtin_errors_keep_their_fields():
 
 @pytest.mark.timeout(20)
 def test_a_tool_invoked_inside_itself_with_its_own_id_is_an_error_not_a_hang():
+    """The same call (id and input) inside its own body raises instead of waiting for itself; the
+    same id with other input is another call and runs."""
+
     @oa.tool
     def recurse(depth: int) -> int:
-        return depth if depth else recurse.invoke("same", depth + 1)
+        return recurse.invoke("same", depth)
+
+    @oa.tool
+    def deeper(depth: int) -> int:
+        return depth if depth else deeper.invoke("same", depth + 1)
 
     with oa.run(_run_id()), oa.agent("planner"):
         with pytest.raises(RuntimeError, match="already running"):
             recurse.invoke("same", 0)
         with pytest.raises(RuntimeError, match="already running"):
             recurse.invoke("same", 0)  # the recorded outcome is that error
+        assert deeper.invoke("same", 0) == 1
 
 
 @pytest.mark.timeout(20)
 def test_an_async_tool_invoked_inside_itself_with_its_own_id_is_an_error_not_a_hang():
     @oa.tool
     async def recurse(depth: int) -> int:
-        return depth if depth else await recurse.invoke("same", depth + 1)
+        return await recurse.invoke("same", depth)
 
     async def main() -> None:
         with oa.run(_run_id()):

@@ -136,7 +136,7 @@ class Runner:
             echo.invoke(last[-1], 2)
         elif kind == "retry":
             if last:
-                echo.invoke(last[-1], 3)
+                echo.invoke(last[-1], 2)  # the same call again: replayed
         elif kind == "read":
             self.memory.lookup(op[1])
         elif kind == "write":
@@ -191,7 +191,7 @@ class Runner:
                 await aecho.invoke(last[-1], 2)
             elif kind == "retry":
                 if last:
-                    await aecho.invoke(last[-1], 3)
+                    await aecho.invoke(last[-1], 2)  # the same call again: replayed
             elif kind == "yield":
                 await asyncio.sleep(0)
             else:

@@ -213,7 +213,10 @@ def test_non_json_values_are_encoded_safely():
     assert after["o"]["$agentcap.repr"] == "Thing()"
     assert after["o"]["type"].endswith("Thing")
     assert captured.of_type("memory_read")[0].payload["value"] == after
-    assert memory.snapshot()["k"] is value
+    kept = memory.snapshot()["k"]
+    assert kept is not value and kept["b"] == value["b"] and kept["s"] == value["s"]
+    assert math.isnan(kept["nan"]) and kept["inf"] == -math.inf
+    assert isinstance(kept["o"], Thing) and kept["o"] is not value["o"]
 
 
 def test_payload_fixed_at_write_time():
@@ -262,3 +265,104 @@ def test_untracked_write_breaks_the_chain_instead_of_lying():
     assert len(writes) == 2
     assert writes[1].payload["before"] == 2
     assert first is not None and first.event_id not in writes[1].causal_parent_ids
+
+
+def test_a_value_mutated_after_it_was_stored_is_not_changed_in_memory():
+    """The memory keeps its own copy: changing the object after storing it changes neither the
+    memory nor the next write's before, which stays what the last write recorded as after."""
+    memory = oa.Memory()
+    value = {"items": [1]}
+    with capture_events() as captured, oa.run(_run_id()), oa.agent("alpha"):
+        memory["k"] = value
+        value["items"].append(2)  # behind the log's back
+        assert memory["k"] == {"items": [1]}
+        memory["k"] = {"items": [3]}
+    first, second = captured.of_type("memory_write")
+    assert second.payload["before"] == first.payload["after"] == {"items": [1]}
+
+
+def test_a_read_value_mutated_by_its_reader_changes_nothing_else():
+    """A value read from memory is the reader's own: another agent mutating it in place changes
+    neither what others read nor the next write's before."""
+    memory = oa.Memory()
+    with capture_events() as captured, oa.run(_run_id()):
+        with oa.agent("writer"):
+            memory["k"] = {"items": [1]}
+        with oa.agent("mutator"):
+            memory["k"]["items"].append(2)
+            memory.get("k")["items"].clear()
+            memory.lookup("k").value["items"].append(9)
+            memory.snapshot()["k"]["items"].append(9)
+        with oa.agent("reader"):
+            assert memory["k"] == {"items": [1]}
+        with oa.agent("writer"):
+            memory["k"] = "replaced"
+    writes = captured.of_type("memory_write")
+    assert writes[-1].payload["before"] == {"items": [1]}
+    assert _replay_chain(writes).payload["after"] == "replaced"
+
+
+def test_compare_and_set_writes_only_at_the_expected_version():
+    """compare_and_set writes (and records) only when the key is at the version a lookup
+    reported; versions never repeat, also across a delete."""
+    memory = oa.Memory()
+    with capture_events() as captured, oa.run(_run_id()), oa.agent("alpha"):
+        assert memory.lookup("k").version == 0
+        assert memory.compare_and_set("k", 0, "first")
+        first = memory.lookup("k").version
+        assert memory.compare_and_set("k", 0, "stale") is False
+        assert memory.compare_and_set("k", first, oa.MISSING)
+        deleted = memory.lookup("k")
+        assert not deleted.found and deleted.version > first
+        assert memory.compare_and_set("k", first, "stale again") is False
+        assert memory.compare_and_set("k", deleted.version, "second")
+    assert [w.payload["op"] for w in captured.of_type("memory_write")] == ["set", "delete", "set"]
+
+
+def test_concurrent_compare_and_set_increments_lose_nothing():
+    """8 threads incrementing one key with compare-and-set: every increment lands once."""
+    memory = oa.Memory()
+
+    def increment() -> None:
+        with oa.agent(f"w-{threading.get_ident()}"):
+            for _ in range(50):
+                while True:
+                    seen = memory.lookup("n")
+                    if memory.compare_and_set("n", seen.version, (seen.value or 0) + 1):
+                        break
+
+    with capture_events() as captured, oa.run(_run_id()):
+        threads = [oa.start_thread(increment) for _ in range(8)]
+        for thread in threads:
+            thread.join()
+    assert memory.snapshot()["n"] == 400
+    assert _replay_chain(captured.of_type("memory_write")).payload["after"] == 400
+
+
+def test_a_recorder_captures_a_store_of_ones_own_with_the_causal_rules():
+    """MemoryRecorder records reads and writes of a plain dict used as a store: each write names
+    the key's previous write, a read names the write it saw (also one passed explicitly, as a
+    reference kept in the store by another process) and comes after it."""
+    store: dict[str, object] = {}
+    recorder = oa.MemoryRecorder("kv")
+    with capture_events() as captured, oa.run(_run_id()):
+        with oa.agent("writer"):
+            for value in (1, 2):
+                with recorder.lock("k"):
+                    before = store.get("k", oa.MISSING)
+                    store["k"] = value
+                    ref = recorder.record_write("k", before=before, after=value)
+            assert ref is not None
+            store["k-ref"] = list(ref)  # what a process would store next to the value
+        with oa.agent("reader"):
+            recorder.record_read("k", store["k"])
+            other = oa.MemoryRecorder("kv")  # knows nothing: the reference comes from the store
+            other.record_read("k", store["k"], written_by=oa.EventRef(*store["k-ref"]))  # type: ignore[misc]
+            recorder.record_read("missing")
+    first, second = captured.of_type("memory_write")
+    assert second.causal_parent_ids == (first.event_id,)
+    assert (second.payload["before"], second.payload["after"]) == (1, 2)
+    reads = captured.of_type("memory_read")
+    assert [r.causal_parent_ids for r in reads] == [(second.event_id,), (second.event_id,), ()]
+    assert all(r.seq > second.seq for r in reads)
+    assert reads[2].payload["found"] is False

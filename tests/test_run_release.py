@@ -37,7 +37,11 @@ def _held(run_id: str) -> dict[str, int]:
     return {
         "clocks": sum(1 for key in clocks._clocks if key[0] == run_id),
         "agents": len(agents_module._agents.get(run_id, {})),
-        "invocations": len(invocations._runs.get(run_id, {})),
+        "invocations": sum(
+            len(table.calls(invocation_id))
+            for table in invocations._runs.get(run_id, {}).values()
+            for invocation_id in table.by_id
+        ),
         "links": sum(
             len(registry._runs.get(run_id, {}))
             for registry in (causal_links._by_response, causal_links._tool_results)

@@ -79,18 +79,72 @@ def test_concurrent_async_retries_run_body_once():
 
 
 def test_sequential_retry_returns_recorded_result_without_rerun():
-    """A later retry with the same id returns the first result, even for different arguments."""
+    """A later retry of the same call (id, tool and input) returns the first result without
+    running the body, whatever order its keyword arguments come in."""
     calls = Counter()
 
     @oa.tool
-    def once(x: int) -> int:
+    def once(x: int, y: int = 0) -> int:
         calls.bump()
-        return x
+        return x + y + calls.n * 100
 
     with oa.run(_run_id()), oa.agent("alpha"):
-        assert once.invoke("c", 1) == 1
-        assert once.invoke("c", 2) == 1
+        assert once.invoke("c", 1, y=2) == 103
+        assert once.invoke("c", y=2, x=1) == 103
+        assert once.invoke("c", 1, 2) == 103
     assert calls.n == 1
+
+
+def test_a_reused_id_with_other_input_or_tool_is_a_call_of_its_own():
+    """The same invocation id with another input, or another tool, runs and is recorded as its own
+    invocation (its events carry the reuse and keys of their own); each call's retries replay its
+    own outcome."""
+    calls: list[tuple[str, int]] = []
+
+    @oa.tool
+    def first(x: int) -> str:
+        calls.append(("first", x))
+        return f"first-{x}"
+
+    @oa.tool
+    def second(x: int) -> str:
+        calls.append(("second", x))
+        return f"second-{x}"
+
+    with capture_events() as captured, oa.run(_run_id()), oa.agent("alpha"):
+        assert first.invoke("toolu_1", 1) == "first-1"
+        assert first.invoke("toolu_1", 2) == "first-2"
+        assert second.invoke("toolu_1", 1) == "second-1"
+        assert first.invoke("toolu_1", 2) == "first-2"  # replayed
+        assert second.invoke("toolu_1", 1) == "second-1"  # replayed
+    assert calls == [("first", 1), ("first", 2), ("second", 1)]
+    invocations_ = captured.of_type("tool_invocation")
+    assert [e.payload.get("id_reuse") for e in invocations_] == [None, 1, 2]
+    assert len({e.event_id for e in invocations_}) == 3
+    assert len({e.idempotency_key for e in captured.events}) == len(captured.events)
+    assert captured.of_type("agent_error") == []
+
+
+def test_run_again_records_each_execution_as_the_next_attempt():
+    """Tool.run_again always runs the body; each execution of the same call is the next attempt,
+    with events of its own, and an exact re-send of one attempt's spans is still one event."""
+    calls = Counter()
+
+    @oa.tool
+    def work(x: int) -> int:
+        return calls.bump()
+
+    with capture_events() as captured, oa.run(_run_id()), oa.agent("alpha"):
+        assert [work.run_again("toolu_1", 1) for _ in range(3)] == [1, 2, 3]
+        assert work.invoke("toolu_1", 1) == 3  # exactly-once replays the latest attempt
+    results = captured.of_type("tool_result")
+    assert [e.payload.get("attempt") for e in results] == [None, 2, 3]
+    assert [e.idempotency_key for e in results] == [
+        "tool:toolu_1:result",
+        "tool:toolu_1\x1fattempt2:result",
+        "tool:toolu_1\x1fattempt3:result",
+    ]
+    assert calls.n == 3
 
 
 def test_reserved_looking_parameters_reach_the_tool_untouched():
@@ -430,8 +484,81 @@ def test_registry_keeps_a_bounded_number_of_finished_outcomes():
         with oa.run(f"bounded-{uuid.uuid4().hex[:8]}"), oa.agent("a"):
             for i in range(5):
                 count.invoke(f"c{i}", i)
-            assert count.invoke("c4", 99) == 4  # recent: replayed, body not run
+            assert count.invoke("c4", 4) == 4  # recent: replayed, body not run
             assert count.invoke("c0", 0) == 0  # evicted: runs again
     finally:
         invocations.max_completed = saved
     assert calls == [0, 1, 2, 3, 4, 0]
+
+
+def test_an_interrupted_at_most_once_call_is_not_run_again():
+    """An at_most_once tool whose attempt was interrupted (the body may have acted) is not run
+    again: its retries raise ToolOutcomeUnknown; an at_least_once tool runs again."""
+    calls = Counter()
+
+    @oa.tool(crash_policy="at_most_once")
+    def charge() -> None:
+        calls.bump()
+        raise KeyboardInterrupt
+
+    @oa.tool
+    def read() -> int:
+        n = calls.bump()
+        if n == 2:
+            raise KeyboardInterrupt
+        return n
+
+    with oa.run(_run_id()), oa.agent("alpha"):
+        with pytest.raises(KeyboardInterrupt):
+            charge.invoke("c")
+        for _ in range(2):
+            with pytest.raises(oa.ToolOutcomeUnknown) as info:
+                charge.invoke("c")
+            assert info.value.invocation_id == "c" and info.value.tool == "charge"
+        with pytest.raises(KeyboardInterrupt):
+            read.invoke("r")
+        assert read.invoke("r") == 3
+    assert calls.n == 3
+
+
+def test_the_invocation_is_readable_inside_the_body():
+    """current_invocation() inside a body names the call; outside any body it is None; a plain
+    call has no invocation id and no idempotency key."""
+    seen: list[oa.InvocationInfo | None] = []
+
+    @oa.tool
+    def probe(x: int) -> None:
+        seen.append(oa.current_invocation())
+
+    with oa.run(_run_id()), oa.agent("alpha"):
+        probe.invoke("p-1", 1)
+        probe(2)
+    assert oa.current_invocation() is None
+    first, plain = seen
+    assert first is not None and plain is not None
+    assert (first.invocation_id, first.tool, first.attempt, first.agent_id) == (
+        "p-1",
+        "probe",
+        1,
+        "alpha",
+    )
+    assert first.idempotency_key is not None and plain.idempotency_key is None
+    assert plain.invocation_id is None
+
+
+def test_a_replayed_result_is_the_callers_own():
+    """Mutating a result, the first caller's or a replayed one, changes neither later replays
+    nor the recorded event."""
+
+    @oa.tool
+    def make() -> dict[str, list[int]]:
+        return {"items": [1]}
+
+    with capture_events() as captured, oa.run(_run_id()), oa.agent("alpha"):
+        first = make.invoke("m")
+        first["items"].append(2)
+        replayed = make.invoke("m")
+        assert replayed == {"items": [1]}
+        replayed["items"].append(3)
+        assert make.invoke("m") == {"items": [1]}
+    assert captured.of_type("tool_result")[0].payload["result"] == {"items": [1]}

@@ -1,30 +1,47 @@
-"""A captured key-value memory shared by the agents of a process.
+"""Captured key-value memory shared by agents, and recording of a store you already have.
 
-Every mutation and its ``memory_write`` event are one atomic step: the value before, the value
-after, the event's sequence and its causal link to the previous write of the key are all fixed
-under one lock, so the chain of write events of a key replays to its final value. A read names the
-write it observed as a causal parent, so the reader's clock moves past that write.
+:class:`Memory` is shared by the agents of a process. Every mutation and its ``memory_write`` event
+are one atomic step: the value before, the value after, the event's sequence and its causal link
+to the previous write of the key are all fixed under one lock, so the chain of write events of a
+key replays to its final value. A read names the write it observed as a causal parent, so the
+reader's clock moves past that write. The memory keeps its own copies: a value is copied when it
+is stored and again when it is read, so nobody can change a stored value in place, behind the
+log's back. Each write gives the key a new version (:attr:`Lookup.version`), which
+:meth:`Memory.compare_and_set` compares.
 
 A missing key and a key holding ``None`` differ: payloads carry ``before_found`` / ``after_found``
 / ``found`` flags, and :meth:`Memory.lookup` returns a :class:`Lookup` that says which.
 Memory is shared, so it is not rolled back when an agent execution fails (agent state is).
+
+The same interface backed by PostgreSQL, for agents of a run in several processes, is
+:class:`otel_agentcap.exporters.postgres.PostgresMemory`. :class:`MemoryRecorder` records the reads
+and writes of a store of your own (a file, a key-value server, a vector index) as memory events
+with the same causal rules.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
+from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Final
 
 from opentelemetry.trace import Span
 
+from otel_agentcap import attributes as attr
 from otel_agentcap import jsonsafe
 from otel_agentcap.capture import _telemetry as tel
-from otel_agentcap.context import current_agent
+from otel_agentcap.capture.values import private_copy
+from otel_agentcap.context import AgentContext, current_agent
 from otel_agentcap.model import EventRef, EventType, validate_id
+from otel_agentcap.span_attributes import add_attributes
 from otel_agentcap.stamping import Stamp, stamp
+
+_logger = logging.getLogger("otel_agentcap")
 
 MEMORY_KEY: Final = "agentcap.memory.key"
 MEMORY_NAME: Final = "agentcap.memory.name"
@@ -42,11 +59,14 @@ MISSING: Final = _Missing()
 
 @dataclass(frozen=True, slots=True)
 class Lookup:
-    """The outcome of a read: ``found`` is False for a missing key, True for a stored ``None``."""
+    """The outcome of a read: ``found`` is False for a missing key, True for a stored ``None``.
+    ``version`` is the key's version as read (0 for a key never written), for
+    :meth:`Memory.compare_and_set`."""
 
     found: bool
     value: Any = None
     written_by: EventRef | None = None
+    version: int = 0
 
 
 #: Deleted keys whose delete the key's next write still names as causal parent (the most recent
@@ -54,37 +74,45 @@ class Lookup:
 DEFAULT_MAX_DELETED_KEYS: Final = 10_000
 
 
-@dataclass(slots=True)
-class _Slot:
-    value: Any
-    written_by: EventRef | None
+class MemoryBase(ABC):
+    """The mapping interface shared by :class:`Memory` and ``PostgresMemory``: implementations
+    provide :meth:`lookup`, :meth:`set`, :meth:`delete`, :meth:`compare_and_set`, :meth:`keys`."""
 
+    name: str
 
-class Memory:
-    """A thread-safe, captured key-value store. Keys are strings."""
+    @abstractmethod
+    def lookup(self, key: str) -> Lookup:
+        """Read ``key``, recording a ``memory_read`` event inside an agent."""
 
-    def __init__(self, name: str = "memory") -> None:
-        self.name = validate_id(name, "memory name")
-        self._lock = threading.Lock()
-        self._slots: dict[str, _Slot] = {}
-        # The recorded deletes of keys not written since, oldest first, so the next write of a
-        # key still chains to its delete; bounded, as keys come and go in a long-lived process.
-        self._deletes: OrderedDict[str, EventRef] = OrderedDict()
-        self.max_deleted_keys = DEFAULT_MAX_DELETED_KEYS
+    @abstractmethod
+    def set(self, key: str, value: Any) -> EventRef | None:
+        """Store a copy of ``value``; returns the ``memory_write`` event (None outside an
+        agent)."""
 
-    def __repr__(self) -> str:
-        return f"Memory({self.name!r}, {len(self._slots)} keys)"
+    @abstractmethod
+    def delete(self, key: str) -> bool:
+        """Remove ``key``; returns whether it was there. Recorded as a write with
+        ``after_found: false``."""
 
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._slots)
+    @abstractmethod
+    def compare_and_set(self, key: str, expected_version: int, value: Any) -> EventRef | bool:
+        """Write ``value`` (or delete, with :data:`MISSING`) only if ``key`` is at
+        ``expected_version`` (as :attr:`Lookup.version` reported it; 0 for a key never written).
+        Returns the ``memory_write`` event (True outside an agent) if it wrote, False if the
+        version differed (nothing is written or recorded)."""
+
+    @abstractmethod
+    def keys(self) -> list[str]:
+        """The keys present now, without recording a read."""
 
     def __contains__(self, key: object) -> bool:
         return isinstance(key, str) and self.lookup(key).found
 
     def __iter__(self) -> Iterator[str]:
-        with self._lock:
-            return iter(list(self._slots))
+        return iter(self.keys())
+
+    def __len__(self) -> int:
+        return len(self.keys())
 
     def __getitem__(self, key: str) -> Any:
         found = self.lookup(key)
@@ -103,102 +131,292 @@ class Memory:
         found = self.lookup(key)
         return found.value if found.found else default
 
-    def snapshot(self) -> dict[str, Any]:
-        """The current contents, without recording a read."""
+
+@dataclass(slots=True)
+class _Slot:
+    value: Any
+    written_by: EventRef | None
+    version: int
+
+
+def _read_payload(
+    memory: str, key: str, found: bool, value: Any, written_by: EventRef | None
+) -> str:
+    payload: dict[str, Any] = {"memory": memory, "key": key, "found": found}
+    if found:
+        payload["value"] = value
+    if written_by is not None:
+        payload["written_by"] = written_by.event_id
+    return jsonsafe.dumps(payload)
+
+
+def _write_payload(memory: str, key: str, op: str, before: Any, after: Any) -> str:
+    payload: dict[str, Any] = {
+        "memory": memory,
+        "key": key,
+        "op": op,
+        "before_found": before is not MISSING,
+        "after_found": after is not MISSING,
+    }
+    if before is not MISSING:
+        payload["before"] = before
+    if after is not MISSING:
+        payload["after"] = after
+    return jsonsafe.dumps(payload)
+
+
+def emit_memory_event(name: str, event: Stamp, encoded_payload: str, memory: str, key: str) -> None:
+    """The span of one memory event (``memory_read`` / ``memory_write``), started and ended."""
+    span = tel.start_event_span(
+        name,
+        event,
+        tel.Encoded(encoded_payload),
+        {MEMORY_KEY: key, MEMORY_NAME: memory},
+    )
+    tel.end_span(span)
+
+
+def start_write_span(event: Stamp, memory: str, key: str) -> Span:
+    """The span of a ``memory_write`` event, started without its payload: it starts while the
+    write holds its lock, so the write's reference (which the key's next read and write link to)
+    names its span, and the payload is encoded after the lock is released
+    (:func:`finish_write_span`)."""
+    attributes = event.attributes()
+    attributes[MEMORY_KEY] = key
+    attributes[MEMORY_NAME] = memory
+    return tel.start_span("memory_write", attributes, event.links)
+
+
+def finish_write_span(span: Span, encoded_payload: str) -> None:
+    """Set the payload of a span from :func:`start_write_span` and end it."""
+    try:
+        add_attributes(span, {attr.EVENT_PAYLOAD: encoded_payload})
+    except Exception:
+        _logger.exception("agentcap: could not record a memory write")
+    tel.end_span(span)
+
+
+class Memory(MemoryBase):
+    """A thread-safe, captured key-value store. Keys are strings; values are kept as private
+    copies (``copy.deepcopy`` semantics; a value that cannot be copied is kept as it is)."""
+
+    def __init__(self, name: str = "memory") -> None:
+        self.name = validate_id(name, "memory name")
+        self._lock = threading.Lock()
+        self._slots: dict[str, _Slot] = {}
+        # The recorded deletes of keys not written since, oldest first, so the next write of a
+        # key still chains to its delete; bounded, as keys come and go in a long-lived process.
+        self._deletes: OrderedDict[str, tuple[EventRef, int]] = OrderedDict()
+        self.max_deleted_keys = DEFAULT_MAX_DELETED_KEYS
+        # One counter for every key: a key's version never repeats, also after its delete was
+        # forgotten.
+        self._revision = 0
+
+    def __repr__(self) -> str:
+        return f"Memory({self.name!r}, {len(self._slots)} keys)"
+
+    def __len__(self) -> int:
         with self._lock:
-            return {key: slot.value for key, slot in self._slots.items()}
+            return len(self._slots)
+
+    def keys(self) -> list[str]:
+        with self._lock:
+            return list(self._slots)
+
+    def snapshot(self) -> dict[str, Any]:
+        """Copies of the current contents, without recording a read."""
+        with self._lock:
+            items = [(key, slot.value) for key, slot in self._slots.items()]
+        return {key: private_copy(value) for key, value in items}
 
     def lookup(self, key: str) -> Lookup:
-        """Read ``key``, recording a ``memory_read`` event inside an agent."""
         key = validate_id(key, "memory key")
         ctx = current_agent()
         if ctx is not None:
             ctx.check_active()
         with self._lock:
             slot = self._slots.get(key)
-            found = Lookup(True, slot.value, slot.written_by) if slot is not None else Lookup(False)
+            if slot is None:
+                deleted = self._deletes.get(key)
+                written_by, version = deleted if deleted is not None else (None, 0)
+                stored, found = None, False
+            else:
+                written_by, version, stored, found = (
+                    slot.written_by,
+                    slot.version,
+                    slot.value,
+                    True,
+                )
             if ctx is None:
-                return found
-            parents = (found.written_by,) if found.written_by is not None else ()
-            event = stamp(ctx, EventType.MEMORY_READ, parents=parents)
-            payload: dict[str, Any] = {"memory": self.name, "key": key, "found": found.found}
-            if found.found:
-                payload["value"] = found.value
-            if found.written_by is not None:
-                payload["written_by"] = found.written_by.event_id
-            # Serialised under the lock (the value may be mutated later), emitted outside it
-            # (an exporter running synchronously must not hold up other agents).
-            encoded = jsonsafe.dumps(payload)
-        self._emit("memory_read", event, encoded, key)
-        return found
+                event = None
+            else:
+                # The read's sequence is fixed under the lock, after the write it saw.
+                parents = (written_by,) if written_by is not None and found else ()
+                event = stamp(ctx, EventType.MEMORY_READ, parents=parents)
+        # A stored value is never changed in place (writes replace it), so it can be copied and
+        # encoded outside the lock.
+        result = Lookup(found, private_copy(stored), written_by if found else None, version)
+        if event is not None:
+            encoded = _read_payload(self.name, key, found, stored, result.written_by)
+            emit_memory_event("memory_read", event, encoded, self.name, key)
+        return result
 
     def set(self, key: str, value: Any) -> EventRef | None:
-        """Store ``value``; returns the ``memory_write`` event (None outside an agent)."""
-        return self._write(key, value, "set")[0]
+        return self._write(key, value, "set", None)[0]
 
     def delete(self, key: str) -> bool:
-        """Remove ``key``; returns whether it was there. Recorded as a write with
-        ``after_found: false``."""
-        return self._write(key, MISSING, "delete")[1]
+        return self._write(key, MISSING, "delete", None)[1]
 
-    def _write(self, key: str, value: Any, op: str) -> tuple[EventRef | None, bool]:
+    def compare_and_set(self, key: str, expected_version: int, value: Any) -> EventRef | bool:
+        event_ref, _, written = self._write(
+            key, value, "delete" if value is MISSING else "set", expected_version
+        )
+        if not written:
+            return False
+        return event_ref if event_ref is not None else True
+
+    def _write(
+        self, key: str, value: Any, op: str, expected_version: int | None
+    ) -> tuple[EventRef | None, bool, bool]:
+        """Returns the write's event, whether the key was there, whether it wrote."""
         key = validate_id(key, "memory key")
         ctx = current_agent()
         if ctx is not None:
             ctx.check_active()
-        pending: Span | None = None
+        stored = MISSING if value is MISSING else private_copy(value)
+        pending: tuple[Span, Any] | None = None
         with self._lock:
             before = self._slots.get(key)
+            deleted = self._deletes.get(key) if before is None else None
+            version = before.version if before is not None else (deleted[1] if deleted else 0)
+            if expected_version is not None and version != expected_version:
+                return None, before is not None, False
             if before is None and value is MISSING:
-                return None, False  # deleting a missing key changes nothing: no event
+                return None, False, True  # deleting a missing key changes nothing: no event
+            self._revision += 1
+            revision = self._revision
             if ctx is None:
                 # Not recorded: the next recorded write must not claim to follow the last
                 # recorded one, whose "after" this write just made stale.
                 event_ref = None
                 self._deletes.pop(key, None)
             else:
-                previous = before.written_by if before is not None else self._deletes.get(key)
+                previous = before.written_by if before is not None else (deleted or (None,))[0]
                 event = stamp(ctx, EventType.MEMORY_WRITE, parents=(previous,) if previous else ())
-                payload: dict[str, Any] = {
-                    "memory": self.name,
-                    "key": key,
-                    "op": op,
-                    "before_found": before is not None,
-                    "after_found": value is not MISSING,
-                }
-                if before is not None:
-                    payload["before"] = before.value
-                if value is not MISSING:
-                    payload["after"] = value
-                # Serialised here under the lock, so later mutation of a stored object cannot
-                # change what the event says. The span starts here too, so the write's reference
-                # (which the key's next read and write link to) names its span; it ends after
-                # the lock is released (an exporter running synchronously must not hold up
-                # other agents).
-                pending = self._start("memory_write", event, jsonsafe.dumps(payload), key)
-                event_ref = event.ref_on(pending.get_span_context())
+                span = start_write_span(event, self.name, key)
+                pending = (span, before.value if before is not None else MISSING)
+                event_ref = event.ref_on(span.get_span_context())
             if value is MISSING:
                 self._slots.pop(key, None)
                 if event_ref is not None:
                     deletes = self._deletes
-                    deletes[key] = event_ref
+                    deletes[key] = (event_ref, revision)
                     deletes.move_to_end(key)
                     while len(deletes) > self.max_deleted_keys:
                         deletes.popitem(last=False)
             else:
-                self._slots[key] = _Slot(value, event_ref)
+                self._slots[key] = _Slot(stored, event_ref, revision)
                 self._deletes.pop(key, None)
         if pending is not None:
-            tel.end_span(pending)
-        return event_ref, before is not None
+            # Both values are private and never changed in place: encoded outside the lock (an
+            # exporter running synchronously must not hold up other agents either).
+            span, before_value = pending
+            finish_write_span(span, _write_payload(self.name, key, op, before_value, stored))
+        return event_ref, before is not None, True
 
-    def _emit(self, name: str, event: Stamp, encoded_payload: str, key: str) -> None:
-        tel.end_span(self._start(name, event, encoded_payload, key))
 
-    def _start(self, name: str, event: Stamp, encoded_payload: str, key: str) -> Span:
-        return tel.start_event_span(
-            name,
-            event,
-            tel.Encoded(encoded_payload),
-            {MEMORY_KEY: key, MEMORY_NAME: self.name},
-        )
+class MemoryRecorder:
+    """Records reads and writes of a store you already have (a file, a key-value server, a vector
+    index) as ``memory_read`` / ``memory_write`` events named ``name``, with the causal rules of
+    :class:`Memory`: a write names the key's previous write as its causal parent, a read names the
+    write it saw, and each advances the agent's clock past its parent.
+
+    The recorder remembers the last write it recorded for each key (the ``max_keys`` most recent
+    keys). Across processes, store the :class:`~otel_agentcap.EventRef` a write returns next to the
+    value (``list(ref)``; ``EventRef(*stored)`` reads it back) and pass it as ``written_by`` /
+    ``previous``. For ``before`` / ``after`` to be the true transition, hold :meth:`lock` (or the
+    store's own lock or transaction) around reading the old value, writing the store and recording
+    the write::
+
+        recorder = MemoryRecorder("kv")
+        with recorder.lock(key):
+            old = store.get(key, MISSING)
+            store[key] = value
+            recorder.record_write(key, before=old, after=value)
+
+    Outside an agent nothing is recorded and the methods return None.
+    """
+
+    def __init__(self, name: str, *, max_keys: int = 100_000) -> None:
+        self.name = validate_id(name, "memory name")
+        self.max_keys = max_keys
+        self._lock = threading.Lock()
+        self._last_write: OrderedDict[str, EventRef] = OrderedDict()
+        self._key_locks: dict[str, threading.RLock] = {}
+
+    def lock(self, key: str) -> AbstractContextManager[bool]:
+        """A per-key lock (reentrant) for making a store operation and its record one step in
+        this process."""
+        lock = self._key_locks.get(key)
+        if lock is None:
+            lock = self._key_locks.setdefault(key, threading.RLock())
+        return lock
+
+    def record_write(
+        self,
+        key: str,
+        *,
+        before: Any = MISSING,
+        after: Any = MISSING,
+        previous: EventRef | None = None,
+        op: str | None = None,
+    ) -> EventRef | None:
+        """Record a write of ``key`` from ``before`` to ``after`` (:data:`MISSING` for absent:
+        a delete has ``after=MISSING``). Its causal parent is ``previous`` if given, else the last
+        write of the key this recorder recorded."""
+        key = validate_id(key, "memory key")
+        ctx = current_agent()
+        if ctx is None:
+            return None
+        ctx.check_active()
+        with self._lock:
+            parent = previous if previous is not None else self._last_write.get(key)
+            event = stamp(ctx, EventType.MEMORY_WRITE, parents=(parent,) if parent else ())
+            span = start_write_span(event, self.name, key)
+            ref = event.ref_on(span.get_span_context())
+            self._remember(key, ref)
+        kind = op if op is not None else ("delete" if after is MISSING else "set")
+        finish_write_span(span, _write_payload(self.name, key, kind, before, after))
+        return ref
+
+    def record_read(
+        self, key: str, value: Any = MISSING, *, written_by: EventRef | None = None
+    ) -> EventRef | None:
+        """Record a read of ``key`` that found ``value`` (:data:`MISSING`: not found). Its causal
+        parent is ``written_by`` if given, else the last write of the key this recorder
+        recorded."""
+        key = validate_id(key, "memory key")
+        ctx = current_agent()
+        if ctx is None:
+            return None
+        ctx.check_active()
+        return self._record_read(ctx, key, value, written_by)
+
+    def _record_read(
+        self, ctx: AgentContext, key: str, value: Any, written_by: EventRef | None
+    ) -> EventRef:
+        with self._lock:
+            parent = written_by if written_by is not None else self._last_write.get(key)
+            event = stamp(ctx, EventType.MEMORY_READ, parents=(parent,) if parent else ())
+        found = value is not MISSING
+        encoded = _read_payload(self.name, key, found, value if found else None, parent)
+        emit_memory_event("memory_read", event, encoded, self.name, key)
+        return event.ref
+
+    def _remember(self, key: str, ref: EventRef) -> None:
+        last = self._last_write
+        last[key] = ref
+        last.move_to_end(key)
+        while len(last) > self.max_keys:
+            old, _ = last.popitem(last=False)
+            self._key_locks.pop(old, None)

@@ -1,16 +1,23 @@
-"""Captured tools: ``execute_tool`` spans, invocation and result events, and in-process
-exactly-once execution per (run, agent, invocation id)."""
+"""Captured tools: ``execute_tool`` spans, invocation and result events, and exactly-once execution
+per invocation: in this process per (run, agent, invocation id, tool, input), and across processes
+through the tool ledger (:mod:`otel_agentcap.capture.ledger`) when one is installed."""
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import copy
 import functools
 import inspect
+import itertools
+import json
+import logging
+import random
 import threading
-from collections import OrderedDict
+import time
+from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import Any, Generic, NamedTuple, ParamSpec, TypeVar, cast, overload
+from typing import Any, Final, Generic, NamedTuple, ParamSpec, TypeVar, cast, overload
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -19,19 +26,48 @@ from opentelemetry.util.types import AttributeValue
 from otel_agentcap import attributes as attr
 from otel_agentcap import jsonsafe
 from otel_agentcap.capture import _telemetry as tel
+from otel_agentcap.capture.ledger import (
+    CRASH_POLICIES,
+    DEFAULT_CRASH_POLICY,
+    JSON_CODEC,
+    Codec,
+    CrashPolicy,
+    LedgerCall,
+    LedgerClaim,
+    ToolLedger,
+    call_digest,
+    codec_named,
+    encode_error,
+    rebuild_error,
+    register_codec,
+    tool_ledger,
+)
+from otel_agentcap.capture.values import private_copy
 from otel_agentcap.context import AgentContext, current_agent
-from otel_agentcap.model import EventRef, EventType, from_fields, validate_id
+from otel_agentcap.errors import ToolOutcomeUnknown
+from otel_agentcap.model import EventRef, EventType, event_id_for, from_fields, validate_id
 from otel_agentcap.runs import lifetimes
 from otel_agentcap.stamping import stamp
 
 P = ParamSpec("P")
 R = TypeVar("R")
 
+_logger = logging.getLogger(__name__)
+
 DEFAULT_MAX_COMPLETED = 100_000
+#: The canonical input of a call is compared whole, never cut (the payload is cut separately).
+_UNBOUNDED: Final = 1 << 62
+#: Polling a ledger claim held by another process: first delay and cap, in seconds (doubling, with
+#: jitter). A waiter holds no database connection between polls.
+POLL_FIRST: Final = 0.01
+POLL_MAX: Final = 0.5
+
+Key = tuple[str, str, str]
 
 
 class _Invocation:
-    """The one execution of a tool invocation; retries wait on it and share its outcome.
+    """One execution (attempt) of one call; retries of the same call wait on it and share its
+    outcome.
 
     Fields are class-level defaults, set on the instance only when they change: one is created
     for every captured invocation, and ``_Invocation()`` with no ``__init__`` costs next to
@@ -46,110 +82,326 @@ class _Invocation:
     #: outcome to replay, so waiters claim the invocation again.
     interrupted: bool = False
     attempt: int = 1
+    #: 0 for the first call seen under its invocation id; k > 0 for the k-th call that reused the
+    #: id with another tool or input (its events get keys of their own).
+    ordinal: int = 0
+    #: The call's identity: tool name and canonical input.
+    tool: str = ""
+    arguments: str = ""
     #: What runs the body: its thread's ident (sync tools) or its asyncio task (async tools).
     runner: object = None
+    #: Completion order over the process (see InvocationRegistry); 0 while running.
+    generation: int = 0
+    #: Where the outcome is recorded across processes, when a ledger protects the call.
+    ledger_call: LedgerCall | None = None
+    table: _AgentCalls | None = None
+    key: Key | None = None
+
+
+class _AgentCalls:
+    """The invocations of one agent of one run. Its lock is held only for dictionary work: each
+    agent has its own, so threads serving different agents never contend."""
+
+    __slots__ = ("by_id", "completed", "finished", "lock", "waiting")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.finished = threading.Condition(self.lock)
+        self.waiting = 0
+        #: Per invocation id, one entry per identity (tool and input), the latest attempt of each:
+        #: the entry itself while there is one (almost always), else a list whose last entry is
+        #: the one a caller used last (ran or replayed).
+        self.by_id: dict[str, _Invocation | list[_Invocation]] = {}
+        #: Finished entries in completion order, for eviction.
+        self.completed: deque[_Invocation] = deque()
+
+    def calls(self, invocation_id: str) -> list[_Invocation]:
+        """The entries of ``invocation_id`` (lock held)."""
+        held = self.by_id.get(invocation_id)
+        if held is None:
+            return []
+        return held if type(held) is list else [held]  # type: ignore[list-item]
+
+    def keep(self, invocation_id: str, calls: list[_Invocation]) -> None:
+        """Store the entries of ``invocation_id`` (lock held)."""
+        if not calls:
+            self.by_id.pop(invocation_id, None)
+        else:
+            self.by_id[invocation_id] = calls if len(calls) > 1 else calls[0]
 
 
 class InvocationRegistry:
-    """Outcomes of tool invocations in this process, keyed by (run, agent, invocation id).
+    """Outcomes of tool invocations in this process, per (run, agent), then invocation id and
+    identity (tool and input).
 
-    Scoping by run and agent means one agent's retry never gets another agent's result.
-    A run's outcomes are released when the run's last scope in this process closes
-    (``runs.lifetimes``); within a run, at most ``max_completed`` finished outcomes are kept
-    across all open runs (oldest forgotten first), so a long-running process does not grow
-    without bound; running invocations are never evicted. Waiters share one condition instead of
-    an event per invocation, which is notified only while someone waits.
+    Scoping by run and agent means one agent's retry never gets another agent's result, and
+    matching on tool and input means a reused id with another tool or input is another call.
+    A run's outcomes are released when its last scope in this process closes (``runs.lifetimes``).
+    Within open runs, the outcomes of the ``max_completed`` most recent completions (over the
+    whole process) can be replayed; older ones are forgotten (each agent drops its own on its next
+    completion, and a sweep over every agent runs every ``max_completed // 4`` completions, so
+    idle agents do not keep them). Running invocations are never forgotten.
+
+    Nothing here is locked process-wide on the path of a call: completions are numbered by an
+    atomic counter and each agent's table has its own lock.
     """
 
     def __init__(self, max_completed: int = DEFAULT_MAX_COMPLETED) -> None:
-        self._lock = threading.Lock()
-        self._finished = threading.Condition(self._lock)
-        self._waiting = 0
-        # Per run, so that releasing a run costs the size of that run only.
-        self._runs: dict[str, dict[tuple[str, str, str], _Invocation]] = {}
-        # Finished keys, oldest first. An OrderedDict, not a dict: evicting a plain dict's first
-        # entry leaves a hole that every later ``next(iter(...))`` scans past until the dict
-        # resizes, which made each call O(n) once the registry was full.
-        self._completed: OrderedDict[tuple[str, str, str], None] = OrderedDict()
+        self._runs: dict[str, dict[str, _AgentCalls]] = {}
+        self._generations = itertools.count(1)
+        self._latest = 0
+        self._sweep_lock = threading.Lock()
+        self._sweep_every = 1
         self.max_completed = max_completed
 
-    def complete(self, key: tuple[str, str, str], entry: _Invocation) -> None:
+    @property
+    def max_completed(self) -> int:
+        return self._max_completed
+
+    @max_completed.setter
+    def max_completed(self, value: int) -> None:
+        self._max_completed = value
+        self._sweep_every = max(1, value // 4)
+
+    def _expired(self, entry: _Invocation) -> bool:
+        return 0 < entry.generation <= self._latest - self._max_completed
+
+    def claim(
+        self, key: Key, tool: str = "", arguments: str = "", exactly_once: bool = True
+    ) -> tuple[_Invocation, bool]:
+        """Return the invocation of this call (``key`` with ``tool`` and ``arguments``) and whether
+        the caller owns its execution. With ``exactly_once`` a call that ran, runs or failed is the
+        caller's to wait for and replay; without it every call is a new attempt the caller runs."""
+        agents = self._runs.get(key[0])
+        if agents is None:
+            agents = self._runs.setdefault(key[0], {})  # atomic: one dict wins
+        table = agents.get(key[1])
+        if table is None:
+            table = agents.setdefault(key[1], _AgentCalls())
+        invocation_id = key[2]
+        with table.lock:
+            if invocation_id not in table.by_id:  # the common case: a new invocation id
+                entry = _Invocation()
+                entry.table = table
+                entry.key = key
+                entry.tool = tool
+                entry.arguments = arguments
+                table.by_id[invocation_id] = entry
+                return entry, True
+            return self._claim_known(table, key, tool, arguments, exactly_once)
+
+    def _claim_known(
+        self,
+        table: _AgentCalls,
+        key: Key,
+        tool: str,
+        arguments: str,
+        exactly_once: bool,
+    ) -> tuple[_Invocation, bool]:
+        """:meth:`claim` of an id this agent used before (its table's lock held)."""
+        calls = table.calls(key[2])
+        match: _Invocation | None = None
+        for entry in calls:
+            if entry.tool == tool and (
+                entry.arguments == arguments or canonical(entry.arguments) == canonical(arguments)
+            ):
+                match = entry
+                break
+        if match is not None:
+            calls.remove(match)
+            if self._expired(match):
+                match = None
+            elif exactly_once and not match.interrupted:
+                calls.append(match)  # used last
+                table.keep(key[2], calls)
+                return match, False
+        entry = _Invocation()
+        entry.table = table
+        entry.key = key
+        entry.tool = tool
+        entry.arguments = arguments
+        if match is not None:
+            # Interrupted, or run again on purpose: the next attempt of the same call.
+            entry.attempt = match.attempt + 1
+            if match.ordinal:
+                entry.ordinal = match.ordinal
+        elif calls:
+            # Another tool or input under a known id: a call of its own.
+            entry.ordinal = max(other.ordinal for other in calls) + 1
+        calls.append(entry)
+        table.keep(key[2], calls)
+        return entry, True
+
+    def complete(self, key: Key, entry: _Invocation) -> None:
         """Publish the outcome stored on ``entry`` and wake the waiters."""
-        with self._lock:
+        generation = next(self._generations)
+        if generation > self._latest:
+            self._latest = generation
+        table = entry.table
+        if table is None:
             entry.done = True
-            entries = self._runs.get(key[0])
-            if entries is not None and entries.get(key) is entry:
-                completed = self._completed
-                completed[key] = None
-                while len(completed) > self.max_completed:
-                    old, _ = completed.popitem(last=False)
-                    old_entries = self._runs.get(old[0])
-                    if old_entries is not None:
-                        old_entries.pop(old, None)
-            if self._waiting:
-                self._finished.notify_all()
+            return
+        with table.lock:
+            entry.generation = generation
+            entry.done = True
+            completed = table.completed
+            completed.append(entry)
+            if completed[0].generation <= generation - self._max_completed:
+                self._evict(table)
+            if table.waiting:
+                table.finished.notify_all()
+        if generation % self._sweep_every == 0:
+            self._sweep()
+
+    def _evict(self, table: _AgentCalls) -> None:
+        """Forget ``table``'s outcomes that are no longer among the most recent (lock held)."""
+        completed = table.completed
+        limit = self._latest - self._max_completed
+        by_id = table.by_id
+        while completed and completed[0].generation <= limit:
+            old = completed.popleft()
+            assert old.key is not None
+            invocation_id = old.key[2]
+            held = by_id.get(invocation_id)
+            if held is old:
+                del by_id[invocation_id]
+            elif type(held) is list and old in held:
+                calls = list(held)
+                calls.remove(old)
+                table.keep(invocation_id, calls)
+
+    def _sweep(self) -> None:
+        """Evict in every agent's table (rarely: see the class documentation)."""
+        if not self._sweep_lock.acquire(blocking=False):
+            return  # another thread sweeps
+        try:
+            for agents in list(self._runs.values()):
+                for table in list(agents.values()):
+                    with table.lock:
+                        self._evict(table)
+        finally:
+            self._sweep_lock.release()
 
     def wait(self, entry: _Invocation, timeout: float | None = None) -> bool:
         """Wait until ``entry`` is done; returns whether it is."""
-        with self._lock:
+        table = entry.table
+        if table is None:
+            return entry.done
+        with table.lock:
             if not entry.done:
-                self._waiting += 1
+                table.waiting += 1
                 try:
-                    self._finished.wait_for(lambda: entry.done, timeout)
+                    table.finished.wait_for(lambda: entry.done, timeout)
                 finally:
-                    self._waiting -= 1
+                    table.waiting -= 1
             return entry.done
 
-    def claim(self, key: tuple[str, str, str]) -> tuple[_Invocation, bool]:
-        """Return the invocation for ``key`` and whether the caller owns its execution."""
-        with self._lock:
-            entries = self._runs.get(key[0])
-            if entries is None:
-                entries = self._runs[key[0]] = {}
-            entry = entries.get(key)
-            if entry is not None:
-                if not entry.interrupted:
-                    return entry, False
-                attempt = entry.attempt + 1  # the last attempt was interrupted: run it again
-            else:
-                attempt = 1
-            entry = entries[key] = _Invocation()
-            if attempt > 1:
-                entry.attempt = attempt
-            return entry, True
-
-    def release(self, key: tuple[str, str, str], entry: _Invocation) -> None:
+    def release(self, key: Key, entry: _Invocation) -> None:
         """Give up an interrupted attempt, so the next call runs the tool again (as the next
         attempt, whose events get keys of their own)."""
-        with self._lock:
+        table = entry.table
+        if table is None:
+            entry.interrupted = entry.done = True
+            return
+        with table.lock:
             entry.interrupted = True
             entry.done = True
-            if self._waiting:
-                self._finished.notify_all()
+            if table.waiting:
+                table.finished.notify_all()
 
-    def lookup(self, key: tuple[str, str, str]) -> _Invocation | None:
-        with self._lock:
-            entries = self._runs.get(key[0])
-            entry = entries.get(key) if entries is not None else None
-            return None if entry is None or entry.interrupted else entry
+    def lookup(self, key: Key) -> _Invocation | None:
+        """The invocation the agent's last call with this id used (ran or replayed), unless it was
+        interrupted or forgotten."""
+        agents = self._runs.get(key[0])
+        table = agents.get(key[1]) if agents is not None else None
+        if table is None:
+            return None
+        with table.lock:
+            calls = table.calls(key[2])
+            entry = calls[-1] if calls else None
+            if entry is None or entry.interrupted or self._expired(entry):
+                return None
+            return entry
 
     def forget_run(self, run_id: str) -> None:
         """Release the outcomes of a finished run."""
-        with self._lock:
-            entries = self._runs.pop(run_id, None)
-            if entries:
-                completed = self._completed
-                for key in entries:
-                    completed.pop(key, None)
+        self._runs.pop(run_id, None)
 
     def __len__(self) -> int:
         """Invocations held (running, finished or interrupted), over all runs."""
-        with self._lock:
-            return sum(len(entries) for entries in self._runs.values())
+        total = 0
+        for agents in list(self._runs.values()):
+            for table in list(agents.values()):
+                with table.lock:
+                    total += sum(
+                        len(held) if type(held) is list else 1 for held in table.by_id.values()
+                    )
+        return total
 
 
 invocations = InvocationRegistry()
 lifetimes.on_release(invocations.forget_run)
+
+
+class InvocationInfo(NamedTuple):
+    """The invocation a tool body runs as (see :func:`current_invocation`)."""
+
+    run_id: str
+    agent_id: str
+    #: The id passed to ``invoke`` (None for a plain call).
+    invocation_id: str | None
+    #: The tool (its name; for a member of an anthropic SDK toolset, the toolset and the name).
+    tool: str
+    attempt: int
+    #: The JSON of the call's input (see :func:`canonical` for the form calls are compared in).
+    arguments: str
+
+    @property
+    def idempotency_key(self) -> str | None:
+        """A key that is the same for every attempt of this call, in every process, and differs
+        for any other call (another run, agent, invocation id, tool or input): pass it on to the
+        systems the tool changes, so a body run again after a crash does not act twice there.
+        None for a plain call."""
+        if self.invocation_id is None:
+            return None
+        digest = call_digest(self.tool, canonical(self.arguments))
+        return event_id_for(self.run_id, self.agent_id, f"call:{self.invocation_id}:{digest}")
+
+
+def canonical(arguments: str) -> str:
+    """The canonical form of a call's input given as JSON (as ``jsonsafe.dumps`` wrote it): every
+    object's keys sorted, so equal inputs given in another order (keyword arguments, dict keys)
+    are one call. Computed only when two texts differ, or for the ledger."""
+    try:
+        return json.dumps(
+            json.loads(arguments), sort_keys=True, ensure_ascii=False, separators=(",", ":")
+        )
+    except ValueError:
+        return arguments
+
+
+#: The finisher of the invocation whose body runs here (its InvocationInfo is built on demand).
+_current_invocation: contextvars.ContextVar[_Finisher | None] = contextvars.ContextVar(
+    "agentcap_invocation", default=None
+)
+
+
+def current_invocation() -> InvocationInfo | None:
+    """The invocation whose body is running here (a tool called inside an agent), or None."""
+    running = _current_invocation.get()
+    if running is None:
+        return None
+    ctx = running.ctx
+    key = running.registry_key
+    entry = running.entry
+    return InvocationInfo(
+        ctx.run_id,
+        ctx.agent_id,
+        key[2] if key is not None else None,
+        running.tool.identity,
+        entry.attempt if entry is not None else 1,
+        running.arguments,
+    )
 
 
 def _called_inside_itself(invocation_id: str) -> RuntimeError:
@@ -189,7 +441,7 @@ def _same_error(error: BaseException) -> BaseException | None:
         copied = cls.__new__(cls, *error.args)
         state = getattr(error, "__dict__", None)
         if state:
-            copied.__dict__.update(state)
+            copied.__dict__.update(copy.deepcopy(state))
         copied.args = error.args
         try:
             text = str(error)
@@ -222,14 +474,61 @@ def _replay(entry: _Invocation) -> Any:
         error.__context__ = stored.__context__
         error.__suppress_context__ = stored.__suppress_context__
         raise error.with_traceback(None)
-    return entry.result
+    return private_copy(entry.result)
+
+
+class _Unavailable:
+    """Logs a ledger that cannot be reached once per change of state, not once per call."""
+
+    def __init__(self) -> None:
+        self.down = False
+        self.calls_unprotected = 0
+
+    def failed(self, error: BaseException) -> None:
+        self.calls_unprotected += 1
+        if not self.down:
+            self.down = True
+            _logger.warning(
+                "agentcap: the tool ledger is unavailable (%s); tool calls run with in-process "
+                "exactly-once only until it is back",
+                error,
+            )
+
+    def ok(self) -> None:
+        if self.down:
+            self.down = False
+            _logger.warning("agentcap: the tool ledger is available again")
+
+
+ledger_state = _Unavailable()
+
+
+def _poll_delays() -> Any:
+    delay = POLL_FIRST
+    while True:
+        yield delay * (0.5 + random.random())
+        delay = min(delay * 2, POLL_MAX)
 
 
 class Tool(Generic[P, R]):
     """A captured tool. Calling it runs the function with its own arguments, untouched; use
-    :meth:`invoke` to give the invocation an id that makes retries return the recorded outcome."""
+    :meth:`invoke` to give the invocation an id that makes retries of the same call return the
+    recorded outcome.
 
-    def __init__(self, fn: Callable[P, R], name: str | None = None) -> None:
+    ``crash_policy`` says what a retry does when the process that ran the call died before
+    recording its outcome (only a ledger can tell): ``at_least_once`` (the default) runs the body
+    again, ``at_most_once`` raises :class:`~otel_agentcap.errors.ToolOutcomeUnknown`. ``codec``
+    carries the result to other processes (default: the payload encoding, see
+    :class:`~otel_agentcap.capture.ledger.JsonCodec`)."""
+
+    def __init__(
+        self,
+        fn: Callable[P, R],
+        name: str | None = None,
+        *,
+        crash_policy: CrashPolicy = DEFAULT_CRASH_POLICY,
+        codec: Codec | None = None,
+    ) -> None:
         self.fn = fn
         if name is None:
             name = getattr(fn, "__name__", None)
@@ -239,6 +538,15 @@ class Tool(Generic[P, R]):
                     "use tool(name=...) or Tool(fn, name=...)"
                 )
         self.name = validate_id(name, "tool name")
+        #: What tells this tool's calls from another tool's under one invocation id (its name,
+        #: or for an SDK toolset member the toolset and the name).
+        self.identity = self.name
+        if crash_policy not in CRASH_POLICIES:
+            raise ValueError(f"crash_policy must be one of {sorted(CRASH_POLICIES)}")
+        self.crash_policy: CrashPolicy = crash_policy
+        self.codec: Codec = codec if codec is not None else JSON_CODEC
+        if codec is not None:
+            register_codec(codec)
         self.signature = inspect.signature(fn)
         self.is_async = inspect.iscoroutinefunction(fn)
         # Names of leading plain positional parameters: binding a call that passes only those
@@ -258,6 +566,10 @@ class Tool(Generic[P, R]):
         }
         # Payloads are composed around the encoded arguments or result (tel.tool_payload).
         self._payload_prefix = f'{{"tool":{tel.json_string(self.name)},"invocation_id":'
+        #: Whether the ``execute_tool`` span is made current while the body runs (so the body's
+        #: own spans are its children). Off for the SDK's tool runners, whose tool span is the
+        #: parent of the tool's spans.
+        self.current_span = True
         functools.update_wrapper(self, fn)
 
     def __repr__(self) -> str:
@@ -266,19 +578,33 @@ class Tool(Generic[P, R]):
     def __get__(self, instance: Any, owner: type | None = None) -> Any:
         if instance is None:
             return self
-        return Tool(cast(Callable[P, R], functools.partial(self.fn, instance)), self.name)
+        return Tool(
+            cast(Callable[P, R], functools.partial(self.fn, instance)),
+            self.name,
+            crash_policy=self.crash_policy,
+            codec=self.codec,
+        )
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
-        return self._call(None, args, kwargs)
+        return self._call(None, args, kwargs, True)
 
     def invoke(self, invocation_id: str, /, *args: P.args, **kwargs: P.kwargs) -> R:
         """Call the tool as invocation ``invocation_id`` (for example a tool_use block id).
 
-        The first call with an id runs the body; any later or concurrent call with the same id in
-        the same run and agent returns the recorded result or raises the recorded error, without
-        running the body again. For an async tool this returns an awaitable.
+        The first call with an id runs the body; any later or concurrent call with the same id,
+        tool and input in the same run and agent returns the recorded result or raises the
+        recorded error, without running the body again (across processes too, when a ledger is
+        installed). The same id with other input is another call: it runs, and its events record
+        the reuse. For an async tool this returns an awaitable.
         """
-        return self._call(validate_id(invocation_id, "invocation_id"), args, kwargs)
+        return self._call(validate_id(invocation_id, "invocation_id"), args, kwargs, True)
+
+    def run_again(self, invocation_id: str, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        """Call the tool as invocation ``invocation_id`` and always run its body: a repeated call
+        is recorded as the next attempt of the same invocation (events with keys of their own),
+        never answered with a recorded outcome. What the anthropic SDK's tool runners use unless
+        exactly-once is asked for."""
+        return self._call(validate_id(invocation_id, "invocation_id"), args, kwargs, False)
 
     def _arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         names = self._positional_names
@@ -295,24 +621,36 @@ class Tool(Generic[P, R]):
         except TypeError:
             return {"args": list(args), "kwargs": kwargs}
 
-    def _call(self, invocation_id: str | None, args: tuple[Any, ...], kwargs: dict[str, Any]) -> R:
+    def _call(
+        self,
+        invocation_id: str | None,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        exactly_once: bool,
+    ) -> R:
         ctx = current_agent()
         if ctx is None:
             # Outside any agent nothing is captured and nothing is deduplicated.
             return self.fn(*args, **kwargs)
         ctx.check_active()
+        # The input as JSON: with the tool, the identity of the call (compared in canonical form)
+        # and, cut to the payload limit, its recorded arguments.
+        arguments = jsonsafe.dumps(self._arguments(args, kwargs), _UNBOUNDED)
         if invocation_id is None:
-            return self._run_new(ctx, None, args, kwargs)
+            return self._run_new(ctx, None, None, arguments, args, kwargs)
         key = (ctx.run_id, ctx.agent_id, invocation_id)
         if self.is_async:
-            return cast(R, self._call_async(ctx, invocation_id, key, args, kwargs))
+            return cast(R, self._call_async(ctx, key, arguments, args, kwargs, exactly_once))
         while True:
-            entry, owner = invocations.claim(key)
+            entry, owner = invocations.claim(key, self.identity, arguments, exactly_once)
             if owner:
                 entry.runner = threading.get_ident()
-                return self._run_new(ctx, (key, entry), args, kwargs)
+                ledger = tool_ledger() if exactly_once else None
+                if ledger is not None and self._claim_in_ledger(ledger, ctx, key, entry):
+                    return cast(R, _replay(entry))
+                return self._run_new(ctx, key, entry, arguments, args, kwargs)
             if not entry.done and entry.runner == threading.get_ident():
-                raise _called_inside_itself(invocation_id)
+                raise _called_inside_itself(key[2])
             invocations.wait(entry)
             if not entry.interrupted:
                 return cast(R, _replay(entry))
@@ -320,84 +658,222 @@ class Tool(Generic[P, R]):
     async def _call_async(
         self,
         ctx: AgentContext,
-        invocation_id: str,
-        key: tuple[str, str, str],
+        key: Key,
+        arguments: str,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
+        exactly_once: bool,
     ) -> Any:
         while True:
-            entry, owner = invocations.claim(key)
+            entry, owner = invocations.claim(key, self.identity, arguments, exactly_once)
             if owner:
                 entry.runner = asyncio.current_task()
-                return await cast(Awaitable[Any], self._run_new(ctx, (key, entry), args, kwargs))
+                ledger = tool_ledger() if exactly_once else None
+                if ledger is not None and await self._aclaim_in_ledger(ledger, ctx, key, entry):
+                    return _replay(entry)
+                return await cast(
+                    Awaitable[Any], self._run_new(ctx, key, entry, arguments, args, kwargs)
+                )
             if not entry.done and entry.runner is asyncio.current_task():
-                raise _called_inside_itself(invocation_id)
+                raise _called_inside_itself(key[2])
             while not entry.done:
                 await asyncio.to_thread(invocations.wait, entry, 0.5)
             if not entry.interrupted:
                 return _replay(entry)
 
+    # ------------------------------------------------------------- the ledger
+
+    def _ledger_call(self, key: Key, entry: _Invocation) -> LedgerCall:
+        return LedgerCall(
+            key[0],
+            key[1],
+            key[2],
+            self.name,
+            call_digest(self.identity, canonical(entry.arguments)),
+            self.crash_policy,
+        )
+
+    def _take_claim(self, key: Key, entry: _Invocation, claim: LedgerClaim) -> bool | None:
+        """Act on the ledger's answer: True when ``entry`` now holds a recorded outcome, False
+        when the caller runs the body, None when another process runs it (ask again)."""
+        call = entry.ledger_call
+        assert call is not None
+        if claim.state == "claimed":
+            entry.attempt = claim.attempt
+            entry.ordinal = claim.ordinal
+            return False
+        if claim.state == "running":
+            return None
+        entry.ledger_call = None  # an outcome recorded elsewhere: nothing of ours to complete
+        if claim.state == "succeeded":
+            codec = codec_named(claim.codec)
+            if codec is None:
+                entry.error = rebuild_error(
+                    {
+                        "module": "builtins",
+                        "qualname": "LookupError",
+                        "message": f"the result was recorded with codec {claim.codec!r}, which "
+                        "this process does not know",
+                    },
+                    key[2],
+                    self.name,
+                )
+            else:
+                entry.result = codec.decode(claim.result)
+        elif claim.state == "failed":
+            entry.error = rebuild_error(claim.error, key[2], self.name)
+        else:
+            entry.error = ToolOutcomeUnknown(key[2], self.name, claim.attempt)
+        entry.attempt = claim.attempt
+        entry.ordinal = claim.ordinal
+        if claim.result_event_id is not None and claim.result_event_seq is not None:
+            entry.result_event = EventRef(claim.result_event_id, claim.result_event_seq, key[1])
+        invocations.complete(key, entry)
+        return True
+
+    def _claim_in_ledger(
+        self, ledger: ToolLedger, ctx: AgentContext, key: Key, entry: _Invocation
+    ) -> bool:
+        """Claim the call in the ledger, waiting (polling with backoff, holding no connection)
+        while another process runs it. Returns True when ``entry`` holds an outcome recorded
+        there, False when this caller runs the body (claimed, or the ledger unavailable)."""
+        entry.ledger_call = self._ledger_call(key, entry)
+        delays = _poll_delays()
+        try:
+            while True:
+                try:
+                    claim = ledger.claim(entry.ledger_call)
+                except Exception as error:
+                    if getattr(error, "fatal", False):
+                        raise
+                    ledger_state.failed(error)
+                    entry.ledger_call = None
+                    return False
+                ledger_state.ok()
+                taken = self._take_claim(key, entry, claim)
+                if taken is not None:
+                    return taken
+                ctx.check_active()
+                time.sleep(next(delays))
+        except BaseException:
+            invocations.release(key, entry)
+            raise
+
+    async def _aclaim_in_ledger(
+        self, ledger: ToolLedger, ctx: AgentContext, key: Key, entry: _Invocation
+    ) -> bool:
+        """:meth:`_claim_in_ledger` for async tools: the ledger is asked in a worker thread and
+        waited for with ``asyncio.sleep``, so the event loop keeps running."""
+        entry.ledger_call = self._ledger_call(key, entry)
+        delays = _poll_delays()
+        try:
+            while True:
+                try:
+                    claim = await asyncio.to_thread(ledger.claim, entry.ledger_call)
+                except Exception as error:
+                    if getattr(error, "fatal", False):
+                        raise
+                    ledger_state.failed(error)
+                    entry.ledger_call = None
+                    return False
+                ledger_state.ok()
+                taken = self._take_claim(key, entry, claim)
+                if taken is not None:
+                    return taken
+                ctx.check_active()
+                await asyncio.sleep(next(delays))
+        except BaseException:
+            invocations.release(key, entry)
+            raise
+
+    # ------------------------------------------------------------- running the body
+
     def _run_new(
         self,
         ctx: AgentContext,
-        claim: tuple[tuple[str, str, str], _Invocation] | None,
+        key_: Key | None,
+        entry: _Invocation | None,
+        arguments: str,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
     ) -> R:
-        invocation_id = claim[0][2] if claim is not None else None
-        entry = claim[1] if claim is not None else None
+        invocation_id = key_[2] if key_ is not None else None
         key = None
+        head_extra = ""
         if invocation_id is not None and entry is not None:
-            # A re-run after an interrupted attempt is a new operation with its own events.
-            # U+001F cannot occur in an invocation id, so this never meets a user's id.
-            suffix = "" if entry.attempt == 1 else f"\x1fattempt{entry.attempt}"
-            key = f"tool:{invocation_id}{suffix}"
+            # Another call under a reused id, or a re-run after an interrupted attempt, is an
+            # operation of its own with its own events. U+001F cannot occur in an invocation id,
+            # so these keys never meet a user's id.
+            key = f"tool:{invocation_id}"
+            attempt = entry.attempt
+            if entry.ordinal:
+                key = f"{key}\x1fcall{entry.ordinal}"
+                head_extra = f',"id_reuse":{entry.ordinal}'
+            if attempt != 1:
+                key = f"{key}\x1fattempt{attempt}"
+                head_extra = f'{head_extra},"attempt":{attempt}'
         start = stamp(
             ctx, EventType.TOOL_INVOCATION, key=None if key is None else f"{key}:invocation"
         )
         call_id = invocation_id if invocation_id is not None else f"seq-{start.seq}"
         # The invocation id is escaped once and used in both payloads.
-        head = f"{self._payload_prefix}{tel.json_string(call_id)}"
-        attributes = start.attributes()
+        head = f"{self._payload_prefix}{tel.json_string(call_id)}{head_extra}"
+        span_attributes = start.attributes()
+        recorded = (
+            arguments
+            if len(arguments) <= jsonsafe.DEFAULT_MAX_PAYLOAD_CHARS
+            else jsonsafe.truncate(arguments)
+        )
+        span_attributes[attr.EVENT_PAYLOAD] = tel.tool_payload_encoded(head, "arguments", recorded)
         if tel.content.enabled:
-            encoded = jsonsafe.dumps(self._arguments(args, kwargs))
-            attributes[attr.EVENT_PAYLOAD] = tel.tool_payload_encoded(head, "arguments", encoded)
-            attributes[attr.GEN_AI_TOOL_CALL_ARGUMENTS] = encoded
-        else:
-            attributes[attr.EVENT_PAYLOAD] = tel.tool_payload(
-                head, "arguments", self._arguments(args, kwargs)
-            )
-        attributes.update(self._span_attributes)
-        attributes[attr.GEN_AI_TOOL_CALL_ID] = call_id
-        span = tel.start_span(self._span_name, attributes, start.links)
+            span_attributes[attr.GEN_AI_TOOL_CALL_ARGUMENTS] = recorded
+        span_attributes.update(self._span_attributes)
+        span_attributes[attr.GEN_AI_TOOL_CALL_ID] = call_id
+        span = tel.start_span(self._span_name, span_attributes, start.links)
         invocation = start.ref
         if entry is not None:
             entry.invocation_event = invocation
-        finisher = _new_finisher((ctx, self.name, call_id, head, key, span, invocation, claim))
+        finisher = _new_finisher(
+            (ctx, self, call_id, head, key, span, invocation, key_, entry, arguments)
+        )
         if self.is_async:
             return cast(R, self._run_async(finisher, span, args, kwargs))
-        token = otel_context.attach(trace.set_span_in_context(span))
+        token = otel_context.attach(trace.set_span_in_context(span)) if self.current_span else None
+        current = _current_invocation.set(finisher)
         try:
             result = self.fn(*args, **kwargs)
         except BaseException as error:
-            otel_context.detach(token)
+            _current_invocation.reset(current)
+            if token is not None:
+                otel_context.detach(token)
             finisher.failed(error)
             raise
-        otel_context.detach(token)
+        _current_invocation.reset(current)
+        if token is not None:
+            otel_context.detach(token)
         finisher.succeeded(result)
         return result
 
     async def _run_async(
-        self, finisher: _Finisher, span: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+        self,
+        finisher: _Finisher,
+        span: Any,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
     ) -> Any:
-        token = otel_context.attach(trace.set_span_in_context(span))
+        token = otel_context.attach(trace.set_span_in_context(span)) if self.current_span else None
+        current = _current_invocation.set(finisher)
         try:
             result = await cast(Callable[..., Awaitable[Any]], self.fn)(*args, **kwargs)
         except BaseException as error:
-            otel_context.detach(token)
+            _current_invocation.reset(current)
+            if token is not None:
+                otel_context.detach(token)
             finisher.failed(error)
             raise
-        otel_context.detach(token)
+        _current_invocation.reset(current)
+        if token is not None:
+            otel_context.detach(token)
         finisher.succeeded(result)
         return result
 
@@ -406,14 +882,17 @@ class _Finisher(NamedTuple):
     """Records the outcome of one invocation (a NamedTuple: one is built per call, in C)."""
 
     ctx: AgentContext
-    tool: str
+    tool: Tool[..., Any]
     call_id: str
     #: The start of both payloads: tool name and invocation id, encoded.
     payload_head: str
     key: str | None
     span: Any
     invocation: EventRef
-    claim: tuple[tuple[str, str, str], _Invocation] | None
+    registry_key: Key | None
+    entry: _Invocation | None
+    #: The call's input as JSON.
+    arguments: str
 
     def succeeded(self, result: Any) -> None:
         done = stamp(
@@ -423,18 +902,34 @@ class _Finisher(NamedTuple):
             parents=(self.invocation,),
             link=False,
         )
+        encoded = jsonsafe.dumps(result)
+        payload = tel.Encoded(tel.tool_payload_encoded(self.payload_head, "result", encoded))
         if tel.content.enabled:
-            encoded = jsonsafe.dumps(result)
-            payload = tel.Encoded(tel.tool_payload_encoded(self.payload_head, "result", encoded))
             tel.finish_span(self.span, done, payload, None, {attr.GEN_AI_TOOL_CALL_RESULT: encoded})
         else:
-            payload = tel.Encoded(tel.tool_payload(self.payload_head, "result", result))
             tel.finish_span(self.span, done, payload)
-        if self.claim is not None:
-            key, entry = self.claim
-            entry.result = result
-            entry.result_event = done.ref_on(self.span.get_span_context())
-            invocations.complete(key, entry)
+        entry = self.entry
+        if entry is None:
+            return
+        entry.result = private_copy(result)
+        entry.result_event = done.ref_on(self.span.get_span_context())
+        call = entry.ledger_call
+        if call is not None:
+            try:
+                encoded = self.tool.codec.encode(result)
+                codec = self.tool.codec.name
+            except Exception:
+                _logger.warning(
+                    "agentcap: codec %r could not encode the result of %s; recorded in the payload "
+                    "encoding",
+                    self.tool.codec.name,
+                    self.call_id,
+                    exc_info=True,
+                )
+                encoded, codec = JSON_CODEC.encode(result), JSON_CODEC.name
+            _complete(call, entry, done.ref, True, encoded, None, codec)
+        assert self.registry_key is not None
+        invocations.complete(self.registry_key, entry)
 
     def failed(self, error: BaseException) -> None:
         failed = stamp(
@@ -444,18 +939,61 @@ class _Finisher(NamedTuple):
             parents=(self.invocation,),
             link=False,
         )
-        payload = tel.error_payload(error, tool=self.tool, invocation_id=self.call_id)
+        payload = tel.error_payload(error, tool=self.tool.name, invocation_id=self.call_id)
         tel.finish_span(self.span, failed, payload, error)
-        if self.claim is None:
+        entry = self.entry
+        if entry is None:
             return
-        key, entry = self.claim
+        assert self.registry_key is not None
+        call = entry.ledger_call
         if isinstance(error, Exception):
             entry.error = _stored_error(error)
             entry.result_event = failed.ref_on(self.span.get_span_context())
-            invocations.complete(key, entry)
+            if call is not None:
+                _complete(call, entry, failed.ref, False, None, encode_error(error), "json")
+            invocations.complete(self.registry_key, entry)
         else:
-            # Cancelled or interrupted, not failed: let the next call run the tool.
-            invocations.release(key, entry)
+            # Cancelled or interrupted, not failed. The next call runs the tool again, unless it
+            # runs at most once: the body may have acted, so its outcome is unknown.
+            if call is not None:
+                ledger = tool_ledger()
+                if ledger is not None:
+                    ledger.release(call, entry.attempt)
+            if self.tool.crash_policy == "at_most_once":
+                assert self.registry_key is not None
+                entry.error = ToolOutcomeUnknown(
+                    self.registry_key[2], self.tool.name, entry.attempt
+                )
+                entry.result_event = failed.ref_on(self.span.get_span_context())
+                invocations.complete(self.registry_key, entry)
+            else:
+                invocations.release(self.registry_key, entry)
+
+
+def _complete(
+    call: LedgerCall,
+    entry: _Invocation,
+    result_event: EventRef,
+    succeeded: bool,
+    result: Any,
+    error: Any,
+    codec: str,
+) -> None:
+    ledger = tool_ledger()
+    if ledger is None:
+        return
+    invocation = entry.invocation_event
+    ledger.complete(
+        call,
+        entry.attempt,
+        succeeded=succeeded,
+        result=result,
+        error=error,
+        codec=codec,
+        invocation_event_id=invocation.event_id if invocation is not None else "",
+        result_event_id=result_event.event_id,
+        result_event_seq=result_event.seq,
+    )
 
 
 _new_finisher = from_fields(_Finisher)
@@ -466,17 +1004,28 @@ def tool(fn: Callable[P, R], /) -> Tool[P, R]: ...
 
 
 @overload
-def tool(*, name: str | None = None) -> Callable[[Callable[P, R]], Tool[P, R]]: ...
+def tool(
+    *,
+    name: str | None = None,
+    crash_policy: CrashPolicy = DEFAULT_CRASH_POLICY,
+    codec: Codec | None = None,
+) -> Callable[[Callable[P, R]], Tool[P, R]]: ...
 
 
 def tool(
-    fn: Callable[P, R] | None = None, /, *, name: str | None = None
+    fn: Callable[P, R] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    crash_policy: CrashPolicy = DEFAULT_CRASH_POLICY,
+    codec: Codec | None = None,
 ) -> Tool[P, R] | Callable[[Callable[P, R]], Tool[P, R]]:
-    """Decorate a sync or async function as a captured tool: ``@tool`` or ``@tool(name=...)``."""
+    """Decorate a sync or async function as a captured tool: ``@tool`` or
+    ``@tool(name=..., crash_policy=..., codec=...)`` (see :class:`Tool`)."""
     if fn is not None:
-        return Tool(fn, name)
+        return Tool(fn, name, crash_policy=crash_policy, codec=codec)
 
     def decorate(inner: Callable[P, R]) -> Tool[P, R]:
-        return Tool(inner, name)
+        return Tool(inner, name, crash_policy=crash_policy, codec=codec)
 
     return decorate

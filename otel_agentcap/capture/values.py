@@ -1,0 +1,71 @@
+"""Private copies of values: what a tool replay hands out and what memory keeps and returns, so
+that nobody can change a recorded value in place behind the log's back."""
+
+from __future__ import annotations
+
+import copy
+import logging
+from typing import Any, Final
+
+_logger = logging.getLogger(__name__)
+
+_IMMUTABLE: Final = frozenset({str, int, float, bool, bytes, complex, type(None), range})
+#: Items a private copy of plain data copies by hand before it leaves the value to
+#: ``copy.deepcopy`` (shared sub-containers are copied once per reference, so a budget bounds it).
+_PLAIN_BUDGET: Final = 10_000
+_PLAIN_DEPTH: Final = 32
+
+
+class _NotPlain(Exception):
+    pass
+
+
+def _copy_plain(value: Any, budget: list[int], depth: int) -> Any:
+    """A copy of ``value`` made of dicts, lists and tuples of immutable values; raises _NotPlain
+    for anything else (or when the budget or depth runs out)."""
+    cls = type(value)
+    if cls is not dict and cls is not list and cls is not tuple:
+        raise _NotPlain
+    budget[0] -= len(value)
+    if budget[0] < 0 or depth > _PLAIN_DEPTH:
+        raise _NotPlain
+    immutable = _IMMUTABLE
+    if cls is dict:
+        out = {}
+        for key, item in value.items():
+            if type(item) not in immutable:
+                item = _copy_plain(item, budget, depth + 1)
+            out[key] = item
+        return out
+    if cls is list:
+        copied = value[:]
+        for index, item in enumerate(copied):
+            if type(item) not in immutable:
+                copied[index] = _copy_plain(item, budget, depth + 1)
+        return copied
+    for item in value:  # a tuple: copied only if it holds something mutable
+        if type(item) not in immutable:
+            return tuple(
+                [x if type(x) in immutable else _copy_plain(x, budget, depth + 1) for x in value]
+            )
+    return value
+
+
+def private_copy(value: Any) -> Any:
+    """A deep copy of ``value`` that nobody else holds: what a replay hands out and what the
+    registry and memory keep. Plain data (dicts, lists, tuples of scalars) is copied by hand;
+    anything else by ``copy.deepcopy``. A value that cannot be copied is returned as it is (and
+    then shared: documented for tool results and memory values)."""
+    cls = type(value)
+    if cls in _IMMUTABLE:
+        return value
+    if cls is dict or cls is list or cls is tuple:
+        try:
+            return _copy_plain(value, [_PLAIN_BUDGET], 0)
+        except (_NotPlain, RecursionError):
+            pass
+    try:
+        return copy.deepcopy(value)
+    except Exception:
+        _logger.debug("agentcap: a %s cannot be copied; it is shared", type(value).__name__)
+        return value
