@@ -43,6 +43,23 @@ _logger = logging.getLogger(__name__)
 ToolSet = Mapping[str, Tool[..., Any]] | Iterable[Tool[..., Any]]
 
 
+_sdk_exactly_once = False
+
+
+def set_sdk_tools_exactly_once(enabled: bool) -> None:
+    """Whether the anthropic SDK's tool runners and toolsets run each tool_use exactly once by
+    default (see ``otel_agentcap.instrumentation.anthropic.exactly_once``); off by default, so
+    capture records every execution the SDK makes, as it makes it. Kept here, away from the
+    instrumentation package, so ``configure()`` can set it without importing the SDK's
+    instrumentation dependencies."""
+    global _sdk_exactly_once
+    _sdk_exactly_once = bool(enabled)
+
+
+def sdk_tools_exactly_once() -> bool:
+    return _sdk_exactly_once
+
+
 def _get(value: Any, key: str) -> Any:
     if isinstance(value, Mapping):
         return value.get(key)

@@ -183,18 +183,43 @@ def test_session_runner_chain(
         assert (span.attributes or {}).get("anthropic.session.id") == sid
 
 
-def test_session_runner_runs_a_tool_once_per_event(
+def test_session_runner_runs_a_tool_again_when_the_sdk_does(
     server: MessagesServer,
     aclient: anthropic.AsyncAnthropic,
     captured: InMemoryEventExporter,
     instrumented: AnthropicInstrumentor,
 ) -> None:
     """A post the session refuses leaves the call unanswered; after reconnecting, the runner
-    dispatches it again. The tool does not run again: the recorded result (and the recorded
-    error) is posted."""
+    dispatches it again and, as without the instrumentation, the tool runs again: the second
+    run is recorded as the next attempt of the invocation."""
     sid = _session(server, CUSTOM_CALLS, refuse_first_post=True)
-    with ac.run("r-session-once"), ac.agent("worker"):
-        calls = _run(aclient, sid, [weather, forecast])
+    with ac.run("r-session-again"), ac.agent("worker"):
+        _run(aclient, sid, [weather, forecast])
+    assert RUNS == {"weather": 2, "forecast": 2}
+    events = runner_events(captured, "r-session-again")
+    invocations = [e for e in events if e["event_type"] == "tool_invocation"]
+    assert sorted(
+        (e["payload"]["invocation_id"], e["payload"].get("attempt", 1)) for e in invocations
+    ) == [("sevt_b", 1), ("sevt_b", 2), ("sevt_w", 1), ("sevt_w", 2)]
+
+
+def test_session_runner_runs_a_tool_once_per_event_when_opted_in(
+    server: MessagesServer,
+    aclient: anthropic.AsyncAnthropic,
+    captured: InMemoryEventExporter,
+    instrumented: AnthropicInstrumentor,
+) -> None:
+    """With exactly-once tools switched on for every runner, a call the runner dispatches again
+    does not run again: the recorded result (and the recorded error) is posted."""
+    from otel_agentcap.instrumentation.anthropic import set_exactly_once_default
+
+    sid = _session(server, CUSTOM_CALLS, refuse_first_post=True)
+    set_exactly_once_default(True)
+    try:
+        with ac.run("r-session-once"), ac.agent("worker"):
+            calls = _run(aclient, sid, [weather, forecast])
+    finally:
+        set_exactly_once_default(False)
     assert RUNS == {"weather": 1, "forecast": 1}
     dispatched = [(c.tool_use_id, c.posted) for c in calls]
     assert dispatched[:2] == [("sevt_w", False), ("sevt_b", False)]
@@ -285,9 +310,14 @@ def test_session_chain_stored_in_postgres(
     )
     with ac.run("r-pg-session"), ac.agent("worker"):
         _run(client, sid, [weather, forecast])
-    assert RUNS == {"weather": 1, "forecast": 1}
-    inputs = {"sevt_w": {"city": "Oslo"}, "sevt_b": {"city": "X"}}
-    check_session_chain(stored_events(pg_dsn, "r-pg-session"), inputs, "no data for X")
+    # The refused post makes the runner dispatch both calls again: two attempts each, stored
+    # as events of their own, none colliding.
+    assert RUNS == {"weather": 2, "forecast": 2}
+    events = stored_events(pg_dsn, "r-pg-session")
+    invocations = [e for e in events if e["event_type"] == "tool_invocation"]
+    assert sorted(
+        (e["payload"]["invocation_id"], e["payload"].get("attempt", 1)) for e in invocations
+    ) == [("sevt_b", 1), ("sevt_b", 2), ("sevt_w", 1), ("sevt_w", 2)]
     assert conflict_count(pg_dsn) == 0
 
 

@@ -238,17 +238,44 @@ def test_tool_runs_in_another_agent(
     assert tool_agents == {worker.agent_id}
 
 
-def test_exactly_once_per_tool_use_id(
+def test_every_run_the_sdk_makes_runs_and_is_recorded_as_an_attempt(
     server: MessagesServer,
     client: anthropic.Anthropic,
     captured: InMemoryEventExporter,
     instrumented: AnthropicInstrumentor,
 ) -> None:
-    """A second run of the same tool_use id in the agent returns the recorded outcome (and the
-    recorded error) without running the tool again, as Tool.invoke does."""
+    """By default a second run of the same tool_use id runs the tool again, as the SDK does without
+    the instrumentation, and is recorded as the invocation's second attempt."""
+    _script(server)
+    with ac.run("r-runner-again"), ac.agent("assistant"):
+        runner = client.beta.messages.tool_runner(**_runner_kwargs([weather, broken]))
+        runner.until_done()
+        first_reply = runner._thread.messages[1]  # the assistant's tool_use reply
+        blocks = [b for b in first_reply["content"] if getattr(b, "type", None) == "tool_use"]
+        again = [runner._run_tool(t, b) for t, b in zip([weather, broken], blocks, strict=True)]
+    assert RUNS == {"weather": 2, "broken": 2}
+    assert again[0]["content"] == "sunny in Oslo"
+    assert again[1]["is_error"] is True and "no data for X" in str(again[1]["content"])
+    events = runner_events(captured, "r-runner-again")
+    invocations = [e for e in events if e["event_type"] == "tool_invocation"]
+    assert sorted(e["payload"].get("attempt", 1) for e in invocations) == [1, 1, 2, 2]
+    assert len({e["event_id"] for e in events}) == len(events)
+
+
+def test_exactly_once_per_tool_use_id_when_the_runner_opts_in(
+    server: MessagesServer,
+    client: anthropic.Anthropic,
+    captured: InMemoryEventExporter,
+    instrumented: AnthropicInstrumentor,
+) -> None:
+    """A runner opted in with exactly_once(): a second run of the same tool_use id (same tool and
+    input) in the agent returns the recorded outcome (and the recorded error) without running the
+    tool again, as Tool.invoke does."""
+    from otel_agentcap.instrumentation.anthropic import exactly_once
+
     _script(server)
     with ac.run("r-runner-once"), ac.agent("assistant"):
-        runner = client.beta.messages.tool_runner(**_runner_kwargs([weather, broken]))
+        runner = exactly_once(client.beta.messages.tool_runner(**_runner_kwargs([weather, broken])))
         runner.until_done()
         first_reply = runner._thread.messages[1]  # the assistant's tool_use reply
         blocks = [b for b in first_reply["content"] if getattr(b, "type", None) == "tool_use"]

@@ -194,16 +194,47 @@ def test_toolset_in_a_loop_of_ones_own(
     _check(server, captured, "r-toolset-own")
 
 
+def test_a_member_run_again_calls_the_toolset_again(
+    server: MessagesServer,
+    client: anthropic.Anthropic,
+    captured: InMemoryEventExporter,
+    instrumented: AnthropicInstrumentor,
+) -> None:
+    """By default a second run of a member tool_use id calls the toolset again, as without the
+    instrumentation, and another toolset instance answering the same id raises or returns its
+    own outcome; both runs are recorded, the second as the next attempt."""
+    _script(server)
+    browser = Browser()
+    with ac.run("r-toolset-again"), ac.agent("assistant"):
+        runner = client.beta.messages.tool_runner(**_kwargs(browser))
+        runner.until_done()
+        first_reply = runner._thread.messages[1]
+        blocks = [b for b in first_reply["content"] if isinstance(b, BetaToolUseBlock)]
+        again = [browser.tool_result(b) for b in blocks]
+        other = Browser()
+        other_results = [other.tool_result(b) for b in blocks]
+    assert browser.runs == ["navigate", "click", "navigate", "click"]
+    assert other.runs == ["navigate", "click"]
+    assert again[0]["content"] == "opened https://example.com"
+    assert other_results[0]["content"] == "opened https://example.com"
+    events = runner_events(captured, "r-toolset-again")
+    invocations = [e for e in events if e["event_type"] == "tool_invocation"]
+    assert sorted(e["payload"].get("attempt", 1) for e in invocations) == [1, 1, 2, 2, 3, 3]
+
+
 def test_exactly_once_per_member_tool_use_id(
     server: MessagesServer,
     client: anthropic.Anthropic,
     captured: InMemoryEventExporter,
     instrumented: AnthropicInstrumentor,
 ) -> None:
-    """A second run of a member tool_use id in the agent returns the recorded result (and the
-    recorded error, as an error result) without calling the toolset again."""
+    """A toolset opted in with exactly_once(): a second run of a member tool_use id in the agent
+    returns the recorded result (and the recorded error, as an error result) without calling the
+    toolset again."""
+    from otel_agentcap.instrumentation.anthropic import exactly_once
+
     _script(server)
-    browser = Browser()
+    browser = exactly_once(Browser())
     with ac.run("r-toolset-once"), ac.agent("assistant"):
         runner = client.beta.messages.tool_runner(**_kwargs(browser))
         runner.until_done()
@@ -217,22 +248,51 @@ def test_exactly_once_per_member_tool_use_id(
     assert len([e for e in events if e["event_type"] == "tool_invocation"]) == 2
 
 
+def test_an_unhashable_toolset_can_be_opted_in(
+    server: MessagesServer,
+    client: anthropic.Anthropic,
+    captured: InMemoryEventExporter,
+    instrumented: AnthropicInstrumentor,
+) -> None:
+    """A toolset that cannot be a dict key (it defines __eq__) is opted in all the same."""
+    from otel_agentcap.instrumentation.anthropic import exactly_once
+
+    class EqualBrowser(Browser):
+        def __eq__(self, other: object) -> bool:
+            return isinstance(other, EqualBrowser)
+
+    _script(server)
+    browser = exactly_once(EqualBrowser())
+    with ac.run("r-toolset-unhashable"), ac.agent("assistant"):
+        runner = client.beta.messages.tool_runner(**_kwargs(browser))
+        runner.until_done()
+        first_reply = runner._thread.messages[1]
+        blocks = [b for b in first_reply["content"] if isinstance(b, BetaToolUseBlock)]
+        for block in blocks:
+            browser.tool_result(block)
+    assert browser.runs == ["navigate", "click"]
+
+
 def test_async_exactly_once_per_member_tool_use_id(
     server: MessagesServer,
     aclient: anthropic.AsyncAnthropic,
     captured: InMemoryEventExporter,
     instrumented: AnthropicInstrumentor,
 ) -> None:
+    """A runner opted in with exactly_once(): the members it runs again return the recorded
+    outcome without calling the toolset again."""
+    from otel_agentcap.instrumentation.anthropic import exactly_once
+
     _script(server)
     browser = AsyncBrowser()
 
     async def main() -> list[Any]:
         async with aclient:
-            runner = aclient.beta.messages.tool_runner(**_kwargs(browser))
+            runner = exactly_once(aclient.beta.messages.tool_runner(**_kwargs(browser)))
             await runner.until_done()
             first_reply = runner._thread.messages[1]
             blocks = [b for b in first_reply["content"] if isinstance(b, BetaToolUseBlock)]
-            return [await browser.tool_result(b) for b in blocks]
+            return [await runner._run_toolset_member(b) for b in blocks]
 
     with ac.run("r-atoolset-once"), ac.agent("assistant"):
         again = asyncio.run(main())

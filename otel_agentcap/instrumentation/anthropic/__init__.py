@@ -16,7 +16,9 @@ What it does depends on the installed SDK (range in :mod:`.package`):
   and adds the requested ``tool_use`` ids (``agentcap.model_call.tool_use_ids``) to the SDK's span.
   Content follows the SDK's own content mode (``ANTHROPIC_OPEN_TELEMETRY_TRACES_CONTENT_MODE``).
   The SDK's tool runners (Messages, its toolsets, Sessions) run each tool through a captured
-  :class:`~otel_agentcap.Tool` (see :mod:`.tool_runner`).
+  :class:`~otel_agentcap.Tool` (see :mod:`.tool_runner`): every execution the SDK makes is
+  recorded; exactly-once is an opt-in (``instrument(exactly_once_tools=True)`` for all, or
+  :func:`exactly_once` for one runner or toolset).
 * An SDK without tracing: one ``chat {model}`` CLIENT span per ``messages.create`` (sync, async,
   ``stream=True``) and ``messages.stream(...)`` call, with the SDK's attribute names, ended exactly
   once (exhausted, failed, closed, left, dropped). Content only with
@@ -47,9 +49,18 @@ from otel_agentcap import private_parts
 from otel_agentcap.capture import _telemetry
 from otel_agentcap.instrumentation.anthropic import patch, stream_content, tool_runner
 from otel_agentcap.instrumentation.anthropic.package import _instruments
+from otel_agentcap.instrumentation.anthropic.tool_runner import (
+    exactly_once,
+    set_exactly_once_default,
+)
 from otel_agentcap.instrumentation.anthropic.version import __version__
 
-__all__ = ["AnthropicInstrumentor", "sdk_traces_itself"]
+__all__ = [
+    "AnthropicInstrumentor",
+    "exactly_once",
+    "sdk_traces_itself",
+    "set_exactly_once_default",
+]
 
 _logger = logging.getLogger(__name__)
 
@@ -189,6 +200,8 @@ class AnthropicInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         self._wrapped.append((cls, method))
 
     def _instrument(self, **kwargs: Any) -> None:
+        if "exactly_once_tools" in kwargs:
+            set_exactly_once_default(bool(kwargs["exactly_once_tools"]))
         ensure_agentcap_processor()
         _telemetry.refresh_content_capture()  # tool content follows the GenAI content switch
         self._wrap_tool_runners()

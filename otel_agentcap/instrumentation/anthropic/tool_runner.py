@@ -2,8 +2,8 @@
 (``client.beta.messages.tool_runner(...)``), its toolsets, and the Sessions tool runner
 (``client.beta.sessions.events.tool_runner(...)``).
 
-Each hook hands the SDK a stand-in whose ``call`` runs the tool as
-:meth:`otel_agentcap.Tool.invoke` with the tool_use id as invocation id, under ``caused_by(<the
+Each hook hands the SDK a stand-in whose ``call`` runs the tool as a captured
+:class:`otel_agentcap.Tool` with the tool_use id as invocation id, under ``caused_by(<the
 model call that asked for it>)`` when that call is in the log, and afterwards indexes the result
 (or error) event under the tool_use id, exactly as :func:`~otel_agentcap.run_tool_uses` does, so
 the request that carries the tool_result block names it. The hooks:
@@ -23,17 +23,26 @@ the request that carries the tool_result block names it. The hooks:
 
 The SDK's tool spans stay (plain spans with the agent's identity); each captured ``execute_tool``
 span is a child of one and the only carrier of the tool_invocation / tool_result (or agent_error)
-events. The SDK still turns a raised error into an ``is_error`` result, and a repeated run of the
-same tool_use id in the same agent returns the recorded outcome without running the tool. Outside
-an agent, or for anything a hook does not recognise, the SDK runs unchanged; capture failures are
-logged, never raised.
+events. It is not made current: the spans a tool starts stay children of the SDK's tool span.
+
+Capture records every execution the SDK makes, as the SDK makes it: a tool the SDK runs again
+(after the caller appended or changed messages, a deferred call, a second runner or toolset
+answering the same tool_use id) runs again and is recorded as the next attempt of its invocation
+(:meth:`otel_agentcap.Tool.run_again`). Exactly-once (a repeated run of the same tool_use id, tool
+and input in the same agent returns the recorded outcome, across processes with the tool ledger)
+is an opt-in: :func:`exactly_once` for one runner or toolset, or for all of them
+``AnthropicInstrumentor().instrument(exactly_once_tools=True)`` /
+:func:`set_exactly_once_default`. Outside an agent, or for anything a hook does not recognise, the
+SDK runs unchanged; capture failures are logged, never raised.
 """
 
 from __future__ import annotations
 
+import contextvars
 import inspect
 import keyword
 import logging
+import weakref
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from typing import Any, NamedTuple
@@ -44,7 +53,12 @@ from otel_agentcap.capture.tools import Tool
 from otel_agentcap.context import current_agent
 from otel_agentcap.instrumentation.anthropic.wrappers import ObjectProxy
 from otel_agentcap.model import EventRef, EventType, validate_id
-from otel_agentcap.tool_uses import remember_tool_result, tool_use_scope
+from otel_agentcap.tool_uses import (
+    remember_tool_result,
+    sdk_tools_exactly_once,
+    set_sdk_tools_exactly_once,
+    tool_use_scope,
+)
 
 __all__ = [
     "RUNNERS",
@@ -53,8 +67,10 @@ __all__ = [
     "SESSION_RUNNER_MODULE",
     "TOOLSETS",
     "TOOLSET_MODULE",
+    "exactly_once",
     "run_tool_wrapper",
     "session_call_tool_wrapper",
+    "set_exactly_once_default",
     "toolset_member_wrapper",
     "toolset_result_wrapper",
 ]
@@ -80,6 +96,59 @@ SESSION_RUNNER = "SessionToolRunner"
 Wrapper = Callable[[Callable[..., Any], Any, tuple[Any, ...], dict[str, Any]], Any]
 Scope = Callable[[], AbstractContextManager[None]]
 
+#: The runner whose ``_run_toolset_member`` is running, for the toolset hook below it.
+_member_runner: contextvars.ContextVar[Any] = contextvars.ContextVar(
+    "agentcap_member_runner", default=None
+)
+#: Runners and toolsets opted in (or out) one by one, weakly held.
+_chosen: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+
+
+def set_exactly_once_default(enabled: bool) -> None:
+    """Whether the SDK's tool runners and toolsets run each tool_use exactly once (a repeated run of
+    the same tool_use id, tool and input in the same agent returns the recorded outcome) unless a
+    runner or toolset says otherwise with :func:`exactly_once`. Off by default: capture then
+    records every execution the SDK makes, as it makes it."""
+    set_sdk_tools_exactly_once(enabled)
+
+
+def exactly_once(runner_or_toolset: Any, enabled: bool = True) -> Any:
+    """Opt one tool runner (``client.beta.messages.tool_runner(...)``, the Sessions runner) or one
+    runnable toolset in (or, with ``enabled=False``, out) of exactly-once tool runs; returns it::
+
+        runner = exactly_once(client.beta.messages.tool_runner(model=..., tools=[...], ...))
+    """
+    try:
+        _chosen[runner_or_toolset] = bool(enabled)
+    except TypeError:
+        # Not weakly referenceable, or not hashable: the choice goes on the object itself.
+        try:
+            object.__setattr__(runner_or_toolset, _CHOICE_ATTRIBUTE, bool(enabled))
+        except (AttributeError, TypeError) as exc:
+            raise TypeError(
+                f"a {type(runner_or_toolset).__name__} cannot be opted in: it can be neither "
+                "weakly referenced nor given an attribute"
+            ) from exc
+    return runner_or_toolset
+
+
+_CHOICE_ATTRIBUTE = "_agentcap_exactly_once"
+
+
+def _wants_exactly_once(*owners: Any) -> bool:
+    for owner in owners:
+        if owner is None:
+            continue
+        try:
+            chosen = _chosen.get(owner)
+        except TypeError:
+            chosen = None
+        if chosen is None:
+            chosen = getattr(owner, _CHOICE_ATTRIBUTE, None)
+        if chosen is not None:
+            return bool(chosen)
+    return sdk_tools_exactly_once()
+
 
 class _Call(NamedTuple):
     """One tool run, prepared for capture: the arguments to call the SDK with."""
@@ -94,25 +163,31 @@ class _CapturedRunnable(ObjectProxy):
     """The SDK tool as its runner sees it, whose ``call(input)`` goes through a captured
     :class:`Tool` (``isinstance`` checks still see the SDK tool)."""
 
-    def __init__(self, wrapped: Any, captured: Tool[..., Any], tool_use_id: str) -> None:
+    def __init__(
+        self, wrapped: Any, captured: Tool[..., Any], tool_use_id: str, once: bool
+    ) -> None:
         super().__init__(wrapped)
         self._self_captured = captured
         self._self_tool_use_id = tool_use_id
+        self._self_once = once
 
     def call(self, input: object) -> Any:
         if not isinstance(input, Mapping):
             return self.__wrapped__.call(input)
-        return self._self_captured.invoke(self._self_tool_use_id, **input)
+        captured = self._self_captured
+        run = captured.invoke if self._self_once else captured.run_again
+        return run(self._self_tool_use_id, **input)
 
 
 class _CapturedToolset(ObjectProxy):
     """A toolset as its own ``tool_result`` sees it, whose ``call(context, name, input)`` for the
     one member tool_use goes through a captured :class:`Tool` around the toolset's ``call``."""
 
-    def __init__(self, wrapped: Any, tool_use: Any, *, is_async: bool) -> None:
+    def __init__(self, wrapped: Any, tool_use: Any, *, is_async: bool, once: bool) -> None:
         super().__init__(wrapped)
         self._self_tool_use = tool_use
         self._self_is_async = is_async
+        self._self_once = once
 
     def call(self, context: Any, name: Any, input: Any) -> Any:
         tool_use = self._self_tool_use
@@ -128,11 +203,27 @@ class _CapturedToolset(ObjectProxy):
             return toolset.call(context, name, arguments)
 
         try:
-            captured = _captured_tool(name, input, run, is_async=self._self_is_async)
+            # The toolset is part of the tool's identity: another toolset answering the same
+            # tool_use id is another call.
+            captured = _captured_tool(
+                name,
+                input,
+                run,
+                is_async=self._self_is_async,
+                identity=f"{_toolset_identity(toolset)}.{name}",
+            )
         except Exception:
             _logger.debug("agentcap: could not capture toolset member %r", name, exc_info=True)
             return toolset.call(context, name, input)
-        return captured.invoke(tool_use.id, **input)
+        invoke = captured.invoke if self._self_once else captured.run_again
+        return invoke(tool_use.id, **input)
+
+
+def _toolset_identity(toolset: Any) -> str:
+    """The toolset's name as a tool identity: its ``toolset_name`` (or ``name``) and class."""
+    label = getattr(toolset, "toolset_name", None) or getattr(toolset, "name", None)
+    cls = type(toolset).__qualname__
+    return f"{label}:{cls}" if isinstance(label, str) and label else cls
 
 
 def _signature(tool_input: Mapping[str, Any]) -> inspect.Signature:
@@ -165,9 +256,12 @@ def _captured_tool(
     run: Callable[[dict[str, Any]], Any],
     *,
     is_async: bool,
+    identity: str | None = None,
 ) -> Tool[..., Any]:
     """A :class:`Tool` named ``name`` whose body is ``run(arguments)`` (the SDK's own call: its
-    input validation and the user's function)."""
+    input validation and the user's function). Its ``execute_tool`` span is not made current, so
+    the spans the tool starts stay children of the SDK's tool span. ``identity`` (default
+    ``name``) is the tool as exactly-once tells calls apart."""
     if is_async:
 
         async def run_async(**arguments: Any) -> Any:
@@ -187,7 +281,11 @@ def _captured_tool(
     body.__qualname__ = name
     body.__doc__ = None
     body.__signature__ = _signature(tool_input)  # type: ignore[attr-defined]
-    return Tool(body, name)
+    captured = Tool(body, name)
+    captured.current_span = False
+    if identity is not None and identity != name:
+        captured.identity = validate_id(identity[:200], "tool identity")
+    return captured
 
 
 def _streaming_model_call(runner: Any) -> Callable[[], EventRef | None]:
@@ -291,6 +389,7 @@ def _prepare_tool(
     tool_name: str,
     use_name: str,
     is_async: bool | None,
+    once: bool,
 ) -> tuple[tuple[Any, ...], dict[str, Any], str] | None:
     """Arguments of a ``(tool, tool_use-or-event, ...)`` method with the SDK tool replaced by a
     captured stand-in, and the tool_use id; None for anything not recognised. ``is_async`` None:
@@ -314,7 +413,7 @@ def _prepare_tool(
         is_async = not _runs_on_worker_thread(sdk_tool)
     captured = _captured_tool(name, tool_input, sdk_tool.call, is_async=is_async)
     args, kwargs = _replace(
-        args, kwargs, 0, tool_name, _CapturedRunnable(sdk_tool, captured, tool_use_id)
+        args, kwargs, 0, tool_name, _CapturedRunnable(sdk_tool, captured, tool_use_id, once)
     )
     return args, kwargs, tool_use_id
 
@@ -352,7 +451,12 @@ def run_tool_wrapper(*, is_async: bool) -> Wrapper:
             if current_agent() is None:
                 return None
             prepared = _prepare_tool(
-                args, kwargs, tool_name="tool", use_name="tool_use", is_async=is_async
+                args,
+                kwargs,
+                tool_name="tool",
+                use_name="tool_use",
+                is_async=is_async,
+                once=_wants_exactly_once(runner),
             )
             if prepared is None:
                 return None
@@ -392,12 +496,20 @@ def toolset_member_wrapper(*, is_async: bool) -> Wrapper:
         if is_async:
 
             async def run() -> Any:
-                with bound():
-                    return await wrapped(*args, **kwargs)
+                token = _member_runner.set(instance)
+                try:
+                    with bound():
+                        return await wrapped(*args, **kwargs)
+                finally:
+                    _member_runner.reset(token)
 
             return run()
-        with bound():
-            return wrapped(*args, **kwargs)
+        token = _member_runner.set(instance)
+        try:
+            with bound():
+                return wrapped(*args, **kwargs)
+        finally:
+            _member_runner.reset(token)
 
     return wrapper
 
@@ -427,7 +539,8 @@ def toolset_result_wrapper(*, is_async: bool) -> Wrapper:
             ):
                 return None
             tool_use_id = validate_id(tool_use_id, "invocation_id")
-            proxy = _CapturedToolset(toolset, tool_use, is_async=is_async)
+            once = _wants_exactly_once(toolset, _member_runner.get())
+            proxy = _CapturedToolset(toolset, tool_use, is_async=is_async, once=once)
             return _Call(
                 (proxy, *args),
                 dict(kwargs),
@@ -453,13 +566,21 @@ def toolset_result_wrapper(*, is_async: bool) -> Wrapper:
 
 def session_call_tool_wrapper() -> Wrapper:
     """Wraps ``SessionToolRunner._call_tool(tool, event, input)`` (a coroutine): the tool runs
-    as ``Tool.invoke(<event id>, **input)``, awaited or on the SDK's worker thread as before."""
+    as invocation ``<event id>`` of a captured Tool, awaited or on the SDK's worker thread as
+    before."""
 
-    def prepare(args: Any, kwargs: Any) -> _Call | None:
+    def prepare(runner: Any, args: Any, kwargs: Any) -> _Call | None:
         try:
             if current_agent() is None:
                 return None
-            prepared = _prepare_tool(args, kwargs, tool_name="tool", use_name="ev", is_async=None)
+            prepared = _prepare_tool(
+                args,
+                kwargs,
+                tool_name="tool",
+                use_name="ev",
+                is_async=None,
+                once=_wants_exactly_once(runner),
+            )
             if prepared is None:
                 return None
             new_args, new_kwargs, tool_use_id = prepared
@@ -469,7 +590,7 @@ def session_call_tool_wrapper() -> Wrapper:
             return None
 
     def wrapper(wrapped: Callable[..., Any], instance: Any, args: Any, kwargs: Any) -> Any:
-        call = prepare(args, kwargs)
+        call = prepare(instance, args, kwargs)
         return _run_captured(wrapped, call, args, kwargs, is_async=True)
 
     return wrapper
