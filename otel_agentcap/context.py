@@ -62,6 +62,15 @@ class AgentContext:
             self.cancelled_reason = "timed out"
             raise AgentCancelled(f"agent {self.agent_id!r} timed out")
 
+    def is_cancelled(self) -> bool:
+        """Whether this execution may no longer act (:meth:`check_active` would raise)."""
+        if self.cancelled_reason is not None:
+            return True
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            self.cancelled_reason = "timed out"
+            return True
+        return False
+
 
 _current_run: contextvars.ContextVar[RunContext | None] = contextvars.ContextVar(
     "agentcap_run", default=None

@@ -10,7 +10,9 @@ stamps everything else that starts inside an agent:
   event id and the causal parents bound with :func:`~otel_agentcap.caused_by`, and become
   ``model_call`` events.
 
-Spans started outside any agent pass through untouched. Stamps are written in ``on_start``, where
+Spans started outside any agent pass through untouched, and so do spans started on behalf of an
+execution that has already failed or timed out (an abandoned worker thread or task): nothing is
+recorded for an execution after its ``agent_error``. Stamps are written in ``on_start``, where
 the span is still mutable, on the thread that starts it; ``on_start`` never raises.
 """
 
@@ -133,7 +135,7 @@ class AgentCapSpanProcessor(SpanProcessor):
         if attr.EVENT_ID in attributes or attr.RUN_ROOT in attributes:
             return  # a capture-API span (an event's, or a run's root), stamped when created
         ctx = current_agent()
-        if ctx is None:
+        if ctx is None or ctx.is_cancelled():
             return
         instrumentation_scope = span.instrumentation_scope
         scope = instrumentation_scope.name if instrumentation_scope is not None else None

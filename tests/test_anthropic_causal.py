@@ -408,3 +408,79 @@ def test_strip_payloads_removes_tool_results_from_outcome_records_too(captured):
     # The events themselves still come through, only without payloads.
     types = [e.event_type for e in batch_from_spans(forwarded).events]
     assert "tool_invocation" in types and "tool_result" in types
+
+
+@pytest.mark.parametrize("how", ["create", "stream", "async create"])
+def test_a_timed_out_agents_model_call_is_refused_and_nothing_is_recorded_after_its_error(
+    server: MessagesServer,
+    client: anthropic.Anthropic,
+    aclient: anthropic.AsyncAnthropic,
+    captured: ac.testing.InMemoryEventExporter,
+    instrumented: object,
+    how: str,
+) -> None:
+    """After Agent.run's timeout, a model call from the abandoned worker thread raises
+    AgentCancelled before its request is sent, and the log holds nothing of the agent after its
+    agent_error."""
+    import asyncio
+    import threading
+
+    server.enqueue(text_reply("never sent"))
+    go_on = threading.Event()
+    outcome: list[BaseException] = []
+
+    def body() -> None:
+        go_on.wait(10)
+        try:
+            if how == "create":
+                client.messages.create(model=MODEL, max_tokens=16, messages=USER)
+            elif how == "stream":
+                with client.messages.stream(model=MODEL, max_tokens=16, messages=USER) as stream:
+                    stream.get_final_message()
+            else:
+                asyncio.run(aclient.messages.create(model=MODEL, max_tokens=16, messages=USER))
+        except BaseException as error:
+            outcome.append(error)
+            raise
+
+    agent = None
+    with ac.run(f"cancelled-{how}"), ac.agent("boss") as boss:
+        agent = boss.spawn("slow")
+        with pytest.raises(ac.AgentTimeoutError):
+            agent.run(body, timeout=0.2)
+        go_on.set()
+        deadline = 50
+        while not outcome and deadline:
+            threading.Event().wait(0.1)
+            deadline -= 1
+    assert outcome and isinstance(outcome[0], ac.AgentCancelled)
+    assert server.requests == []
+    events = captured.for_agent(agent.agent_id)
+    (error,) = [e for e in events if e.event_type == "agent_error"]
+    assert error.payload["timed_out"] is True
+    assert [e.event_type for e in events if e.seq > error.seq] == []
+    assert not [e for e in events if e.event_type == "model_call"]
+
+
+def test_a_model_call_span_of_a_cancelled_execution_is_not_stamped(
+    captured: ac.testing.InMemoryEventExporter,
+) -> None:
+    """Without the instrumentor (nothing refuses the call), the processor still records nothing
+    for an execution after its agent_error: a model-call span started there is not stamped."""
+    from opentelemetry import trace
+
+    from otel_agentcap.context import bind_agent, reset_agent
+
+    tracer = trace.get_tracer("test")
+    with ac.run("cancelled-span"):
+        scope = ac.agent("worker")
+        with pytest.raises(RuntimeError), scope as execution:
+            raise RuntimeError("failed")
+        token = bind_agent(execution.context)
+        try:
+            tracer.start_span("chat m", attributes={"gen_ai.operation.name": "chat"}).end()
+        finally:
+            reset_agent(token)
+    (span,) = [s for s in captured.spans if s.name == "chat m"]
+    assert "agentcap.event.id" not in (span.attributes or {})
+    assert [e.event_type for e in captured.events] == ["agent_start", "agent_error"]

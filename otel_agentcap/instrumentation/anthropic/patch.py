@@ -9,7 +9,9 @@ Two kinds:
   attribute names of the SDK's own tracing.
 
 And :func:`tool_use_ids_hook`, which adds the requested ``tool_use`` ids to the SDK's own spans.
-Every wrapper passes the user's arguments, results and exceptions through unchanged.
+Every wrapper passes the user's arguments, results and exceptions through unchanged, except that a
+call made for an agent execution that has timed out or failed is refused with
+:class:`~otel_agentcap.AgentCancelled` before its request is sent.
 """
 
 from __future__ import annotations
@@ -41,6 +43,15 @@ _logger = logging.getLogger(__name__)
 Wrapper = Callable[[Callable[..., Any], Any, tuple[Any, ...], dict[str, Any]], Any]
 
 
+def refuse_if_cancelled() -> None:
+    """Raise :class:`~otel_agentcap.AgentCancelled` when the calling agent execution has timed out
+    or failed: a model call from its abandoned thread or task is refused before the request is
+    sent, like its tool, memory and spawn calls."""
+    ctx = current_agent()
+    if ctx is not None:
+        ctx.check_active()
+
+
 def request_parents(kwargs: dict[str, Any]) -> tuple[EventRef, ...]:
     """The recorded tool-result events of the tool results this request sends back (none outside
     an agent). Never raises."""
@@ -65,6 +76,7 @@ def causal_scope(kwargs: dict[str, Any]) -> AbstractContextManager[None]:
 
 def causal_create() -> Wrapper:
     def wrapper(wrapped: Callable[..., Any], instance: Any, args: Any, kwargs: Any) -> Any:
+        refuse_if_cancelled()
         parents = request_parents(kwargs)
         if not parents:  # most requests carry no tool results: no scope to enter
             return wrapped(*args, **kwargs)
@@ -76,6 +88,7 @@ def causal_create() -> Wrapper:
 
 def causal_acreate() -> Wrapper:
     def wrapper(wrapped: Callable[..., Any], instance: Any, args: Any, kwargs: Any) -> Any:
+        refuse_if_cancelled()
         parents = request_parents(kwargs)
         if not parents:
             return wrapped(*args, **kwargs)
@@ -91,6 +104,7 @@ def causal_acreate() -> Wrapper:
 
 def causal_stream() -> Wrapper:
     def wrapper(wrapped: Callable[..., Any], instance: Any, args: Any, kwargs: Any) -> Any:
+        refuse_if_cancelled()
         manager = wrapped(*args, **kwargs)
         try:
             return CausalStreamManager(manager, lambda: causal_scope(kwargs))
@@ -148,6 +162,7 @@ def _finish_result(record: CallRecord, result: Any, *, is_async: bool) -> Any:
 
 def span_create(tracer: Tracer) -> Wrapper:
     def wrapper(wrapped: Callable[..., Any], instance: Any, args: Any, kwargs: Any) -> Any:
+        refuse_if_cancelled()
         with causal_scope(kwargs):
             try:
                 record = _start(tracer, kwargs, stream=kwargs.get("stream") is True)
@@ -167,6 +182,8 @@ def span_create(tracer: Tracer) -> Wrapper:
 
 def span_acreate(tracer: Tracer) -> Wrapper:
     def wrapper(wrapped: Callable[..., Any], instance: Any, args: Any, kwargs: Any) -> Any:
+        refuse_if_cancelled()
+
         async def call() -> Any:
             with causal_scope(kwargs):
                 try:
@@ -189,6 +206,7 @@ def span_acreate(tracer: Tracer) -> Wrapper:
 
 def span_stream(tracer: Tracer, *, is_async: bool) -> Wrapper:
     def wrapper(wrapped: Callable[..., Any], instance: Any, args: Any, kwargs: Any) -> Any:
+        refuse_if_cancelled()
         manager = wrapped(*args, **kwargs)
 
         def start() -> tuple[CallRecord, AbstractContextManager[None]]:
