@@ -465,37 +465,96 @@ def test_timeout_before_the_worker_enters_still_records_the_failure():
     assert len(errors) == 1 and errors[0].payload["timed_out"] is True
 
 
-def test_a_slow_spawn_lookup_does_not_hold_up_other_agents_spawns():
-    """The store-backed lookup of an earlier spawn (a database query) runs outside the
-    process-wide spawn registry lock: while one agent's lookup waits, another agent spawns."""
-    from otel_agentcap.capture.agents import SpawnRecord, set_spawn_lookup
+def test_a_slow_spawn_registry_does_not_hold_up_other_agents_spawns():
+    """The registration of a spawn (a database statement) runs outside any process-wide lock:
+    while one agent's registration waits, another agent spawns, and a second spawn of the waiting
+    child in the same process waits for the first instead of registering again."""
+    from otel_agentcap.capture.agents import SpawnClaim, SpawnRecord, set_spawn_registry
 
     release = threading.Event()
     waiting = threading.Event()
+    registered: list[str] = []
 
-    class SlowLookup:
+    class SlowRegistry:
         def find(self, run_id: str, child_agent_id: str) -> SpawnRecord | None:
-            if child_agent_id == "slow/c":
-                waiting.set()
-                release.wait(10)
             return None
 
+        def register(self, claim: SpawnClaim) -> SpawnRecord:
+            registered.append(claim.child_agent_id)
+            if claim.child_agent_id == "slow/c":
+                waiting.set()
+                release.wait(10)
+            return SpawnRecord(
+                claim.parent_agent_id,
+                claim.name,
+                oa.EventRef(claim.spawn_event_id, claim.spawn_seq, claim.parent_agent_id),
+                won=True,
+            )
+
     run_id = _run_id()
-    set_spawn_lookup(SlowLookup())
+    set_spawn_registry(SlowRegistry())
+    children: list[oa.Agent] = []
     try:
         with oa.run(run_id):
 
             def slow_parent() -> None:
                 with oa.agent("slow"):
-                    oa.spawn("c", key="c")
+                    children.append(oa.spawn("c", key="c"))
 
-            thread = oa.start_thread(slow_parent)
+            first = oa.start_thread(slow_parent)
             assert waiting.wait(10)
+            second = oa.start_thread(slow_parent)
             with oa.agent("fast"):
-                child = oa.spawn("c", key="c")  # must not wait for the slow lookup
-            assert child.agent_id == "fast/c" and thread.is_alive()
+                child = oa.spawn("c", key="c")  # must not wait for the slow registration
+            assert child.agent_id == "fast/c" and first.is_alive()
+            release.set()
+            first.join(10)
+            second.join(10)
+    finally:
+        set_spawn_registry(None)
+        release.set()
+    assert children[0] is children[1]
+    assert registered.count("slow/c") == 1
+
+
+def test_a_spawn_does_not_hold_a_lock_while_its_span_is_exported():
+    """While an exporter is busy with one agent's spawn span (synchronous export), another agent
+    spawns: no process-wide lock is held across the export."""
+    from otel_agentcap.testing import InMemoryEventExporter
+    from otel_agentcap.testing._capture import _ensure_installed
+
+    release = threading.Event()
+    exporting = threading.Event()
+
+    class SlowSink(InMemoryEventExporter):
+        def export(self, spans):  # type: ignore[no-untyped-def]
+            for span in spans:
+                if span.name == "create_agent a/blocked":
+                    exporting.set()
+                    release.wait(10)
+            return super().export(spans)
+
+    sink = SlowSink()
+    fan_out = _ensure_installed()
+    fan_out.add(sink)
+    try:
+        with oa.run(_run_id()):
+
+            def blocked() -> None:
+                with oa.agent("a"):
+                    oa.spawn("blocked")
+
+            thread = oa.start_thread(blocked)
+            assert exporting.wait(10)
+            with oa.agent("b"):
+                oa.spawn("free")
+            assert thread.is_alive()
             release.set()
             thread.join(10)
     finally:
-        set_spawn_lookup(None)
         release.set()
+        fan_out.remove(sink)
+    assert {e.payload["child_agent_id"] for e in sink.of_type("agent_spawn")} == {
+        "a/blocked",
+        "b/free",
+    }

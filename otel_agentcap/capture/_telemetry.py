@@ -121,6 +121,17 @@ def start_span(
         return trace.INVALID_SPAN
 
 
+def stamp_span(
+    span: Span, stamp: Stamp, payload: Any, extra: dict[str, AttributeValue] | None = None
+) -> None:
+    """Put the event ``stamp`` (and its payload) on a running ``span`` that was started without
+    it (when whether it records the event was decided after it started). Never raises."""
+    try:
+        add_attributes(span, event_attributes(stamp, payload, extra))
+    except Exception:
+        _logger.exception("agentcap: could not record %s", stamp.event_type)
+
+
 def start_event_span(
     name: str,
     stamp: Stamp,

@@ -11,7 +11,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Protocol, TypeVar
+from typing import Any, Final, NamedTuple, Protocol, TypeVar
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -387,36 +387,47 @@ class AgentScope:
             raise raise_instead
 
 
-_registry_lock = threading.Lock()
-#: The agents of each open run, by agent id; a run's entry goes when the run is released.
+#: The agents of each open run, by agent id; a run's entry goes when the run is released. No lock:
+#: entries are added with ``dict.setdefault`` (atomic), so threads of different agents never
+#: wait for one another here.
 _agents: dict[str, dict[str, Agent]] = {}
+#: Spawns being registered, per run and child: a second spawn of the same child in this process
+#: waits for the first instead of registering again.
+_pending: dict[str, dict[str, _PendingSpawn]] = {}
 
 
 def _forget_run(run_id: str) -> None:
-    with _registry_lock:
-        _agents.pop(run_id, None)
+    _agents.pop(run_id, None)
+    _pending.pop(run_id, None)
 
 
 lifetimes.on_release(_forget_run)
 
 
-class SpawnLookup(Protocol):
-    """Finds a child spawned by an earlier process (e.g. before a restart), so that a spawn
-    retried in a new process returns that child instead of recording a second spawn."""
+def _run_agents(run_id: str) -> dict[str, Agent]:
+    agents = _agents.get(run_id)
+    return agents if agents is not None else _agents.setdefault(run_id, {})
 
-    def find(self, run_id: str, child_agent_id: str) -> SpawnRecord | None: ...
+
+class _PendingSpawn:
+    __slots__ = ("done",)
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
 
 
 @dataclass(frozen=True, slots=True)
 class SpawnRecord:
-    """A stored spawn: the child's parent and name, the ``agent_spawn`` event, and the span that
+    """A child's registered spawn: its parent and name, the ``agent_spawn`` event, the span that
     carries it (the ``create_agent`` span), under which the child's executions run so that a
-    child resumed in another process joins the run's trace."""
+    child resumed in another process joins the run's trace, and whether the caller's own spawn
+    was the one registered (``won``)."""
 
     parent_agent_id: str
     name: str | None
     spawned_at: EventRef
     span_context: SpanContext | None = None
+    won: bool = False
 
     @property
     def spawn_span(self) -> SpanContext | None:
@@ -424,37 +435,83 @@ class SpawnRecord:
         return self.span_context if self.span_context is not None else self.spawned_at.span
 
 
-_spawn_lookup: SpawnLookup | None = None
+class SpawnClaim(NamedTuple):
+    """A spawn as the caller would register it (trace and span ids in hex, as the log stores
+    them)."""
+
+    run_id: str
+    child_agent_id: str
+    parent_agent_id: str
+    name: str
+    key: str | None
+    spawn_event_id: str
+    spawn_seq: int
+    trace_id: str | None
+    span_id: str | None
+
+
+class SpawnRegistry(Protocol):
+    """Registers spawns where every process serving a run sees them, when they happen: the first
+    registration of a child wins, and every later one (from any process) gets the winner's record.
+    ``configure()`` installs the PostgreSQL one."""
+
+    def find(self, run_id: str, child_agent_id: str) -> SpawnRecord | None:
+        """The registered spawn of the child, if any (a retry then starts no span at all)."""
+        ...
+
+    def register(self, claim: SpawnClaim) -> SpawnRecord: ...
+
+
+class SpawnLookup(Protocol):
+    """Finds a child spawned by an earlier process (the interface of earlier versions; a
+    :class:`SpawnRegistry` replaces it)."""
+
+    def find(self, run_id: str, child_agent_id: str) -> SpawnRecord | None: ...
+
+
+_spawn_registry: SpawnRegistry | None = None
+
+
+def set_spawn_registry(registry: SpawnRegistry | None) -> None:
+    """Install the registry that makes spawns known to every process of a run (None: spawns are
+    known within this process only)."""
+    global _spawn_registry
+    _spawn_registry = registry
+
+
+class _LookupRegistry:
+    """A registry over a lookup of exported spawns: it finds earlier spawns, and otherwise the
+    caller's spawn wins (nothing is registered)."""
+
+    def __init__(self, lookup: SpawnLookup) -> None:
+        self._lookup = lookup
+
+    def find(self, run_id: str, child_agent_id: str) -> SpawnRecord | None:
+        return self._lookup.find(run_id, child_agent_id)
+
+    def register(self, claim: SpawnClaim) -> SpawnRecord:
+        found = self._lookup.find(claim.run_id, claim.child_agent_id)
+        if found is not None:
+            return found
+        return SpawnRecord(
+            claim.parent_agent_id,
+            claim.name,
+            EventRef(claim.spawn_event_id, claim.spawn_seq, claim.parent_agent_id),
+            won=True,
+        )
 
 
 def set_spawn_lookup(lookup: SpawnLookup | None) -> None:
-    """Install the store-backed lookup (``configure()`` installs the PostgreSQL one)."""
-    global _spawn_lookup
-    _spawn_lookup = lookup
-
-
-def _recover_spawn(run_id: str, child_id: str) -> SpawnRecord | None:
-    lookup = _spawn_lookup
-    if lookup is None:
-        return None
-    try:
-        return lookup.find(run_id, child_id)
-    except Exception:
-        _logger.warning(
-            "agentcap: could not look up an earlier spawn of %s; recording a new one",
-            child_id,
-            exc_info=True,
-        )
-        return None
+    """Install a lookup of earlier spawns (see :func:`set_spawn_registry`)."""
+    set_spawn_registry(None if lookup is None else _LookupRegistry(lookup))
 
 
 def _get_or_create_root(run_id: str, agent_id: str, name: str) -> Agent:
-    with _registry_lock:
-        agents = _agents.setdefault(run_id, {})
-        agent = agents.get(agent_id)
-        if agent is None:
-            agent = agents[agent_id] = Agent(run_id, agent_id, name)
-        return agent
+    agents = _run_agents(run_id)
+    agent = agents.get(agent_id)
+    if agent is None:
+        agent = agents.setdefault(agent_id, Agent(run_id, agent_id, name))
+    return agent
 
 
 def agent(name: str, *, agent_id: str | None = None, timeout: float | None = None) -> AgentScope:
@@ -488,7 +545,8 @@ def spawn(name: str, *, key: str | None = None, agent_id: str | None = None) -> 
     defaulting to ``name``. Spawning the same identity again (a retry) returns the same child and
     records nothing; so does spawning twice with the same key, which is why workers spawned in a
     loop need distinct keys. There is no "fresh random child": a spawn never creates a second child
-    silently.
+    silently. With a spawn registry (``configure()`` installs the PostgreSQL one) this holds for
+    every process of the run, from the moment the first spawn returns.
     """
     parent = current_agent()
     if parent is None:
@@ -500,12 +558,10 @@ def _registered_child(
     parent: AgentContext, child_id: str, agents: dict[str, Agent] | None = None
 ) -> Agent | None:
     """The child ``child_id`` of ``parent`` if this process spawned it already; raises if another
-    agent did. Pass ``agents`` when holding the registry lock."""
+    agent did."""
     if agents is None:
-        with _registry_lock:
-            existing = _agents.get(parent.run_id, {}).get(child_id)
-    else:
-        existing = agents.get(child_id)
+        agents = _agents.get(parent.run_id, {})
+    existing = agents.get(child_id)
     if existing is not None and existing.parent_agent_id != parent.agent_id:
         raise SpawnConflictError(
             f"agent {child_id!r} already exists in run {parent.run_id!r} with parent "
@@ -525,64 +581,146 @@ def _spawn(parent: AgentContext, name: str, *, key: str | None, agent_id: str | 
     )
     if child_id == parent.agent_id:
         raise SpawnConflictError(f"agent {child_id!r} cannot spawn itself")
-    existing = _registered_child(parent, child_id)
-    if existing is not None:
-        return existing
-    parent.check_active()
-    # Asked outside the registry lock: a slow or unreachable database must not hold up the
-    # spawns of every other agent in the process.
-    recovered = _recover_spawn(parent.run_id, child_id)
-    with _registry_lock:
-        agents = _agents.setdefault(parent.run_id, {})
+    run_id = parent.run_id
+    while True:
+        agents = _run_agents(run_id)
         existing = _registered_child(parent, child_id, agents)
         if existing is not None:
-            return existing  # spawned by another thread meanwhile
-        if recovered is not None:
-            if recovered.parent_agent_id != parent.agent_id:
-                raise SpawnConflictError(
-                    f"agent {child_id!r} was spawned in run {parent.run_id!r} by "
-                    f"{recovered.parent_agent_id!r}, not {parent.agent_id!r}"
-                )
-            # Spawned by an earlier process: same child, no second spawn event; it runs under
-            # the stored spawn's span, in the run's trace.
-            parent.clock.observe(recovered.spawned_at.seq)
-            spawn_span = recovered.spawn_span
-            spawned_at = recovered.spawned_at
-            if spawned_at.span is None and spawn_span is not None:
-                spawned_at = spawned_at._replace(span=spawn_span)
-            child = Agent(
-                parent.run_id,
-                child_id,
-                recovered.name or name,
-                parent_agent_id=parent.agent_id,
-                spawned_at=spawned_at,
-                spawn_span_context=spawn_span,
-            )
-            clocks.get(parent.run_id, child_id).observe(recovered.spawned_at.seq)
-            agents[child_id] = child
-            return child
-        spawn_stamp = stamp(parent, EventType.AGENT_SPAWN, key=f"spawn:{child_id}")
-        extra: dict[str, Any] = {
-            attr.GEN_AI_OPERATION_NAME: attr.OP_CREATE_AGENT,
-            attr.CHILD_AGENT_ID: child_id,
-            attr.CHILD_AGENT_NAME: name,
-        }
-        payload = {"child_agent_id": child_id, "child_name": name, "key": key}
-        span = tel.start_event_span(f"create_agent {child_id}", spawn_stamp, payload, extra)
-        tel.end_span(span)
-        spawn_span = span.get_span_context()
-        child = Agent(
+            return existing
+        parent.check_active()
+        pending_of_run = _pending.get(run_id)
+        if pending_of_run is None:
+            pending_of_run = _pending.setdefault(run_id, {})
+        mine = _PendingSpawn()
+        pending = pending_of_run.setdefault(child_id, mine)
+        if pending is not mine:
+            # Another thread of this process is registering this child: wait for it (no lock is
+            # held meanwhile), then look again.
+            pending.done.wait()
+            continue
+        try:
+            existing = _registered_child(parent, child_id, agents)
+            if existing is not None:
+                return existing
+            child = _register_spawn(parent, name, key, child_id)
+            return agents.setdefault(child_id, child)
+        finally:
+            pending_of_run.pop(child_id, None)
+            mine.done.set()
+
+
+def _hex_ids(context: SpanContext) -> tuple[str | None, str | None]:
+    if not context.is_valid:
+        return None, None
+    return f"{context.trace_id:032x}", f"{context.span_id:016x}"
+
+
+def _register_spawn(parent: AgentContext, name: str, key: str | None, child_id: str) -> Agent:
+    """Record the spawn of ``child_id`` (or find the spawn another process registered first) and
+    return the child. Runs without any lock: it may ask the database and export a span."""
+    registry = _spawn_registry
+    if registry is not None:
+        # A retry (the child is registered already) starts no span and records nothing.
+        try:
+            found = registry.find(parent.run_id, child_id)
+        except Exception:
+            _logger.warning("agentcap: could not look up the spawn of %s", child_id, exc_info=True)
+            found = None
+        if found is not None:
+            return _registered(parent, name, child_id, found)
+    spawn_stamp = stamp(parent, EventType.AGENT_SPAWN, key=f"spawn:{child_id}")
+    extra: dict[str, Any] = {
+        attr.GEN_AI_OPERATION_NAME: attr.OP_CREATE_AGENT,
+        attr.CHILD_AGENT_ID: child_id,
+        attr.CHILD_AGENT_NAME: name,
+    }
+    payload = {"child_agent_id": child_id, "child_name": name, "key": key}
+    span_name = f"create_agent {child_id}"
+    record: SpawnRecord | None = None
+    if registry is None:
+        span = tel.start_event_span(span_name, spawn_stamp, payload, extra)
+    else:
+        # The event goes on the span only if this spawn is the one registered.
+        span = tel.start_span(span_name, dict(extra), spawn_stamp.links)
+        trace_id, span_id = _hex_ids(span.get_span_context())
+        claim = SpawnClaim(
             parent.run_id,
             child_id,
+            parent.agent_id,
             name,
-            parent_agent_id=parent.agent_id,
-            spawned_at=spawn_stamp.ref_on(spawn_span if spawn_span.is_valid else None),
-            spawn_span_context=spawn_span,
+            key,
+            spawn_stamp.event_id,
+            spawn_stamp.seq,
+            trace_id,
+            span_id,
         )
-        # The child's first event must come after the spawn, whatever thread runs it.
-        clocks.get(parent.run_id, child_id).observe(spawn_stamp.seq)
-        agents[child_id] = child
-        return child
+        try:
+            record = registry.register(claim)
+        except Exception:
+            _logger.warning(
+                "agentcap: could not register the spawn of %s; recording it in this process only",
+                child_id,
+                exc_info=True,
+            )
+        if record is None or record.won:
+            tel.stamp_span(span, spawn_stamp, payload)
+    if record is None or record.won:
+        tel.end_span(span)
+        own_span = span.get_span_context()
+        spawn_span: SpanContext | None = own_span if own_span.is_valid else None
+        spawned_at = spawn_stamp.ref_on(spawn_span)
+    else:
+        # Another process registered it between the lookup and this registration (two first
+        # spawns at once): its spawn counts, this span records no event.
+        try:
+            span.set_attribute(SPAWN_REGISTERED_EVENT_ID, record.spawned_at.event_id)
+        except Exception:
+            _logger.debug("agentcap: could not mark a repeated spawn", exc_info=True)
+        tel.end_span(span)
+        return _registered(parent, name, child_id, record)
+    return _child(parent, name, child_id, spawned_at, spawn_span)
+
+
+def _registered(parent: AgentContext, name: str, child_id: str, record: SpawnRecord) -> Agent:
+    """The child of a spawn registered first by another process (or an earlier run of this one):
+    the same child, the same spawn event, no second one; the child runs under the stored spawn's
+    span, in the run's trace."""
+    if record.parent_agent_id != parent.agent_id:
+        raise SpawnConflictError(
+            f"agent {child_id!r} was spawned in run {parent.run_id!r} by "
+            f"{record.parent_agent_id!r}, not {parent.agent_id!r}"
+        )
+    parent.clock.observe(record.spawned_at.seq)
+    spawn_span = record.spawn_span
+    spawned_at = EventRef(
+        record.spawned_at.event_id, record.spawned_at.seq, parent.agent_id, spawn_span
+    )
+    return _child(parent, record.name or name, child_id, spawned_at, spawn_span)
+
+
+def _child(
+    parent: AgentContext,
+    name: str,
+    child_id: str,
+    spawned_at: EventRef,
+    spawn_span: SpanContext | None,
+) -> Agent:
+    child = Agent(
+        parent.run_id,
+        child_id,
+        name,
+        parent_agent_id=parent.agent_id,
+        spawned_at=spawned_at,
+        spawn_span_context=spawn_span,
+    )
+    # The child's first event must come after the spawn, whatever thread or process runs it.
+    clocks.get(parent.run_id, child_id).observe(spawned_at.seq)
+    return child
+
+
+#: On a ``create_agent`` span whose spawn another process registered at the same moment: the id of
+#: the registered spawn event (the span itself records no event).
+SPAWN_REGISTERED_EVENT_ID: Final = "agentcap.spawn.registered_event_id"
 
 
 def current_execution() -> AgentExecution | None:
