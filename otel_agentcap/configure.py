@@ -10,7 +10,8 @@ from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 from otel_agentcap.capture import _telemetry
-from otel_agentcap.capture.agents import set_spawn_lookup
+from otel_agentcap.capture.agents import set_spawn_registry
+from otel_agentcap.capture.ledger import set_tool_ledger
 from otel_agentcap.capture.runs import set_run_registry
 from otel_agentcap.clock import clocks
 from otel_agentcap.exporters.postgres import (
@@ -19,10 +20,13 @@ from otel_agentcap.exporters.postgres import (
     PostgresSpanExporter,
     resolve_dsn,
 )
-from otel_agentcap.exporters.postgres.recovery import PostgresRunRegistry, PostgresSpawnLookup
+from otel_agentcap.exporters.postgres.ledger import PostgresToolLedger
+from otel_agentcap.exporters.postgres.memory import set_default_database
+from otel_agentcap.exporters.postgres.recovery import PostgresRunRegistry, PostgresSpawnRegistry
 from otel_agentcap.exporters.queue import EventLogSpanProcessor, Overflow
 from otel_agentcap.instrumentation import instrument_installed
 from otel_agentcap.processor import AgentCapSpanProcessor
+from otel_agentcap.tool_uses import set_sdk_tools_exactly_once
 
 
 def configure(
@@ -36,6 +40,8 @@ def configure(
     queue_size: int | None = None,
     overflow: Overflow = "block",
     sequence_blocks: bool = True,
+    tool_ledger: bool = True,
+    sdk_tools_exactly_once: bool | None = None,
     announce: bool = True,
     instrument: bool = True,
 ) -> TracerProvider:
@@ -51,13 +57,20 @@ def configure(
       ``"drop"``; drops are counted in ``stats().events_dropped`` (see ``exporters.queue``).
     * ``sequence_blocks``: reserve sequence blocks in the database so that several processes
       serving one agent, or an agent resumed after a restart, never repeat a sequence.
-      A spawn retried in a new process finds the child stored by the earlier one, and a run id
-      is claimed in the database when its run opens (``run(run_id)`` on a stored run needs
-      ``resume=True`` or a carried context, see ``otel_agentcap.capture.runs``).
+    * ``tool_ledger``: protect ``Tool.invoke`` calls with the PostgreSQL tool ledger, so an
+      invocation runs once across every process serving the run (see the README, Tools).
+    * ``sdk_tools_exactly_once``: True makes the anthropic SDK's tool runners and toolsets run each
+      tool_use exactly once (like ``Tool.invoke``); False (their default) records every execution
+      the SDK makes, as it makes it; None leaves the setting as it is.
     * ``set_global``: install the provider as the global one (capture uses the global provider).
     * ``instrument``: instrument the libraries installed that need it for a full record (see
       :func:`otel_agentcap.instrumentation.instrument_installed`: the anthropic SDK's causal
       links); ``False`` leaves instrumentation to the caller.
+
+    Spawns are registered in the database when they happen, so a spawn retried in any process
+    gets the same child and spawn event; ``PostgresMemory`` uses this database by default; a run id
+    is claimed in the database when its run opens (``run(run_id)`` on a stored run needs
+    ``resume=True`` or a carried context, see ``otel_agentcap.capture.runs``).
 
     Raises only for configuration errors (e.g. the embedded server cannot start); a database that
     is down is waited for in the background.
@@ -84,8 +97,12 @@ def configure(
         provider.add_span_processor(processor)
     if sequence_blocks:
         clocks.configure(PostgresSequenceSource(database))
-    set_spawn_lookup(PostgresSpawnLookup(database))
+    set_spawn_registry(PostgresSpawnRegistry(database))
     set_run_registry(PostgresRunRegistry(database))
+    set_tool_ledger(PostgresToolLedger(database) if tool_ledger else None)
+    set_default_database(database)
+    if sdk_tools_exactly_once is not None:
+        set_sdk_tools_exactly_once(sdk_tools_exactly_once)
     _telemetry.refresh_content_capture()
     if set_global:
         trace.set_tracer_provider(provider)

@@ -84,6 +84,11 @@ def _time(ns: int | None) -> datetime:
     return datetime.fromtimestamp((ns or 0) / 1e9, tz=UTC)
 
 
+#: An event's ``wall_time`` from a span time in nanoseconds, exactly as the mapping computes it
+#: (a row written outside the mapping must equal the mapping's copy of it).
+wall_time = _time
+
+
 #: Hex trace ids by trace id, across batches: the spans of a run mostly share one trace.
 #: Bounded; cleared when full.
 _trace_hex: dict[int, str] = {}

@@ -1,5 +1,6 @@
 """The PostgreSQL event log: span exporter, schema migrations, writer, sequence blocks, embedded
-server and read queries."""
+server and read queries; and the state processes of a run share through it: tool ledger, spawn
+registry, memory."""
 
 from otel_agentcap.exporters.postgres.database import Database, resolve_dsn
 from otel_agentcap.exporters.postgres.errors import (
@@ -9,7 +10,10 @@ from otel_agentcap.exporters.postgres.errors import (
     RunNotFound,
 )
 from otel_agentcap.exporters.postgres.exporter import ExportStats, PostgresSpanExporter
+from otel_agentcap.exporters.postgres.ledger import PostgresToolLedger
+from otel_agentcap.exporters.postgres.memory import PostgresMemory
 from otel_agentcap.exporters.postgres.migrate import migrate
+from otel_agentcap.exporters.postgres.recovery import PostgresSpawnRegistry
 from otel_agentcap.exporters.postgres.sequence_source import PostgresSequenceSource
 from otel_agentcap.exporters.postgres.writer import EventWriter, WriteResult
 
@@ -20,8 +24,11 @@ __all__ = [
     "EventWriter",
     "ExportStats",
     "MigrationError",
+    "PostgresMemory",
     "PostgresSequenceSource",
     "PostgresSpanExporter",
+    "PostgresSpawnRegistry",
+    "PostgresToolLedger",
     "RunNotFound",
     "WriteResult",
     "migrate",

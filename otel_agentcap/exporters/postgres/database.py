@@ -16,7 +16,8 @@ from typing import Any, Final
 
 import psycopg
 from opentelemetry.instrumentation.utils import suppress_instrumentation
-from psycopg_pool import ConnectionPool
+from psycopg.pq import TransactionStatus
+from psycopg_pool import ConnectionPool, PoolTimeout
 
 from otel_agentcap.exporters.postgres import embedded
 from otel_agentcap.exporters.postgres.errors import ConnectionFailed
@@ -90,6 +91,42 @@ class Database:
         except Exception:
             self._down_until = time.monotonic() + cooldown
             raise
+
+    @contextmanager
+    def coordination(self, timeout: float = 2.0, cooldown: float = 5.0) -> Iterator[Any]:
+        """A pooled connection in autocommit mode, for one statement on the capture path that
+        coordinates processes (tool ledger, spawn registry, shared memory): one round trip per
+        statement, no BEGIN or COMMIT of its own.
+
+        Like :meth:`quick_connection` it fails fast for ``cooldown`` seconds after the server was
+        unreachable, but only connection failures start that cool-down, not an error of the
+        statement. Runs with instrumentation suppressed."""
+        if time.monotonic() < self._down_until:
+            raise ConnectionFailed("PostgreSQL was unreachable moments ago")
+        with instrumentation_suppressed():
+            try:
+                self.ensure_schema(timeout)
+                conn = self.pool.getconn(timeout=timeout)
+            except PoolTimeout as exc:
+                # Every connection busy is load, not an outage: no cool-down then.
+                if not self.pool.get_stats().get("pool_size", 0):
+                    self._down_until = time.monotonic() + cooldown
+                raise ConnectionFailed(f"no database connection within {timeout} s: {exc}") from exc
+            except (psycopg.OperationalError, ConnectionFailed) as exc:
+                self._down_until = time.monotonic() + cooldown
+                if isinstance(exc, ConnectionFailed):
+                    raise
+                raise ConnectionFailed(f"no database connection: {exc}") from exc
+            try:
+                conn.autocommit = True
+                yield conn
+            except psycopg.OperationalError as exc:
+                self._down_until = time.monotonic() + cooldown
+                raise ConnectionFailed(f"database connection failed: {exc}") from exc
+            finally:
+                if not conn.closed and conn.info.transaction_status == TransactionStatus.IDLE:
+                    conn.autocommit = False
+                self.pool.putconn(conn)
 
     def ensure_schema(self, timeout: float = 5.0) -> None:
         """Migrate once per process; raises ConnectionFailed while the server is unreachable

@@ -1,6 +1,7 @@
-"""What a process finds in the log when it continues a run: spawns an earlier process made (a
-spawn retried in a new process finds its child), and whether a run id is taken (a run is claimed
-when it opens)."""
+"""What processes serving one run share in the database, written when it happens: the spawn
+registry (a spawn retried in any process, at any moment, gets the same child and spawn event, even
+before the first spawn's span was exported) and the run registry (a run is claimed when it opens);
+and the lookup of spawns an earlier version exported."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from datetime import datetime
 
 from opentelemetry.trace import SpanContext, TraceFlags
 
-from otel_agentcap.capture.agents import SpawnRecord
+from otel_agentcap.capture.agents import SpawnClaim, SpawnRecord
 from otel_agentcap.capture.runs import StoredRun
 from otel_agentcap.exporters.postgres.database import Database
 from otel_agentcap.model import EventRef
@@ -18,6 +19,19 @@ SELECT a.parent_agent_id, a.name, a.spawned_at_event_id::text, e.logical_seq, e.
 FROM agentcap.agents a
 JOIN agentcap.events e ON e.event_id = a.spawned_at_event_id
 WHERE a.run_id = %s AND a.agent_id = %s AND a.parent_agent_id IS NOT NULL
+"""
+
+_REGISTER = b"SELECT * FROM agentcap.spawn_register(%s, %s, %s, %s, %s, %s, %s, %s, %s)"
+
+_FIND_REGISTERED = """
+SELECT parent_agent_id, name, spawn_event_id::text, spawn_seq, trace_id, span_id
+FROM agentcap.spawns WHERE run_id = %(run)s AND child_agent_id = %(child)s
+UNION ALL
+SELECT a.parent_agent_id, a.name, a.spawned_at_event_id::text, e.logical_seq, e.trace_id, e.span_id
+FROM agentcap.agents a
+JOIN agentcap.events e ON e.event_id = a.spawned_at_event_id
+WHERE a.run_id = %(run)s AND a.agent_id = %(child)s AND a.parent_agent_id IS NOT NULL
+LIMIT 1
 """
 
 _CLAIM = """
@@ -74,6 +88,58 @@ class PostgresSpawnLookup:
         span = span_context_of(trace_id, span_id)
         return SpawnRecord(
             str(parent), name, EventRef(str(event_id), int(seq), str(parent), span), span
+        )
+
+
+class PostgresSpawnRegistry:
+    """A :class:`~otel_agentcap.capture.agents.SpawnRegistry` over ``agentcap.spawns``
+    (migration 0004), in autocommit mode: a spawn first looks its child up (one statement; a retry
+    ends there, with no span), and the first spawn of a child registers it (one statement,
+    ``agentcap.spawn_register``, insert-or-get). Spawns that a process of an earlier version
+    exported without registering them (found in ``agents`` and ``events``) count as registered."""
+
+    def __init__(self, database: Database, *, timeout: float = 2.0) -> None:
+        self._database = database
+        self._timeout = timeout
+
+    def find(self, run_id: str, child_agent_id: str) -> SpawnRecord | None:
+        """The registered spawn of the child (or one an earlier version exported); one
+        statement. A retry that finds it starts no span."""
+        with self._database.coordination(self._timeout) as conn:
+            row = conn.execute(
+                _FIND_REGISTERED, {"run": run_id, "child": child_agent_id}
+            ).fetchone()
+        if row is None:
+            return None
+        parent, name, event_id, seq, trace_id, span_id = row
+        span = span_context_of(trace_id, span_id)
+        return SpawnRecord(
+            str(parent), name, EventRef(str(event_id), int(seq), str(parent), span), span
+        )
+
+    def register(self, claim: SpawnClaim) -> SpawnRecord:
+        params = (
+            claim.run_id,
+            claim.child_agent_id,
+            claim.parent_agent_id,
+            claim.name,
+            claim.key,
+            claim.spawn_event_id,
+            claim.spawn_seq,
+            claim.trace_id,
+            claim.span_id,
+        )
+        with self._database.coordination(self._timeout) as conn:
+            row = conn.execute(_REGISTER, params).fetchone()
+        assert row is not None
+        won, parent, name, event_id, seq, trace_id, span_id = row
+        span = span_context_of(trace_id, span_id)
+        return SpawnRecord(
+            str(parent),
+            name,
+            EventRef(str(event_id), int(seq), str(parent), span),
+            span,
+            won=bool(won),
         )
 
 

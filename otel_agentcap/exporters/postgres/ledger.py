@@ -1,0 +1,413 @@
+"""``PostgresToolLedger``: the tool ledger in ``agentcap.tool_ledger`` (migration 0004).
+
+One protected call costs two round trips on the success path, each one statement in autocommit
+mode on a pooled connection held only for that statement: ``agentcap.tool_claim(...)`` before the
+body runs, an ``UPDATE`` with the outcome after it.
+
+* A claim has a lease (``lease`` seconds, 30 by default). While this process runs bodies, one
+  background thread renews the leases of all its running claims in one statement every
+  ``lease / 3`` seconds, so a body may run for as long as it needs; a process that dies stops
+  renewing, and its claims expire. No connection is held per running tool.
+* A caller that finds another process's live claim polls ``tool_claim`` again with exponential
+  backoff (10 ms doubling to 0.5 s, with jitter; see ``capture.tools``) and holds no connection
+  between polls.
+* An outcome that cannot be written (the server is down) is kept and written by the background
+  thread when the server is back; its claim's lease is renewed meanwhile, so nobody else runs the
+  body again.
+* When the ledger cannot be reached at claim time, the call runs with in-process exactly-once
+  only (logged once per change, counted in ``stats()``), unless ``on_unavailable="raise"``.
+* Every statement commits durably (the server's ``synchronous_commit``): a claim is on disk before
+  the body runs. That costs two commits (WAL flushes) per protected call. ``durable=False`` commits
+  the ledger's statements without waiting for the flush (``SET LOCAL synchronous_commit TO off``,
+  sent with the statement: still one round trip): much faster on slow disks, but a crash of the
+  PostgreSQL server (not of the client) can lose the last claims and outcomes, and a lost claim
+  lets another process run the body again.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+import weakref
+from dataclasses import asdict, dataclass
+from typing import Any, Final, Literal
+
+import psycopg
+from psycopg import ClientCursor
+from psycopg.types.json import Jsonb
+
+from otel_agentcap.capture.ledger import LedgerCall, LedgerClaim
+from otel_agentcap.errors import AgentCapError
+from otel_agentcap.exporters.postgres.database import Database
+
+_logger = logging.getLogger(__name__)
+
+DEFAULT_LEASE: Final = 30.0
+
+_CLAIM: Final = b"SELECT * FROM agentcap.tool_claim(%s, %s, %s, %s, %s, %s, %s, %s)"
+
+_COMPLETE: Final = b"""
+UPDATE agentcap.tool_ledger SET status = %s, codec = %s, result = %s, error = %s,
+    invocation_event_id = %s, result_event_id = %s, result_event_seq = %s,
+    owner = NULL, lease_expires_at = NULL, updated_at = now()
+WHERE run_id = %s AND agent_id = %s AND invocation_id = %s AND call_digest = %s
+  AND owner = %s AND attempt = %s AND status = 'running'
+"""
+
+_RELEASE: Final = b"""
+UPDATE agentcap.tool_ledger SET status = 'released', owner = NULL, lease_expires_at = NULL,
+    updated_at = now()
+WHERE run_id = %s AND agent_id = %s AND invocation_id = %s AND call_digest = %s
+  AND owner = %s AND attempt = %s AND status = 'running'
+"""
+
+_RENEW: Final = b"""
+UPDATE agentcap.tool_ledger l
+SET lease_expires_at = clock_timestamp() + make_interval(secs => %s)
+FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[]) AS k(run_id, agent_id, invocation_id,
+    call_digest)
+WHERE l.run_id = k.run_id AND l.agent_id = k.agent_id AND l.invocation_id = k.invocation_id
+  AND l.call_digest = k.call_digest AND l.owner = %s AND l.status = 'running'
+"""
+
+
+class ToolLedgerUnavailable(AgentCapError):
+    """The tool ledger could not be reached and it was configured to refuse unprotected calls
+    (``on_unavailable="raise"``)."""
+
+    fatal = True
+
+
+@dataclass
+class LedgerStats:
+    """Counters of what the ledger did (read them with :meth:`PostgresToolLedger.stats`)."""
+
+    claims: int = 0
+    replays: int = 0
+    waits: int = 0
+    completions: int = 0
+    #: Outcomes written late, by the background thread, after the server came back.
+    completions_deferred: int = 0
+    #: Outcomes the ledger refused because the claim was no longer ours (its lease had expired
+    #: and another process took the call over: the body ran twice).
+    completions_lost: int = 0
+    releases: int = 0
+    renewals: int = 0
+    #: Statements sent (each one round trip).
+    round_trips: int = 0
+    unavailable: int = 0
+
+
+def _owner_id() -> str:
+    return f"{socket.gethostname()[:64]}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+
+
+class _Completion:
+    __slots__ = ("attempt", "call", "params")
+
+    def __init__(self, call: LedgerCall, attempt: int, params: tuple[Any, ...]) -> None:
+        self.call = call
+        self.attempt = attempt
+        self.params = params
+
+
+class PostgresToolLedger:
+    """A :class:`~otel_agentcap.capture.ledger.ToolLedger` in PostgreSQL (see the module
+    documentation). Install it with :func:`otel_agentcap.capture.ledger.set_tool_ledger`;
+    ``configure()`` does."""
+
+    def __init__(
+        self,
+        database: Database,
+        *,
+        lease: float = DEFAULT_LEASE,
+        timeout: float = 2.0,
+        on_unavailable: Literal["run", "raise"] = "run",
+        durable: bool = True,
+    ) -> None:
+        if lease <= 0:
+            raise ValueError("lease must be positive")
+        if on_unavailable not in ("run", "raise"):
+            raise ValueError("on_unavailable must be 'run' or 'raise'")
+        self._database = database
+        self.lease = lease
+        self._timeout = timeout
+        self._on_unavailable = on_unavailable
+        self.durable = durable
+        self.owner = _owner_id()
+        # Running claims of this process: key -> attempt. Plain dict operations (atomic under
+        # the GIL); the renewing thread reads a snapshot.
+        self._running: dict[tuple[str, str, str, str], int] = {}
+        self._pending: list[_Completion] = []
+        self._pending_lock = threading.Lock()
+        self._stats = LedgerStats()
+        self._stats_lock = threading.Lock()
+        self._wake = threading.Event()
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        self._thread_lock = threading.Lock()
+        after_fork = weakref.WeakMethod(self._after_fork)
+        os.register_at_fork(after_in_child=lambda: _call(after_fork))
+        atexit.register(_call, weakref.WeakMethod(self._close_at_exit))
+
+    # ----------------------------------------------------------------- protocol
+
+    def claim(self, call: LedgerCall) -> LedgerClaim:
+        params = (
+            call.run_id,
+            call.agent_id,
+            call.invocation_id,
+            call.digest,
+            call.tool,
+            self.owner,
+            self.lease,
+            call.crash_policy == "at_most_once",
+        )
+        try:
+            with self._database.coordination(self._timeout) as conn:
+                self._count("round_trips")
+                row = self._execute(conn, _CLAIM, params).fetchone()
+        except Exception as exc:
+            self._count("unavailable")
+            if self._on_unavailable == "raise":
+                raise ToolLedgerUnavailable(f"the tool ledger is unavailable: {exc}") from exc
+            raise
+        assert row is not None
+        state, attempt, ordinal, codec, result, error, result_event_id, result_event_seq = row
+        if state == "claimed":
+            self._count("claims")
+            self._running[_key(call)] = int(attempt)
+            self._start_thread()
+        elif state == "running":
+            self._count("waits")
+        else:
+            self._count("replays")
+        return LedgerClaim(
+            state,
+            int(attempt),
+            int(ordinal),
+            result,
+            error,
+            codec,
+            None if result_event_id is None else str(result_event_id),
+            None if result_event_seq is None else int(result_event_seq),
+        )
+
+    def complete(
+        self,
+        call: LedgerCall,
+        attempt: int,
+        *,
+        succeeded: bool,
+        result: Any,
+        error: Any,
+        codec: str,
+        invocation_event_id: str,
+        result_event_id: str,
+        result_event_seq: int,
+    ) -> None:
+        params = (
+            "succeeded" if succeeded else "failed",
+            codec,
+            Jsonb(result) if succeeded else None,
+            None if succeeded else Jsonb(error),
+            invocation_event_id or None,
+            result_event_id,
+            result_event_seq,
+            call.run_id,
+            call.agent_id,
+            call.invocation_id,
+            call.digest,
+            self.owner,
+            attempt,
+        )
+        completion = _Completion(call, attempt, params)
+        if not self._write_completion(completion):
+            with self._pending_lock:
+                self._pending.append(completion)
+            self._start_thread()
+            self._wake.set()
+
+    def release(self, call: LedgerCall, attempt: int) -> None:
+        key = _key(call)
+        try:
+            with self._database.coordination(self._timeout) as conn:
+                self._count("round_trips")
+                self._execute(
+                    conn,
+                    _RELEASE,
+                    (
+                        call.run_id,
+                        call.agent_id,
+                        call.invocation_id,
+                        call.digest,
+                        self.owner,
+                        attempt,
+                    ),
+                )
+            self._count("releases")
+        except Exception:
+            # Not released: the lease runs out instead and the call is taken over then.
+            _logger.warning(
+                "agentcap: could not release invocation %s of %s; it is taken over when its "
+                "lease expires",
+                call.invocation_id,
+                call.tool,
+                exc_info=True,
+            )
+        if self._running.get(key) == attempt:
+            self._running.pop(key, None)
+
+    # ----------------------------------------------------------------- internals
+
+    def _execute(
+        self, conn: psycopg.Connection[Any], query: bytes, params: tuple[Any, ...]
+    ) -> psycopg.Cursor[Any]:
+        """Run one statement (one round trip); without ``durable``, in a transaction whose commit
+        does not wait for the WAL flush."""
+        if self.durable:
+            return conn.execute(query, params)
+        cursor = ClientCursor(conn)
+        cursor.execute(b"SET LOCAL synchronous_commit TO off; " + query, params)
+        cursor.nextset()
+        return cursor
+
+    def _write_completion(self, completion: _Completion) -> bool:
+        """Write one outcome; False if the server could not be reached (kept for later)."""
+        call = completion.call
+        key = _key(call)
+        try:
+            with self._database.coordination(self._timeout) as conn:
+                self._count("round_trips")
+                updated = self._execute(conn, _COMPLETE, completion.params).rowcount
+        except psycopg.Error as exc:
+            # The statement itself failed (not the connection): retrying cannot help.
+            _logger.error(
+                "agentcap: could not record the outcome of invocation %s of %s: %s",
+                call.invocation_id,
+                call.tool,
+                exc,
+            )
+            self._forget(key, completion.attempt)
+            return True
+        except Exception:
+            return False
+        self._count("completions")
+        if updated != 1:
+            self._count("completions_lost")
+            _logger.error(
+                "agentcap: invocation %s of %s (attempt %d) finished after its claim was taken "
+                "over (its lease expired): the body ran more than once",
+                call.invocation_id,
+                call.tool,
+                completion.attempt,
+            )
+        self._forget(key, completion.attempt)
+        return True
+
+    def _forget(self, key: tuple[str, str, str, str], attempt: int) -> None:
+        if self._running.get(key) == attempt:
+            self._running.pop(key, None)
+
+    def _start_thread(self) -> None:
+        if self._thread is not None and self._thread.is_alive():
+            return
+        with self._thread_lock:
+            if self._closed or (self._thread is not None and self._thread.is_alive()):
+                return
+            self._thread = threading.Thread(
+                target=self._renew_loop, name="agentcap-ledger", daemon=True
+            )
+            self._thread.start()
+
+    def _renew_loop(self) -> None:
+        interval = self.lease / 3
+        while not self._closed:
+            self._wake.wait(interval)
+            self._wake.clear()
+            if self._closed:
+                return
+            try:
+                self._flush_pending()
+                self._renew()
+            except Exception:
+                _logger.debug("agentcap: ledger renewal failed", exc_info=True)
+
+    def _renew(self) -> None:
+        running = list(self._running)
+        if not running:
+            return
+        columns = [list(column) for column in zip(*running, strict=True)]
+        with self._database.coordination(self._timeout) as conn:
+            self._count("round_trips")
+            self._execute(conn, _RENEW, (self.lease, *columns, self.owner))
+        self._count("renewals")
+
+    def _flush_pending(self) -> None:
+        with self._pending_lock:
+            pending, self._pending = self._pending, []
+        left: list[_Completion] = []
+        for completion in pending:
+            if left or not self._write_completion(completion):
+                left.append(completion)
+            else:
+                self._count("completions_deferred")
+        if left:
+            with self._pending_lock:
+                self._pending[:0] = left
+
+    def _count(self, field: str) -> None:
+        with self._stats_lock:
+            setattr(self._stats, field, getattr(self._stats, field) + 1)
+
+    def _after_fork(self) -> None:
+        """A forked child holds none of its parent's claims and has no renewing thread."""
+        self.owner = _owner_id()
+        self._running = {}
+        self._pending = []
+        self._pending_lock = threading.Lock()
+        self._stats_lock = threading.Lock()
+        self._thread_lock = threading.Lock()
+        self._thread = None
+        self._wake = threading.Event()
+
+    def _close_at_exit(self) -> None:
+        if not self._closed:
+            self.close()
+
+    def stats(self) -> LedgerStats:
+        with self._stats_lock:
+            return LedgerStats(**asdict(self._stats))
+
+    def running_claims(self) -> int:
+        """Claims this process holds now (bodies running, or outcomes not yet written)."""
+        return len(self._running)
+
+    def close(self, timeout: float = 2.0) -> None:
+        """Write the outcomes still pending (for up to ``timeout`` seconds) and stop renewing."""
+        deadline = time.monotonic() + timeout
+        while self._pending and time.monotonic() < deadline:
+            try:
+                self._flush_pending()
+            except Exception:
+                break
+            if self._pending:
+                time.sleep(0.1)
+        self._closed = True
+        self._wake.set()
+
+
+def _key(call: LedgerCall) -> tuple[str, str, str, str]:
+    return (call.run_id, call.agent_id, call.invocation_id, call.digest)
+
+
+def _call(method: weakref.WeakMethod[Any]) -> None:
+    """Call a weakly held bound method if its object is still alive."""
+    bound = method()
+    if bound is not None:
+        bound()

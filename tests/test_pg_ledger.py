@@ -1,0 +1,612 @@
+"""The PostgreSQL tool ledger: exactly-once tool bodies across processes and threads, replays of the
+recorded outcome, crash policies after a SIGKILL inside a body, and what a replay returns."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from anthropic_support import stored  # noqa: F401 (fixture)
+
+import otel_agentcap as ac
+from otel_agentcap.capture.ledger import PickleCodec, set_tool_ledger
+from otel_agentcap.capture.tools import current_invocation, invocations
+from otel_agentcap.errors import RecordedToolError, ToolOutcomeUnknown
+from otel_agentcap.exporters.postgres import Database
+from otel_agentcap.exporters.postgres.ledger import PostgresToolLedger, ToolLedgerUnavailable
+from otel_agentcap.testing import capture_events
+
+pytestmark = pytest.mark.storage
+
+# A worker process: configure() on the DSN (so the ledger comes from configure), a lease as given,
+# then THREADS threads of one agent calling effect.invoke for each invocation id, appending every
+# body run to the side-effect file (opened for append, so runs from every process land there).
+_WORKER = textwrap.dedent(
+    """
+    import json, os, sys, threading, time
+    import otel_agentcap as ac
+    from otel_agentcap.configure import configure
+
+    dsn, run_id, effects, ids, threads, lease, start_at = sys.argv[1:8]
+    ids, threads, lease, start_at = int(ids), int(threads), float(lease), float(start_at)
+    provider = configure(dsn, announce=False)
+    try:
+        from otel_agentcap.capture.ledger import set_tool_ledger
+        from otel_agentcap.exporters.postgres import Database
+        from otel_agentcap.exporters.postgres.ledger import PostgresToolLedger
+        set_tool_ledger(PostgresToolLedger(Database(dsn, max_size=threads + 2), lease=lease))
+    except ImportError:
+        pass  # a version without the ledger
+
+    @ac.tool
+    def effect(n):
+        with open(effects, "a") as f:
+            f.write(f"{n}\\n")
+        time.sleep(0.02)
+        return {"n": n, "by": os.getpid()}
+
+    results = []
+    lock = threading.Lock()
+
+    def work():
+        with ac.run(run_id, resume=True), ac.agent("worker"):
+            for i in range(ids):
+                value = effect.invoke(f"inv-{i}", i)
+                with lock:
+                    results.append([i, value])
+
+    while time.time() < start_at:
+        time.sleep(0.001)
+    pool = [ac.start_thread(work) for _ in range(threads)]
+    for t in pool:
+        t.join()
+    provider.shutdown()
+    print(json.dumps(results))
+    """
+)
+
+
+def _spawn_workers(
+    dsn: str, run_id: str, effects: Path, *, processes: int, threads: int, ids: int, lease: float
+) -> list[subprocess.Popen[str]]:
+    start_at = time.time() + 3.0  # every process imports and configures before the first call
+    return [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                _WORKER,
+                dsn,
+                run_id,
+                str(effects),
+                str(ids),
+                str(threads),
+                str(lease),
+                str(start_at),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(processes)
+    ]
+
+
+def _rows(dsn: str, sql: str, *params: object) -> list[tuple[Any, ...]]:
+    with psycopg.connect(dsn) as conn:
+        return conn.execute(sql, params).fetchall()
+
+
+@pytest.fixture()
+def ledger(pg_dsn: str) -> Iterator[PostgresToolLedger]:
+    """A ledger on a fresh database, installed for this test's tool calls."""
+    database = Database(pg_dsn)
+    installed = PostgresToolLedger(database, lease=2.0)
+    set_tool_ledger(installed)
+    try:
+        yield installed
+    finally:
+        set_tool_ledger(None)
+        installed.close()
+        database.close()
+
+
+def _run_id() -> str:
+    return f"ledger-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.mark.multiprocess
+def test_processes_and_threads_retrying_the_same_ids_run_each_body_once(pg_dsn, tmp_path):
+    """4 processes x 4 threads invoking the same 25 invocation ids of one agent: every body runs
+    exactly once (counted in a file every process appends to), and every caller, in every
+    process, gets the one recorded result."""
+    effects = tmp_path / "effects.txt"
+    effects.touch()
+    run_id = _run_id()
+    procs = _spawn_workers(
+        pg_dsn, run_id, effects, processes=4, threads=4, ids=25, lease=30.0
+    )
+    outputs = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=180)
+        assert proc.returncode == 0, err
+        outputs.append(json.loads(out))
+    runs = Counter(effects.read_text().split())
+    assert runs == Counter({str(i): 1 for i in range(25)})
+    by_id: dict[int, set[str]] = {}
+    for results in outputs:
+        assert len(results) == 4 * 25
+        for i, value in results:
+            assert value["n"] == i
+            by_id.setdefault(i, set()).add(json.dumps(value, sort_keys=True))
+    assert all(len(values) == 1 for values in by_id.values())
+    ledger_rows = _rows(
+        pg_dsn,
+        "SELECT status, attempt, count(*) FROM agentcap.tool_ledger WHERE run_id = %s "
+        "GROUP BY status, attempt",
+        run_id,
+    )
+    assert ledger_rows == [("succeeded", 1, 25)]
+
+
+# A process that runs one protected call whose body appends "start" to a file and then sleeps for
+# ever (it is SIGKILLed there), after a first call that completes.
+_KILLED = textwrap.dedent(
+    """
+    import sys, time
+    import otel_agentcap as ac
+    from otel_agentcap.configure import configure
+    from otel_agentcap.capture.ledger import set_tool_ledger
+    from otel_agentcap.exporters.postgres import Database
+    from otel_agentcap.exporters.postgres.ledger import PostgresToolLedger
+
+    dsn, run_id, effects, policy = sys.argv[1:5]
+    provider = configure(dsn, announce=False)
+    set_tool_ledger(PostgresToolLedger(Database(dsn), lease=1.5))
+
+    @ac.tool
+    def quick(n):
+        with open(effects, "a") as f:
+            f.write(f"quick-{n}\\n")
+        return n
+
+    @ac.tool(crash_policy=policy)
+    def slow(n):
+        with open(effects, "a") as f:
+            f.write("slow-start\\n")
+        time.sleep(3600)
+
+    with ac.run(run_id, resume=True), ac.agent("worker"):
+        quick.invoke("q", 1)
+        slow.invoke("s", 1)
+    """
+)
+
+
+def _start_and_kill(dsn: str, run_id: str, effects: Path, policy: str) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _KILLED, dsn, run_id, str(effects), policy],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while "slow-start" not in effects.read_text():
+            assert proc.poll() is None, proc.communicate()[1]
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
+def _retry_tools(policy: str, effects: Path) -> tuple[ac.Tool[..., Any], ac.Tool[..., Any]]:
+    @ac.tool(name="quick")
+    def quick(n: int) -> int:
+        with effects.open("a") as f:
+            f.write(f"quick-{n}\n")
+        return n
+
+    @ac.tool(name="slow", crash_policy=policy)  # type: ignore[call-overload]
+    def slow(n: int) -> str:
+        with effects.open("a") as f:
+            f.write("slow-start\n")
+        return "finished here"
+
+    return quick, slow
+
+
+@pytest.mark.multiprocess
+@pytest.mark.fault
+def test_sigkill_inside_a_body_at_least_once_runs_it_again_after_the_lease(pg_dsn, tmp_path):
+    """A process SIGKILLed inside a tool body: a retry in another process waits for the claim's
+    lease to expire and runs the body again (attempt 2); the call that had completed is replayed,
+    not run again; a later retry replays attempt 2."""
+    effects = tmp_path / "effects.txt"
+    effects.touch()
+    run_id = _run_id()
+    _start_and_kill(pg_dsn, run_id, effects, "at_least_once")
+    database = Database(pg_dsn)
+    set_tool_ledger(PostgresToolLedger(database, lease=1.5))
+    quick, slow = _retry_tools("at_least_once", effects)
+    try:
+        started = time.monotonic()
+        with capture_events() as captured, ac.run(run_id, resume=True), ac.agent("worker"):
+            assert quick.invoke("q", 1) == 1
+            assert slow.invoke("s", 1) == "finished here"
+            waited = time.monotonic() - started
+        invocations.forget_run(run_id)
+        with ac.run(run_id, resume=True), ac.agent("worker"):
+            assert slow.invoke("s", 1) == "finished here"
+    finally:
+        set_tool_ledger(None)
+        database.close()
+    assert effects.read_text().split() == ["quick-1", "slow-start", "slow-start"]
+    assert waited < 10
+    (event,) = captured.of_type("tool_invocation")
+    assert event.payload["attempt"] == 2
+    assert event.idempotency_key == "tool:s\x1fattempt2:invocation"
+    assert _rows(
+        pg_dsn,
+        "SELECT invocation_id, attempt, status FROM agentcap.tool_ledger WHERE run_id = %s "
+        "ORDER BY invocation_id",
+        run_id,
+    ) == [("q", 1, "succeeded"), ("s", 2, "succeeded")]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.fault
+def test_sigkill_inside_a_body_at_most_once_raises_outcome_unknown(pg_dsn, tmp_path):
+    """An at_most_once tool whose process died inside its body is not run again: every retry, in
+    any process, raises ToolOutcomeUnknown naming the invocation."""
+    effects = tmp_path / "effects.txt"
+    effects.touch()
+    run_id = _run_id()
+    _start_and_kill(pg_dsn, run_id, effects, "at_most_once")
+    database = Database(pg_dsn)
+    set_tool_ledger(PostgresToolLedger(database, lease=1.5))
+    quick, slow = _retry_tools("at_most_once", effects)
+    try:
+        with ac.run(run_id, resume=True), ac.agent("worker"):
+            assert quick.invoke("q", 1) == 1
+            with pytest.raises(ToolOutcomeUnknown) as info:
+                slow.invoke("s", 1)
+            assert info.value.invocation_id == "s" and info.value.tool == "slow"
+            assert "'s'" in str(info.value)
+        invocations.forget_run(run_id)
+        with ac.run(run_id, resume=True), ac.agent("worker"), pytest.raises(ToolOutcomeUnknown):
+            slow.invoke("s", 1)
+    finally:
+        set_tool_ledger(None)
+        database.close()
+    assert effects.read_text().split() == ["quick-1", "slow-start"]
+
+
+def test_a_protected_call_costs_two_round_trips(ledger):
+    """Claim and complete: two statements per protected call on the success path."""
+
+    @ac.tool
+    def add(a: int, b: int) -> int:
+        return a + b
+
+    with ac.run(_run_id()), ac.agent("a"):
+        add.invoke("warm", 1, 2)
+        before = ledger.stats().round_trips
+        for i in range(20):
+            assert add.invoke(f"c{i}", i, 1) == i + 1
+        after = ledger.stats().round_trips
+    assert after - before == 40
+
+
+def test_a_ledger_that_does_not_wait_for_the_flush_protects_calls_the_same_way(pg_dsn):
+    """durable=False changes only how the ledger's statements commit: a call still runs once, is
+    replayed from the ledger, and costs two statements."""
+    database = Database(pg_dsn)
+    fast = PostgresToolLedger(database, lease=2.0, durable=False)
+    set_tool_ledger(fast)
+    calls: list[int] = []
+
+    @ac.tool
+    def work(n: int) -> int:
+        calls.append(n)
+        return n * 2
+
+    run_id = _run_id()
+    try:
+        with ac.run(run_id, resume=True), ac.agent("a"):
+            assert work.invoke("w", 4) == 8
+        with ac.run(run_id, resume=True), ac.agent("a"):
+            assert work.invoke("w", 4) == 8
+    finally:
+        set_tool_ledger(None)
+        fast.close()
+        database.close()
+    assert calls == [4]
+    assert fast.stats().round_trips == 3  # claim and complete, then one claim that replays
+    assert _rows(
+        pg_dsn, "SELECT status FROM agentcap.tool_ledger WHERE run_id = %s", run_id
+    ) == [("succeeded",)]
+
+
+def test_a_reused_id_with_other_input_is_its_own_row(ledger, pg_dsn):
+    """The same invocation id with another input runs, has its own ledger row (ordinal 1) and its
+    own events, each replayed on its own after the in-process registry is gone."""
+    calls: list[int] = []
+
+    @ac.tool
+    def double(x: int) -> int:
+        calls.append(x)
+        return 2 * x
+
+    run_id = _run_id()
+    with ac.run(run_id, resume=True), ac.agent("a"):
+        assert double.invoke("toolu_1", 1) == 2
+        assert double.invoke("toolu_1", 5) == 10
+    with ac.run(run_id, resume=True), ac.agent("a"):  # a new scope: the run was released in this process
+        assert double.invoke("toolu_1", 5) == 10
+        assert double.invoke("toolu_1", 1) == 2
+    assert calls == [1, 5]
+    assert _rows(
+        pg_dsn,
+        "SELECT ordinal, status, result FROM agentcap.tool_ledger WHERE run_id = %s "
+        "ORDER BY ordinal",
+        run_id,
+    ) == [(0, "succeeded", 2), (1, "succeeded", 10)]
+
+
+class _NotImportedError(Exception):
+    """An error type the replaying process can rebuild (its module is imported)."""
+
+
+def test_errors_replay_with_their_type_or_as_recorded_tool_error(ledger, pg_dsn):
+    """A recorded error is re-raised from the ledger as its own type when it can be rebuilt here,
+    else as RecordedToolError with the type's name and the message."""
+
+    @ac.tool
+    def fails(kind: str) -> None:
+        if kind == "key":
+            raise KeyError("missing")
+        raise _NotImportedError("rebuilt")
+
+    run_id = _run_id()
+    with ac.run(run_id, resume=True), ac.agent("a"):
+        for kind in ("key", "own"):
+            with pytest.raises((KeyError, _NotImportedError)):
+                fails.invoke(f"e-{kind}", kind)
+    # Another process would not have this test module: the stored type names it.
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(
+            "UPDATE agentcap.tool_ledger SET error = jsonb_set(error, '{module}', "
+            "'\"not_imported_anywhere\"') WHERE run_id = %s AND invocation_id = 'e-own'",
+            (run_id,),
+        )
+    with ac.run(run_id, resume=True), ac.agent("a"):
+        with pytest.raises(KeyError) as key_error:
+            fails.invoke("e-key", "key")
+        assert key_error.value.args == ("missing",)
+        with pytest.raises(RecordedToolError) as recorded:
+            fails.invoke("e-own", "own")
+    assert recorded.value.error_type == "not_imported_anywhere._NotImportedError"
+    assert recorded.value.message == "rebuilt"
+    assert str(recorded.value) == "not_imported_anywhere._NotImportedError: rebuilt"
+
+
+def test_a_replay_from_the_ledger_is_the_callers_own_value(ledger):
+    """Mutating a value replayed from the ledger changes neither later replays nor the log."""
+
+    @ac.tool
+    def make() -> dict[str, list[int]]:
+        return {"items": [1, 2]}
+
+    run_id = _run_id()
+    with capture_events() as captured, ac.run(run_id, resume=True), ac.agent("a"):
+        make.invoke("m")
+    with ac.run(run_id, resume=True), ac.agent("a"):
+        first = make.invoke("m")
+        first["items"].append(3)
+        assert make.invoke("m") == {"items": [1, 2]}
+    assert captured.of_type("tool_result")[0].payload["result"] == {"items": [1, 2]}
+
+
+def test_what_a_replay_in_another_process_returns(ledger):
+    """The default codec brings back what JSON holds exactly (and bytes, NaN, NUL strings, long
+    ints, non-string keys through their markers); tuples come back as lists and other objects as
+    their repr marker. The pickle codec brings back the value itself."""
+
+    class Point:
+        def __init__(self, x: int) -> None:
+            self.x = x
+
+        def __repr__(self) -> str:
+            return f"Point({self.x})"
+
+    value = {
+        "text": "a\x00b",
+        "raw": b"\x00\xff",
+        "big": 10**5000,
+        "nan": float("inf"),
+        "pair": (1, 2),
+        "keys": {1: "one"},
+        "obj": Point(3),
+    }
+
+    @ac.tool
+    def produce() -> dict[str, Any]:
+        return value
+
+    @ac.tool(codec=PickleCodec())
+    def produce_pickled() -> tuple[int, ...]:
+        return (1, 2)
+
+    run_id = _run_id()
+    with ac.run(run_id, resume=True), ac.agent("a"):
+        assert produce.invoke("p") is value
+        produce_pickled.invoke("q")
+    with ac.run(run_id, resume=True), ac.agent("a"):
+        replayed = produce.invoke("p")
+        assert produce_pickled.invoke("q") == (1, 2)
+    assert replayed["text"] == "a\x00b" and replayed["raw"] == b"\x00\xff"
+    assert replayed["big"] == 10**5000 and replayed["nan"] == float("inf")
+    assert replayed["pair"] == [1, 2]
+    assert replayed["keys"] == {"1": "one"}
+    assert replayed["obj"]["$agentcap.repr"] == "Point(3)"
+
+
+def test_the_invocation_id_and_an_idempotency_key_are_readable_inside_the_tool(ledger):
+    """current_invocation() inside a body gives its invocation id and a key that is the same for
+    every attempt of the call and differs for another input."""
+    seen: list[Any] = []
+
+    @ac.tool
+    def charge(amount: int) -> None:
+        info = current_invocation()
+        seen.append(info)
+        if len(seen) == 1:
+            raise KeyboardInterrupt  # an interrupted attempt: not an outcome
+
+    with ac.run(_run_id()), ac.agent("a"):
+        with pytest.raises(KeyboardInterrupt):
+            charge.invoke("pay-1", 10)
+        charge.invoke("pay-1", 10)
+        charge.invoke("pay-1", 11)
+    assert [(i.invocation_id, i.attempt) for i in seen] == [("pay-1", 1), ("pay-1", 2), ("pay-1", 1)]
+    assert seen[0].idempotency_key == seen[1].idempotency_key != seen[2].idempotency_key
+    assert current_invocation() is None
+
+
+def test_the_ledger_row_and_the_stored_events_agree(ledger, pg_dsn, stored):  # noqa: F811
+    """Once exported, the ledger row's invocation and result event ids are the stored
+    tool_invocation and tool_result events of the call."""
+
+    @ac.tool
+    def add(a: int, b: int) -> int:
+        return a + b
+
+    run_id = _run_id()
+    with ac.run(run_id, resume=True), ac.agent("a"):
+        add.invoke("x", 1, 2)
+    ((invocation_id, result_id, result_seq),) = _rows(
+        pg_dsn,
+        "SELECT invocation_event_id, result_event_id, result_event_seq FROM agentcap.tool_ledger "
+        "WHERE run_id = %s",
+        run_id,
+    )
+    stored_rows = {
+        event_id: (event_type, seq)
+        for event_id, event_type, seq in _rows(
+            pg_dsn,
+            "SELECT event_id, event_type, logical_seq FROM agentcap.events WHERE run_id = %s",
+            run_id,
+        )
+    }
+    assert stored_rows[invocation_id][0] == "tool_invocation"
+    assert stored_rows[result_id] == ("tool_result", result_seq)
+
+
+def test_async_tools_are_protected_too(ledger, pg_dsn):
+    """An async tool claims and completes in the ledger without blocking the event loop; a
+    concurrent and a later replay get its result."""
+    import asyncio
+
+    calls: list[int] = []
+
+    @ac.tool
+    async def fetch(n: int) -> int:
+        calls.append(n)
+        await asyncio.sleep(0.05)
+        return n * 3
+
+    run_id = _run_id()
+
+    async def main() -> list[int]:
+        async with ac.agent("a"):
+            return list(await asyncio.gather(*(fetch.invoke("f", 2) for _ in range(5))))
+
+    with ac.run(run_id, resume=True):
+        assert asyncio.run(main()) == [6] * 5
+    with ac.run(run_id, resume=True):
+        assert asyncio.run(main()) == [6] * 5
+    assert calls == [2]
+
+
+@pytest.mark.fault
+def test_an_unreachable_ledger_runs_the_call_in_process(pg_dsn):
+    """With the database unreachable the call runs (exactly once in this process), is counted,
+    and nothing is raised, unless the ledger refuses unprotected calls."""
+    database = Database("postgresql://nobody@127.0.0.1:1/none?connect_timeout=1")
+    lenient = PostgresToolLedger(database, lease=2.0, timeout=0.5)
+    strict = PostgresToolLedger(database, lease=2.0, timeout=0.5, on_unavailable="raise")
+    calls: list[int] = []
+
+    @ac.tool
+    def work(n: int) -> int:
+        calls.append(n)
+        return n
+
+    try:
+        set_tool_ledger(lenient)
+        with ac.run(_run_id()), ac.agent("a"):
+            assert work.invoke("w", 1) == 1
+            assert work.invoke("w", 1) == 1
+        assert calls == [1]
+        assert lenient.stats().unavailable >= 1
+        set_tool_ledger(strict)
+        with ac.run(_run_id()), ac.agent("a"), pytest.raises(ToolLedgerUnavailable):
+            work.invoke("w", 2)
+        assert calls == [1]
+    finally:
+        set_tool_ledger(None)
+        database.close()
+
+
+@pytest.mark.fault
+def test_an_outcome_that_cannot_be_written_is_written_later(ledger, pg_dsn, monkeypatch):
+    """If the database fails when the outcome is recorded, the ledger keeps it, keeps the claim's
+    lease alive and writes it once the database answers again: a retry elsewhere then replays it
+    instead of running the body again."""
+    real = Database.coordination
+
+    def flaky(self: Database, *args: Any, **kwargs: Any) -> Any:
+        # The first attempt, in the calling thread, fails; the ledger's own thread retries.
+        if (
+            threading.current_thread() is threading.main_thread()
+            and sys._getframe(1).f_code.co_name == "_write_completion"
+        ):
+            raise ConnectionError("server gone")
+        return real(self, *args, **kwargs)
+
+    calls: list[int] = []
+
+    @ac.tool
+    def work(n: int) -> int:
+        calls.append(n)
+        return n + 1
+
+    run_id = _run_id()
+    monkeypatch.setattr(Database, "coordination", flaky)
+    with ac.run(run_id, resume=True), ac.agent("a"):
+        assert work.invoke("w", 1) == 2
+    deadline = time.monotonic() + 10
+    while ledger.running_claims() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert ledger.running_claims() == 0
+    assert ledger.stats().completions_deferred == 1
+    with ac.run(run_id, resume=True), ac.agent("a"):
+        assert work.invoke("w", 1) == 2
+    assert calls == [1]

@@ -1,0 +1,266 @@
+"""PostgresMemory: a run's memory shared by processes, each write and its event one transaction,
+the chain of a key's writes replaying to its value, compare-and-set, and copies on every read."""
+
+from __future__ import annotations
+
+import itertools
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from anthropic_support import stored  # noqa: F401 (fixture)
+
+import otel_agentcap as ac
+from otel_agentcap.errors import MemoryUnavailable
+from otel_agentcap.exporters.postgres import Database, PostgresMemory
+from otel_agentcap.testing import capture_events
+
+pytestmark = pytest.mark.storage
+
+
+@pytest.fixture()
+def database(pg_dsn: str) -> Iterator[Database]:
+    db = Database(pg_dsn)
+    try:
+        yield db
+    finally:
+        db.close()
+
+
+def _run_id() -> str:
+    return f"pgmem-{uuid.uuid4().hex[:10]}"
+
+
+def _rows(dsn: str, sql: str, *params: object) -> list[tuple[Any, ...]]:
+    with psycopg.connect(dsn) as conn:
+        return conn.execute(sql, params).fetchall()
+
+
+def _chain(dsn: str, run_id: str, key: str) -> list[dict[str, Any]]:
+    """The stored memory_write events of ``key``, each with its causal parents, in chain order:
+    from the first write, each next one is the write whose parents name it."""
+    rows = _rows(
+        dsn,
+        "SELECT event_id::text, causal_parent_ids::text[], logical_seq, payload "
+        "FROM agentcap.events WHERE run_id = %s AND event_type = 'memory_write' "
+        "AND payload->>'key' = %s",
+        run_id,
+        key,
+    )
+    writes = {
+        event_id: {"id": event_id, "parents": parents, "seq": seq, "payload": payload}
+        for event_id, parents, seq, payload in rows
+    }
+    ids = set(writes)
+    firsts = [w for w in writes.values() if not ids.intersection(w["parents"])]
+    assert len(firsts) == 1, "one write starts the chain"
+    children: dict[str, list[dict[str, Any]]] = {}
+    for write in writes.values():
+        for parent in ids.intersection(write["parents"]):
+            children.setdefault(parent, []).append(write)
+    chain = [firsts[0]]
+    while chain[-1]["id"] in children:
+        (following,) = children[chain[-1]["id"]]  # a chain, never a fork
+        chain.append(following)
+    assert len(chain) == len(writes)
+    return chain
+
+
+def _replay(chain: list[dict[str, Any]]) -> Any:
+    """Apply the chain's writes in order, checking each one's before against the state so far."""
+    state: tuple[bool, Any] = (False, None)
+    for write in chain:
+        payload = write["payload"]
+        assert (payload["before_found"], payload.get("before")) == state
+        state = (payload["after_found"], payload.get("after"))
+    return state
+
+
+_WRITER = textwrap.dedent(
+    """
+    import sys, time
+    import otel_agentcap as ac
+    from otel_agentcap.configure import configure
+    from otel_agentcap.exporters.postgres import PostgresMemory
+
+    dsn, run_id, name, increments, threads, start_at = sys.argv[1:7]
+    increments, threads, start_at = int(increments), int(threads), float(start_at)
+    provider = configure(dsn, announce=False)
+    memory = PostgresMemory("shared")
+
+    def work(t):
+        with ac.run(run_id, resume=True), ac.agent(f"{name}-{t}"):
+            for i in range(increments):
+                while True:  # compare-and-set increment of one counter
+                    seen = memory.lookup("counter")
+                    if memory.compare_and_set("counter", seen.version, (seen.value or 0) + 1):
+                        break
+                memory["last"] = {"writer": f"{name}-{t}", "i": i}  # plain writes, same key
+
+    while time.time() < start_at:
+        time.sleep(0.001)
+    pool = [ac.start_thread(work, t) for t in range(threads)]
+    for t in pool:
+        t.join()
+    provider.shutdown()
+    """
+)
+
+
+@pytest.mark.multiprocess
+def test_writers_in_several_processes_replay_to_the_final_value(pg_dsn):
+    """3 processes x 2 threads (agents of their own) incrementing one key with compare-and-set
+    and overwriting another: no increment is lost, and for each key the chain of stored writes
+    (each naming the previous one) replays, before by after, to the stored value; the exporter's
+    copies of those events are duplicates, not conflicts."""
+    run_id = _run_id()
+    start_at = time.time() + 3.0
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _WRITER, pg_dsn, run_id, f"p{p}", "15", "2", str(start_at)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for p in range(3)
+    ]
+    for proc in procs:
+        _, err = proc.communicate(timeout=240)
+        assert proc.returncode == 0, err
+    counter_chain = _chain(pg_dsn, run_id, "counter")
+    assert len(counter_chain) == 3 * 2 * 15
+    assert _replay(counter_chain) == (True, 90)
+    last_chain = _chain(pg_dsn, run_id, "last")
+    assert len(last_chain) == 3 * 2 * 15
+    ((stored_value, version),) = _rows(
+        pg_dsn,
+        "SELECT value, version FROM agentcap.memory WHERE run_id = %s AND key = 'last'",
+        run_id,
+    )
+    assert _replay(last_chain) == (True, stored_value)
+    assert version == 90
+    for chain in (counter_chain, last_chain):
+        assert all(a["seq"] < b["seq"] for a, b in itertools.pairwise(chain))
+    assert _rows(pg_dsn, "SELECT count(*) FROM agentcap.conflicts WHERE run_id = %s", run_id) == [
+        (0,)
+    ]
+
+
+def test_a_write_and_its_event_are_stored_together(database, pg_dsn, stored):  # noqa: F811
+    """A write's event row is in the log as soon as the write returns (one transaction), and the
+    span's copy of it, exported later, is stored as a duplicate."""
+    memory = PostgresMemory("m", database=database)
+    run_id = _run_id()
+    with ac.run(run_id, resume=True), ac.agent("a"):
+        ref = memory.set("k", {"v": 1})
+        assert ref is not None
+        rows = _rows(
+            pg_dsn,
+            "SELECT event_type, payload FROM agentcap.events WHERE event_id = %s",
+            ref.event_id,
+        )
+        assert rows == [
+            (
+                "memory_write",
+                {
+                    "memory": "m",
+                    "key": "k",
+                    "op": "set",
+                    "before_found": False,
+                    "after_found": True,
+                    "after": {"v": 1},
+                },
+            )
+        ]
+    assert stored.exporter.stats().duplicates >= 1
+    assert stored.exporter.stats().conflicts == 0
+
+
+def test_missing_none_delete_and_the_chain_through_a_delete(database):
+    """A missing key and a stored None differ; a delete is a write, and the key's next write names
+    it as causal parent; a read names the write it saw and comes after it."""
+    memory = PostgresMemory("m", database=database)
+    with capture_events() as captured, ac.run(_run_id()):
+        with ac.agent("writer"):
+            assert memory.lookup("k") == ac.Lookup(False)
+            first = memory.set("k", None)
+            assert first is not None
+            assert memory.delete("k") is True
+            assert memory.delete("k") is False
+            again = memory.set("k", 2)
+        with ac.agent("reader"):
+            seen = memory.lookup("k")
+    assert seen.found and seen.value == 2 and seen.written_by is not None
+    assert seen.written_by[:3] == again[:3]
+    # The write's span is stored with it: a read (in any process) links to it.
+    assert seen.written_by.span is not None and again.span is not None
+    assert seen.written_by.span.span_id == again.span.span_id
+    assert "k" not in PostgresMemory("m", database=database, run_id="another-run")
+    writes = captured.of_type("memory_write")
+    assert [w.payload["op"] for w in writes] == ["set", "delete", "set"]
+    assert writes[0].payload["after"] is None and writes[0].payload["after_found"] is True
+    assert writes[1].causal_parent_ids == (writes[0].event_id,)
+    assert writes[2].causal_parent_ids == (writes[1].event_id,)
+    (read,) = [e for e in captured.of_type("memory_read") if e.agent_id == "reader"]
+    assert read.causal_parent_ids == (writes[2].event_id,)
+    assert read.seq > writes[2].seq
+
+
+def test_compare_and_set_writes_only_at_the_expected_version(database):
+    """compare_and_set writes (and records) only when the key is at the expected version."""
+    memory = PostgresMemory("m", database=database)
+    with capture_events() as captured, ac.run(_run_id()), ac.agent("a"):
+        assert memory.compare_and_set("k", 1, "no") is False
+        assert memory.compare_and_set("k", 0, "first")
+        assert memory.lookup("k").version == 1
+        assert memory.compare_and_set("k", 0, "stale") is False
+        assert memory.compare_and_set("k", 1, "second")
+        assert memory["k"] == "second"
+    assert [w.payload["after"] for w in captured.of_type("memory_write")] == ["first", "second"]
+
+
+def test_a_read_value_is_the_readers_own(database):
+    """Mutating a value read from the memory changes neither the memory nor later reads."""
+    memory = PostgresMemory("m", database=database)
+    with ac.run(_run_id()), ac.agent("a"):
+        memory["k"] = {"items": [1]}
+        value = memory["k"]
+        value["items"].append(2)
+        assert memory["k"] == {"items": [1]}
+
+
+def test_a_writer_behind_the_last_writers_clock_moves_past_it(database):
+    """A write by an agent whose clock is behind the key's last write (by another agent) gets a
+    sequence above that write, its causal parent."""
+    memory = PostgresMemory("m", database=database)
+    with capture_events() as captured, ac.run(_run_id()):
+        with ac.agent("fast") as fast:
+            for _ in range(50):
+                fast.context.clock.tick()
+            memory["k"] = "fast"
+        with ac.agent("slow"):
+            memory["k"] = "slow"
+    fast_write, slow_write = captured.of_type("memory_write")
+    assert slow_write.causal_parent_ids == (fast_write.event_id,)
+    assert slow_write.seq > fast_write.seq
+
+
+@pytest.mark.fault
+def test_an_unreachable_database_is_an_error_of_the_memory():
+    """Reads and writes of a memory whose database is unreachable raise MemoryUnavailable."""
+    database = Database("postgresql://nobody@127.0.0.1:1/none?connect_timeout=1")
+    memory = PostgresMemory("m", database=database, timeout=0.5)
+    try:
+        with ac.run(_run_id()), ac.agent("a"):
+            with pytest.raises(MemoryUnavailable):
+                memory["k"] = 1
+            with pytest.raises(MemoryUnavailable):
+                memory.lookup("k")
+    finally:
+        database.close()

@@ -1,0 +1,254 @@
+"""Spawns registered in PostgreSQL when they happen: concurrent and staggered spawns of the same
+children from several processes (before anything is exported) give one spawn event per child, and
+the stored log has no Lamport violation and no child event at or below its spawn."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from typing import Any
+
+import psycopg
+import pytest
+
+import otel_agentcap as ac
+from otel_agentcap.capture.agents import set_spawn_registry
+from otel_agentcap.exporters.postgres import Database
+from otel_agentcap.exporters.postgres.recovery import PostgresSpawnRegistry
+from otel_agentcap.testing import capture_events
+
+pytestmark = pytest.mark.storage
+
+# THREADS threads of agent "parent" each spawn the children c0..c{CHILDREN-1} and run each one,
+# which writes memory and calls a tool. Spans are exported in batches (every 5 s by default), so
+# every spawn is registered long before its span reaches the log.
+_WORKER = textwrap.dedent(
+    """
+    import sys, time
+    import otel_agentcap as ac
+    from otel_agentcap.configure import configure
+
+    dsn, run_id, children, threads, start_at, linger = sys.argv[1:7]
+    children, threads = int(children), int(threads)
+    start_at, linger = float(start_at), float(linger)
+    provider = configure(dsn, announce=False)
+    memory = ac.Memory("local")
+
+    @ac.tool
+    def note(n):
+        return n
+
+    def work(t):
+        with ac.run(run_id, resume=True), ac.agent("parent") as parent:
+            for k in range(children):
+                child = parent.spawn("worker", key=f"c{k}")
+                child.run(lambda: (memory.set(f"k{t}", k), note.invoke(f"n{k}", k)))
+            time.sleep(linger)
+
+    while time.time() < start_at:
+        time.sleep(0.001)
+    pool = [ac.start_thread(work, t) for t in range(threads)]
+    for t in pool:
+        t.join()
+    provider.shutdown()
+    """
+)
+
+
+def _start(
+    dsn: str,
+    run_id: str,
+    *,
+    children: int,
+    threads: int,
+    start_at: float,
+    linger: float = 0.0,
+    export_delay_ms: int | None = None,
+) -> subprocess.Popen[str]:
+    env = dict(os.environ)
+    if export_delay_ms is not None:
+        env["OTEL_BSP_SCHEDULE_DELAY"] = str(export_delay_ms)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            _WORKER,
+            dsn,
+            run_id,
+            str(children),
+            str(threads),
+            str(start_at),
+            str(linger),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+
+
+def _wait(procs: list[subprocess.Popen[str]]) -> None:
+    for proc in procs:
+        _, err = proc.communicate(timeout=180)
+        assert proc.returncode == 0, err
+
+
+def _rows(dsn: str, sql: str, *params: object) -> list[tuple[Any, ...]]:
+    with psycopg.connect(dsn) as conn:
+        return conn.execute(sql, params).fetchall()
+
+
+def _check_log(dsn: str, run_id: str, children: int) -> None:
+    spawns = _rows(
+        dsn,
+        "SELECT payload->>'child_agent_id', count(*) FROM agentcap.events "
+        "WHERE run_id = %s AND event_type = 'agent_spawn' GROUP BY 1 ORDER BY 1",
+        run_id,
+    )
+    assert spawns == [(f"parent/c{k}", 1) for k in range(children)]
+    lamport_violations = _rows(
+        dsn,
+        "SELECT count(*) FROM agentcap.events e JOIN agentcap.events p "
+        "ON p.event_id = ANY (e.causal_parent_ids) "
+        "WHERE e.run_id = %s AND e.logical_seq <= p.logical_seq",
+        run_id,
+    )
+    assert lamport_violations == [(0,)]
+    before_spawn = _rows(
+        dsn,
+        "SELECT count(*) FROM agentcap.agents a "
+        "JOIN agentcap.events s ON s.event_id = a.spawned_at_event_id "
+        "JOIN agentcap.events c ON c.run_id = a.run_id AND c.agent_id = a.agent_id "
+        "WHERE a.run_id = %s AND c.logical_seq <= s.logical_seq",
+        run_id,
+    )
+    assert before_spawn == [(0,)]
+    # Every child and its spawn row name the one stored spawn event; so does every agent_start.
+    unlinked = _rows(
+        dsn,
+        "SELECT count(*) FROM agentcap.agents a JOIN agentcap.spawns r "
+        "ON r.run_id = a.run_id AND r.child_agent_id = a.agent_id "
+        "LEFT JOIN agentcap.events s ON s.event_id = a.spawned_at_event_id "
+        "WHERE a.run_id = %s AND (s.event_id IS NULL OR r.spawn_event_id <> s.event_id "
+        "OR r.spawn_seq <> s.logical_seq OR r.span_id <> s.span_id OR r.trace_id <> s.trace_id)",
+        run_id,
+    )
+    assert unlinked == [(0,)]
+    starts = _rows(
+        dsn,
+        "SELECT count(*) FROM agentcap.events c JOIN agentcap.spawns r "
+        "ON r.run_id = c.run_id AND r.child_agent_id = c.agent_id "
+        "WHERE c.run_id = %s AND c.event_type = 'agent_start' "
+        "AND NOT r.spawn_event_id = ANY (c.causal_parent_ids)",
+        run_id,
+    )
+    assert starts == [(0,)]
+    assert _rows(dsn, "SELECT count(*) FROM agentcap.conflicts WHERE run_id = %s", run_id) == [
+        (0,)
+    ]
+
+
+@pytest.mark.multiprocess
+def test_concurrent_spawns_of_the_same_children_from_several_processes(pg_dsn):
+    """4 processes x 3 threads spawning and running the same 8 children at once: one spawn event
+    per child, no Lamport violation, no child event at or below its spawn."""
+    run_id = f"spawns-{uuid.uuid4().hex[:10]}"
+    start_at = time.time() + 3.0
+    procs = [_start(pg_dsn, run_id, children=8, threads=3, start_at=start_at) for _ in range(4)]
+    _wait(procs)
+    _check_log(pg_dsn, run_id, 8)
+    executions = _rows(
+        pg_dsn,
+        "SELECT count(*) FROM agentcap.events WHERE run_id = %s AND event_type = 'agent_start' "
+        "AND agent_id LIKE 'parent/%%'",
+        run_id,
+    )
+    assert executions == [(4 * 3 * 8,)]
+
+
+@pytest.mark.multiprocess
+def test_staggered_spawns_before_the_first_export(pg_dsn):
+    """A second process spawns the same children while the first still runs them and has exported
+    nothing yet: it gets the first process's children and spawn events, and records none."""
+    run_id = f"spawns-{uuid.uuid4().hex[:10]}"
+    now = time.time()
+    # The first process exports only when it shuts down, after the second has finished.
+    first = _start(
+        pg_dsn,
+        run_id,
+        children=5,
+        threads=1,
+        start_at=now + 2.0,
+        linger=10.0,
+        export_delay_ms=600_000,
+    )
+    second = _start(pg_dsn, run_id, children=5, threads=2, start_at=now + 4.0)
+    _wait([second])
+    assert first.poll() is None  # still running its children's scope
+    # The first process has not exported yet: the log has none of its spawn events (the second
+    # recorded none), but the registry has every child.
+    assert _rows(
+        pg_dsn,
+        "SELECT count(*) FROM agentcap.events WHERE run_id = %s AND event_type = 'agent_spawn'",
+        run_id,
+    ) == [(0,)]
+    assert _rows(pg_dsn, "SELECT count(*) FROM agentcap.spawns WHERE run_id = %s", run_id) == [
+        (5,)
+    ]
+    _wait([first])
+    _check_log(pg_dsn, run_id, 5)
+
+
+def test_a_child_resumed_after_a_restart_links_to_its_registered_spawn(pg_dsn):
+    """A spawn retried after the process forgot the run (as a new process would) gets the same
+    child and spawn event, records no second spawn, and the child's span links to the stored
+    spawn span."""
+    database = Database(pg_dsn)
+    set_spawn_registry(PostgresSpawnRegistry(database))
+    run_id = f"spawns-{uuid.uuid4().hex[:10]}"
+    try:
+        with capture_events() as captured:
+            with ac.run(run_id, resume=True), ac.agent("parent") as parent:
+                first = parent.spawn("worker", key="w")
+                first.run(lambda: None)
+            with ac.run(run_id, resume=True), ac.agent("parent") as parent:  # released and entered again
+                again = parent.spawn("worker", key="w")
+                again.run(lambda: None)
+    finally:
+        set_spawn_registry(None)
+        database.close()
+    assert again is not first
+    assert again.spawned_at is not None and first.spawned_at is not None
+    assert again.spawned_at[:3] == first.spawned_at[:3]
+    assert again.spawn_span_context is not None
+    assert first.spawn_span_context is not None
+    assert again.spawn_span_context.span_id == first.spawn_span_context.span_id
+    assert len(captured.of_type("agent_spawn")) == 1
+    spawn_span = next(s for s in captured.spans if s.name == "create_agent parent/w")
+    invoke_spans = [s for s in captured.spans if s.name.startswith("invoke_agent parent/w")]
+    assert len(invoke_spans) == 2
+    for span in invoke_spans:  # both executions run under the one stored spawn span
+        assert span.parent is not None and span.parent.span_id == spawn_span.context.span_id
+        assert spawn_span.context.span_id in [link.context.span_id for link in span.links]
+    starts = [e for e in captured.of_type("agent_start") if e.agent_id == "parent/w"]
+    assert all(e.causal_parent_ids == (first.spawned_at.event_id,) for e in starts)  # type: ignore[union-attr]
+    assert all(e.seq > first.spawned_at.seq for e in starts)  # type: ignore[union-attr]
+
+
+def test_a_spawn_registered_by_another_parent_is_a_conflict(pg_dsn):
+    """A child registered under one parent cannot be spawned by another, in any process."""
+    database = Database(pg_dsn)
+    set_spawn_registry(PostgresSpawnRegistry(database))
+    run_id = f"spawns-{uuid.uuid4().hex[:10]}"
+    try:
+        with ac.run(run_id, resume=True), ac.agent("a"):
+            ac.spawn("w", agent_id="shared-child")
+        with ac.run(run_id, resume=True), ac.agent("b"), pytest.raises(ac.SpawnConflictError):
+            ac.spawn("w", agent_id="shared-child")
+    finally:
+        set_spawn_registry(None)
+        database.close()
