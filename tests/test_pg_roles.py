@@ -217,3 +217,46 @@ def test_tables_of_later_migrations_get_the_recorded_privileges(granted: Granted
             conn.execute("DELETE FROM agentcap.later")
     with psycopg.connect(granted.reader_dsn, autocommit=True) as conn:
         assert conn.execute("SELECT count(*) FROM agentcap.later").fetchone() == (1,)
+
+
+def test_the_tool_ledger_spawn_registry_and_memory_run_as_the_writer(granted: Granted) -> None:
+    """As the writer: a tool call is claimed and completed in the ledger, a spawn is registered,
+    and a PostgresMemory write (with its event) and read succeed; the ledger's rows are the only
+    thing it may update besides the memory's values."""
+    import otel_agentcap as ac
+    from otel_agentcap.capture.agents import set_spawn_registry
+    from otel_agentcap.capture.ledger import set_tool_ledger
+    from otel_agentcap.exporters.postgres import Database, PostgresMemory
+    from otel_agentcap.exporters.postgres.ledger import PostgresToolLedger
+    from otel_agentcap.exporters.postgres.recovery import PostgresSpawnRegistry
+
+    database = Database(granted.writer_dsn)
+    ledger = PostgresToolLedger(database, on_unavailable="raise")
+    set_tool_ledger(ledger)
+    set_spawn_registry(PostgresSpawnRegistry(database))
+    memory = PostgresMemory("m", database=database)
+
+    @ac.tool
+    def double(x: int) -> int:
+        return 2 * x
+
+    try:
+        with ac.run(f"run-writer-{uuid.uuid4().hex[:8]}"), ac.agent("a"):
+            assert double.invoke("d", 2) == 4
+            child = ac.spawn("helper")
+            memory["k"] = {"v": 1}
+            assert memory["k"] == {"v": 1}
+    finally:
+        set_tool_ledger(None)
+        set_spawn_registry(None)
+        ledger.close()
+        database.close()
+    assert child.agent_id == "a/helper"
+    assert ledger.stats().completions == 1
+    assert count(granted.admin_dsn, "SELECT count(*) FROM agentcap.spawns") == 1
+    assert count(granted.admin_dsn, "SELECT count(*) FROM agentcap.memory") == 1
+    with psycopg.connect(granted.writer_dsn, autocommit=True) as conn:
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("DELETE FROM agentcap.tool_ledger")
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("UPDATE agentcap.spawns SET name = 'x'")

@@ -1,4 +1,4 @@
-"""``PostgresToolLedger``: the tool ledger in ``agentcap.tool_ledger`` (migration 0004).
+"""``PostgresToolLedger``: the tool ledger in ``agentcap.tool_ledger`` (migration 0005).
 
 One protected call costs two round trips on the success path, each one statement in autocommit
 mode on a pooled connection held only for that statement: ``agentcap.tool_claim(...)`` before the

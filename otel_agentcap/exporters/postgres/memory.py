@@ -1,4 +1,4 @@
-"""``PostgresMemory``: the captured memory of a run, kept in ``agentcap.memory`` (migration 0004), so
+"""``PostgresMemory``: the captured memory of a run, kept in ``agentcap.memory`` (migration 0005), so
 agents of the run in several processes share it with the guarantees of the in-process
 :class:`~otel_agentcap.Memory`.
 

@@ -93,7 +93,7 @@ class PostgresSpawnLookup:
 
 class PostgresSpawnRegistry:
     """A :class:`~otel_agentcap.capture.agents.SpawnRegistry` over ``agentcap.spawns``
-    (migration 0004), in autocommit mode: a spawn first looks its child up (one statement; a retry
+    (migration 0005), in autocommit mode: a spawn first looks its child up (one statement; a retry
     ends there, with no span), and the first spawn of a child registers it (one statement,
     ``agentcap.spawn_register``, insert-or-get). Spawns that a process of an earlier version
     exported without registering them (found in ``agents`` and ``events``) count as registered."""

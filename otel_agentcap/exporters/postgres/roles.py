@@ -7,7 +7,9 @@ Three PostgreSQL roles (group roles without login; give them to login roles with
 - the **writer** is what the exporter and the OTLP ingest run as: it may read every table and
   insert into it, and update only what first-writer-wins filling needs (an agent's unknown name
   and lineage, a run's undeclared attributes, the sequence high-water marks in
-  ``agent_sequences``); it may not update, delete from or truncate ``events``, ``conflicts`` or
+  ``agent_sequences``), and the state processes of a run share on the capture path (the tool
+  ledger's claims and outcomes, the shared memory's values; through the functions that write them,
+  which it may execute); it may not update, delete from or truncate ``events``, ``conflicts`` or
   ``record_conflicts``, nor create anything in the schema (it stages batches in a TEMP table);
 - the **reader** may only read (the command-line tool, a viewer).
 
@@ -40,10 +42,15 @@ WRITER_PRIVILEGES: Final[Mapping[str, str]] = {
     "record_conflicts": "SELECT, INSERT",
     "spans": "SELECT, INSERT",
     "agent_sequences": "SELECT, INSERT, UPDATE",
+    "tool_ledger": "SELECT, INSERT, UPDATE",
+    "spawns": "SELECT, INSERT",
+    "memory": "SELECT, INSERT, UPDATE",
     "schema_version": "SELECT",
     "roles": "SELECT",
 }
 _DEFAULT_WRITER_PRIVILEGES: Final = "SELECT, INSERT"
+#: The functions the writer may execute: what the capture path calls (migration 0005).
+WRITER_FUNCTIONS: Final = frozenset({"tool_claim", "spawn_register", "memory_write"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +121,10 @@ def _apply(conn: psycopg.Connection[Any], roles: Roles) -> None:
                 sql.SQL(privileges), sql.Identifier("agentcap", table), writer
             )
         )
+    for function in _functions(conn):
+        name = function.split("(", 1)[0].rsplit(".", 1)[-1].strip('"')
+        if name in WRITER_FUNCTIONS:
+            execute(sql.SQL("GRANT EXECUTE ON FUNCTION {} TO {}").format(sql.SQL(function), writer))
     if roles.reader is not None:
         execute(
             sql.SQL("GRANT SELECT ON ALL TABLES IN SCHEMA agentcap TO {}").format(

@@ -1,4 +1,4 @@
--- 0004: state that processes serving one run share, written synchronously on the capture path
+-- 0005: state that processes serving one run share, written synchronously on the capture path
 -- (not by the asynchronous export): the tool ledger, the spawn registry and the shared memory.
 -- Each write is one statement (a function call) in its own transaction, so a process that dies
 -- leaves either the whole step or nothing. Keys lead with run_id, like the event log's.
