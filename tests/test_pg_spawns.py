@@ -28,13 +28,13 @@ pytestmark = pytest.mark.storage
 # every spawn is registered long before its span reaches the log.
 _WORKER = textwrap.dedent(
     """
-    import sys, time
+    import os, sys, time
     import otel_agentcap as ac
     from otel_agentcap.configure import configure
 
     dsn, run_id, children, threads, start_at, linger = sys.argv[1:7]
     children, threads = int(children), int(threads)
-    start_at, linger = float(start_at), float(linger)
+    start_at = float(start_at)
     provider = configure(dsn, announce=False)
     memory = ac.Memory("local")
 
@@ -47,7 +47,10 @@ _WORKER = textwrap.dedent(
             for k in range(children):
                 child = parent.spawn("worker", key=f"c{k}")
                 child.run(lambda: (memory.set(f"k{t}", k), note.invoke(f"n{k}", k)))
-            time.sleep(linger)
+            # Linger (inside the run) until the file named by linger exists, if one is named.
+            deadline = time.time() + 120
+            while linger and not os.path.exists(linger) and time.time() < deadline:
+                time.sleep(0.05)
 
     while time.time() < start_at:
         time.sleep(0.001)
@@ -66,7 +69,7 @@ def _start(
     children: int,
     threads: int,
     start_at: float,
-    linger: float = 0.0,
+    linger: str = "",
     export_delay_ms: int | None = None,
 ) -> subprocess.Popen[str]:
     env = dict(os.environ)
@@ -82,7 +85,7 @@ def _start(
             str(children),
             str(threads),
             str(start_at),
-            str(linger),
+            linger,
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -171,22 +174,30 @@ def test_concurrent_spawns_of_the_same_children_from_several_processes(pg_dsn):
 
 
 @pytest.mark.multiprocess
-def test_staggered_spawns_before_the_first_export(pg_dsn):
+def test_staggered_spawns_before_the_first_export(pg_dsn, tmp_path):
     """A second process spawns the same children while the first still runs them and has exported
     nothing yet: it gets the first process's children and spawn events, and records none."""
     run_id = f"spawns-{uuid.uuid4().hex[:10]}"
-    now = time.time()
-    # The first process exports only when it shuts down, after the second has finished.
+    release = tmp_path / "release"
+    # The first process exports only when it shuts down, which it does once released, after the
+    # second has finished.
     first = _start(
         pg_dsn,
         run_id,
         children=5,
         threads=1,
-        start_at=now + 2.0,
-        linger=10.0,
+        start_at=0.0,
+        linger=str(release),
         export_delay_ms=600_000,
     )
-    second = _start(pg_dsn, run_id, children=5, threads=2, start_at=now + 4.0)
+    deadline = time.monotonic() + 120
+    while _rows(pg_dsn, "SELECT count(*) FROM agentcap.spawns WHERE run_id = %s", run_id) != [
+        (5,)
+    ]:
+        assert first.poll() is None, first.communicate()[1]
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    second = _start(pg_dsn, run_id, children=5, threads=2, start_at=0.0)
     _wait([second])
     assert first.poll() is None  # still running its children's scope
     # The first process has not exported yet: the log has none of its spawn events (the second
@@ -199,6 +210,7 @@ def test_staggered_spawns_before_the_first_export(pg_dsn):
     assert _rows(pg_dsn, "SELECT count(*) FROM agentcap.spawns WHERE run_id = %s", run_id) == [
         (5,)
     ]
+    release.touch()
     _wait([first])
     _check_log(pg_dsn, run_id, 5)
 
