@@ -393,6 +393,34 @@ def test_selection_highlights_exactly_the_causal_past_and_future(
     assert not _marked(page, "past") and not _marked(page, "selected")
 
 
+def test_a_payload_that_arrives_after_the_selection_is_cleared_is_dropped(
+    page, server, demo_run, log_dsn
+):
+    """Escape while an event's payload is still on its way: the answer that arrives later neither
+    fails (the page fixture fails on any page error) nor fills the cleared panel."""
+    ((agent, seq),) = _rows(
+        log_dsn,
+        """SELECT agent_id, logical_seq FROM agentcap.events WHERE run_id = %(run)s
+           AND event_type = 'model_call' ORDER BY agent_id, logical_seq LIMIT 1""",
+        run=demo_run,
+    )
+    _open_run(page, server, demo_run)
+    held: list[Any] = []
+    page.route("**/api/run/event?*", lambda route: held.append(route))
+    page.click(f"g.ev[data-agent='{agent}'][data-seq='{seq}']")
+    page.wait_for_function("() => document.querySelector('#detail h2') !== null")
+    page.keyboard.press("Escape")
+    page.wait_for_timeout(50)
+    while not held:
+        page.wait_for_timeout(20)
+    for route in held:
+        route.continue_()
+    page.unroute("**/api/run/event?*")
+    page.wait_for_timeout(300)
+    assert page.query_selector("#payload") is None
+    assert not _marked(page, "selected")
+
+
 def test_run_page_screenshot(browser, server, demo_run, log_dsn, shots):
     """The demo run's page, with the writer's model call selected, is saved as a screenshot."""
     ((seq,),) = _rows(

@@ -518,6 +518,8 @@
     S.lastHighlightMs = performance.now() - t0;
     document.body.dataset.highlightMs = S.lastHighlightMs.toFixed(2);
     if (i < 0) {
+      // A payload still loading for the event deselected must not land in the cleared panel.
+      S.detailToken++;
       history.replaceState(null, "", location.pathname + location.search);
       detail.replaceChildren();
       el("p", { class: "hint" }, "Click an event to see its payload and its causal past and future.", detail);
@@ -934,6 +936,7 @@
     } catch (err) {
       document.getElementById("run-title").textContent = S.runId;
       showStatus(err.message, true);
+      S.detailToken++;
       detail.replaceChildren();
       el("p", { class: "missing" }, err.message, detail);
       document.body.dataset.ready = "error";
