@@ -248,6 +248,7 @@ def test_runs_list_shows_the_demo_run_with_its_totals(page, server, demo_run, lo
     page.wait_for_selector(f"tr[data-run='{demo_run}']", state="detached")
     page.fill("#filter", demo_run[-6:])
     page.wait_for_selector(f"tr[data-run='{demo_run}']")
+    assert page.inner_text("#count") == "1 run"
     page.click(f"tr[data-run='{demo_run}'] a")
     page.wait_for_selector("body[data-ready='1']")
     assert page.inner_text("#run-title") == demo_run

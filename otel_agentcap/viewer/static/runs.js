@@ -71,7 +71,7 @@
     document.getElementById("empty").hidden = state.runs.length > 0;
     document.getElementById("more").hidden = !state.more;
     document.getElementById("count").textContent =
-      state.runs.length ? `${state.runs.length}${state.more ? "+" : ""} runs` : "";
+      state.runs.length ? `${state.runs.length}${state.more ? "+" : ""} run${state.runs.length === 1 && !state.more ? "" : "s"}` : "";
     for (const th of document.querySelectorAll("#runs th")) {
       if (th.dataset.key === state.sortKey) {
         th.setAttribute("aria-sort", state.sortDir > 0 ? "ascending" : "descending");
