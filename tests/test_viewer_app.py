@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -12,6 +15,7 @@ import psycopg
 import pytest
 
 from otel_agentcap.model import AgentRecord, Batch, Event, RunRecord, event_id_for
+from otel_agentcap.serving import ConnectionLimits
 from otel_agentcap.testing.synthetic import synthetic_run, write_batches
 from otel_agentcap.tokens import TokenError
 from otel_agentcap.viewer.app import ViewerConfig, _configure_connection
@@ -216,3 +220,43 @@ def test_non_loopback_address_needs_a_token():
     """Serving beyond loopback without a token is refused before anything is bound."""
     with pytest.raises(TokenError, match="token"):
         ViewerServer(ViewerConfig(dsn="postgresql://x"), host="0.0.0.0")
+
+
+def test_idle_and_slow_connections_are_closed():
+    """Connections that send nothing, and one that sends its request head a byte at a time, are
+    closed after the idle timeout, as the ingest's are (uvicorn held both for ever)."""
+    config = ViewerConfig(dsn="postgresql://postgres@127.0.0.1:1/x", connect_timeout=1)
+    limits = ConnectionLimits(idle_timeout=1, read_timeout=1, graceful_timeout=1)
+    with ViewerServer(config, limits=limits) as running:
+        idle = [socket.create_connection(("127.0.0.1", running.port)) for _ in range(50)]
+        slow = socket.create_connection(("127.0.0.1", running.port))
+        started = time.monotonic()
+        try:
+            closed_slow = False
+            for byte in b"GET /api/config HTTP/1.1\r\nHost: localhost\r\nX-Slow: " + b"a" * 30:
+                try:  # 6 s of trickling, far past the timeouts
+                    slow.sendall(bytes([byte]))
+                except OSError:
+                    closed_slow = True
+                    break
+                time.sleep(0.1)
+            if not closed_slow:
+                slow.settimeout(3)
+                with contextlib.suppress(TimeoutError):
+                    try:
+                        closed_slow = slow.recv(100) == b""
+                    except ConnectionResetError:
+                        closed_slow = True
+            closed = 0
+            for sock in idle:
+                sock.settimeout(max(0.1, 6 - (time.monotonic() - started)))
+                with contextlib.suppress(TimeoutError):
+                    try:
+                        closed += sock.recv(10) == b""
+                    except ConnectionResetError:
+                        closed += 1
+        finally:
+            for sock in [*idle, slow]:
+                sock.close()
+    assert closed == 50
+    assert closed_slow

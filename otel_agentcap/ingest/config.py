@@ -1,11 +1,18 @@
-"""Settings of the OTLP ingest server: limits, timeouts, TLS."""
+"""Settings of the OTLP ingest server: limits, timeouts, TLS (``TlsConfig``, shared with the
+web view)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Final
 
-from otel_agentcap.tokens import is_loopback
+from otel_agentcap.serving import (
+    DEFAULT_IDLE_TIMEOUT,
+    DEFAULT_READ_TIMEOUT,
+    ConnectionLimits,
+    TlsConfig,
+    is_loopback,
+)
 
 DEFAULT_HOST: Final = "127.0.0.1"
 DEFAULT_PORT: Final = 4319
@@ -32,9 +39,9 @@ class IngestLimits:
     max_concurrent_requests: int = 4
     queue_timeout: float = 10.0
     #: A connection with no request in progress (fresh, or kept alive) is closed after this.
-    idle_timeout: float = 30.0
+    idle_timeout: float = DEFAULT_IDLE_TIMEOUT
     #: One read from a connection that waits longer than this closes it.
-    read_timeout: float = 30.0
+    read_timeout: float = DEFAULT_READ_TIMEOUT
     #: The whole body of a request must arrive within this (a slow sender gets 408).
     body_timeout: float = 120.0
     #: On shutdown, requests in progress get this long to finish.
@@ -57,15 +64,16 @@ class IngestLimits:
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
 
-
-@dataclass(frozen=True, slots=True)
-class TlsConfig:
-    """Serve over TLS with this certificate chain and key (PEM files); with ``client_ca``, ask
-    clients for a certificate signed by it (mutual TLS) and refuse those without."""
-
-    certfile: str
-    keyfile: str
-    client_ca: str | None = None
+    @property
+    def connections(self) -> ConnectionLimits:
+        """The limits of the HTTP server's connections."""
+        return ConnectionLimits(
+            idle_timeout=self.idle_timeout,
+            read_timeout=self.read_timeout,
+            graceful_timeout=self.graceful_timeout,
+            max_header_bytes=self.max_header_bytes,
+            max_streams_per_connection=self.max_streams_per_connection,
+        )
 
 
 def exposure_warnings(host: str, *, tokens: bool, tls: bool) -> list[str]:
@@ -84,3 +92,13 @@ def exposure_warnings(host: str, *, tokens: bool, tls: bool) -> list[str]:
             "in clear text (give --tls-cert and --tls-key)"
         ]
     return []
+
+
+__all__ = [
+    "DEFAULT_HOST",
+    "DEFAULT_PORT",
+    "TRACES_PATH",
+    "IngestLimits",
+    "TlsConfig",
+    "exposure_warnings",
+]

@@ -1,29 +1,14 @@
-"""``OtlpIngestServer``: OTLP/HTTP (Starlette on Hypercorn) and OTLP/gRPC (grpcio) receivers that
-store agentcap events in PostgreSQL.
-
-Hypercorn serves the HTTP side because it closes connections that stay idle, including new
-connections that never send a complete request head (``keep_alive_timeout`` runs from the moment a
-connection is accepted), and it bounds every read (``read_timeout``); uvicorn (0.54) arms its idle
-timer only after a first response, so a connection that sends nothing, or a request head a byte
-at a time, is held for ever. Both ship the same ASGI interface, so the application is Starlette
-either way.
+"""``OtlpIngestServer``: OTLP/HTTP (Starlette on Hypercorn, see :mod:`otel_agentcap.serving` for
+why Hypercorn) and OTLP/gRPC (grpcio) receivers that store agentcap events in PostgreSQL.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import gc
 import logging
-import signal
-import socket
-import ssl
-import threading
 from collections.abc import Callable
 from typing import Any
 
-from hypercorn.asyncio import serve as hypercorn_serve
-from hypercorn.config import Config as HypercornConfig
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from otel_agentcap.exporters.postgres.database import Database, resolve_dsn
@@ -41,22 +26,9 @@ from otel_agentcap.ingest.grpc_server import GrpcReceiver
 from otel_agentcap.ingest.http import build_app
 from otel_agentcap.ingest.service import IngestService, IngestStats, Outcome
 from otel_agentcap.ingest.wire import DecodedRequest, decode_protobuf
+from otel_agentcap.serving import AsgiServer
 
 _logger = logging.getLogger(__name__)
-
-
-def _listen(host: str, port: int, backlog: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.bind((host.strip("[]"), port))
-        sock.listen(backlog)
-    except OSError:
-        sock.close()
-        raise
-    return sock
 
 
 class OtlpIngestServer:
@@ -104,8 +76,17 @@ class OtlpIngestServer:
             retry_after=self.limits.retry_after,
             max_writes=2 * self.limits.max_concurrent_requests,  # HTTP and gRPC
         )
-        self._socket: socket.socket | None = _listen(host, port, 128)
-        self.port = int(self._socket.getsockname()[1])
+        self._http = AsgiServer(
+            lambda: build_app(self.service, self.authenticator, self.limits, self.path),
+            host,
+            port,
+            name="ingest",
+            limits=self.limits.connections,
+            tls=tls,
+            on_start=self._on_start,
+            on_stop=self._on_stop,
+        )
+        self.port = self._http.port
         self._grpc: GrpcReceiver | None = None
         if grpc_port is not None:
             try:
@@ -113,14 +94,9 @@ class OtlpIngestServer:
                     self.service, self.authenticator, self.limits, host, grpc_port, tls
                 )
             except BaseException:
-                self._socket.close()
+                self._http.close()
                 raise
         self.grpc_port = self._grpc.port if self._grpc is not None else None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._shutdown: asyncio.Event | None = None
-        self._thread: threading.Thread | None = None
-        self._ready = threading.Event()
-        self._stopped = threading.Event()
         self._closed = False
 
     # -- addresses and counters
@@ -168,36 +144,7 @@ class OtlpIngestServer:
 
     # -- serving
 
-    def _hypercorn_config(self, sock: socket.socket) -> HypercornConfig:
-        limits = self.limits
-        config = HypercornConfig()
-        config.bind = [f"fd://{sock.detach()}"]
-        config.keep_alive_timeout = limits.idle_timeout
-        config.read_timeout = max(1, round(limits.read_timeout))
-        config.graceful_timeout = limits.graceful_timeout
-        config.h11_max_incomplete_size = limits.max_header_bytes
-        config.h2_max_concurrent_streams = limits.max_streams_per_connection
-        config.h2_max_header_list_size = limits.max_header_bytes
-        config.include_server_header = False
-        config.accesslog = None
-        config.errorlog = logging.getLogger("otel_agentcap.ingest.hypercorn")
-        if self.tls is not None:
-            config.certfile = self.tls.certfile
-            config.keyfile = self.tls.keyfile
-            if self.tls.client_ca is not None:
-                config.ca_certs = self.tls.client_ca
-                config.verify_mode = ssl.CERT_REQUIRED
-        return config
-
-    async def _serve(self, on_ready: Callable[[], None]) -> None:
-        sock = self._socket
-        if sock is None:
-            raise RuntimeError("this server was closed")
-        self._socket = None
-        self._loop = asyncio.get_running_loop()
-        self._shutdown = asyncio.Event()
-        app = build_app(self.service, self.authenticator, self.limits, self.path)
-        config = self._hypercorn_config(sock)
+    def _on_start(self) -> None:
         # What is alive once serving starts (modules, descriptors, the pool) lives as long as the
         # server: keep it out of the collector's full passes, which would otherwise walk it
         # again and again while requests allocate.
@@ -205,50 +152,20 @@ class OtlpIngestServer:
         gc.freeze()
         if self._grpc is not None:
             self._grpc.start()
-        on_ready()
-        self._ready.set()
-        try:
-            await hypercorn_serve(app, config, shutdown_trigger=self._shutdown.wait)  # type: ignore[arg-type]
-        finally:
-            if self._grpc is not None:
-                await asyncio.to_thread(self._grpc.stop, self.limits.graceful_timeout)
-            self._stopped.set()
+
+    def _on_stop(self) -> None:
+        if self._grpc is not None:
+            self._grpc.stop(self.limits.graceful_timeout)
 
     def start(self) -> OtlpIngestServer:
         """Serve in a daemon thread; returns self once the receivers accept requests."""
-        if self._thread is None:
-            self._thread = threading.Thread(
-                target=lambda: asyncio.run(self._serve(lambda: None)),
-                name="agentcap-otlp-ingest",
-                daemon=True,
-            )
-            self._thread.start()
-            if not self._ready.wait(30):
-                raise RuntimeError("the ingest server did not start")
+        self._http.start()
         return self
 
     def serve_forever(self, on_ready: Callable[[], None] | None = None) -> None:
         """Serve in the calling thread until :meth:`close` is called from another thread, or
         SIGINT or SIGTERM arrives (in the main thread): then requests in progress finish."""
-
-        async def main() -> None:
-            loop = asyncio.get_running_loop()
-            installed: list[signal.Signals] = []
-            if threading.current_thread() is threading.main_thread():
-                for signum in (signal.SIGINT, signal.SIGTERM):
-                    loop.add_signal_handler(signum, self._request_shutdown)
-                    installed.append(signum)
-            try:
-                await self._serve(on_ready or (lambda: None))
-            finally:
-                for signum in installed:
-                    loop.remove_signal_handler(signum)
-
-        asyncio.run(main())
-
-    def _request_shutdown(self) -> None:
-        if self._shutdown is not None:
-            self._shutdown.set()
+        self._http.serve_forever(on_ready)
 
     def close(self) -> None:
         """Stop accepting, let requests in progress finish, then close the writer's staging
@@ -256,18 +173,8 @@ class OtlpIngestServer:
         if self._closed:
             return
         self._closed = True
-        loop = self._loop
-        if loop is not None and self._ready.is_set() and not self._stopped.is_set():
-            with contextlib.suppress(RuntimeError):  # the loop has ended already
-                loop.call_soon_threadsafe(self._request_shutdown)
-            self._stopped.wait(self.limits.graceful_timeout + 15)
-        if self._thread is not None:
-            self._thread.join(timeout=self.limits.graceful_timeout + 15)
-            self._thread = None
-        if self._socket is not None:
-            self._socket.close()
-            self._socket = None
-        if self._grpc is not None and not self._ready.is_set():
+        self._http.close()
+        if self._grpc is not None and not self._http.started:
             self._grpc.stop(0)
         try:
             self.service.close()

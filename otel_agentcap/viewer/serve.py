@@ -1,61 +1,52 @@
-"""Run the web view under uvicorn, in the foreground (the command line) or in a thread (tests,
-benchmarks), on a socket bound before the server starts so port 0 gives a free port."""
+"""Run the web view under Hypercorn (see :mod:`otel_agentcap.serving`), in the foreground (the
+command line) or in a thread (tests, benchmarks), on a socket bound before the server starts so
+port 0 gives a free port."""
 
 from __future__ import annotations
 
-import socket
-import threading
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-import uvicorn
-
-from otel_agentcap.tokens import is_loopback, require_token
+from otel_agentcap.serving import AsgiServer, ConnectionLimits, is_loopback
+from otel_agentcap.tokens import require_token
 
 from .app import LOOPBACK_HOSTS, ViewerConfig, create_app
 
-
-def _bind(host: str, port: int) -> socket.socket:
-    name = host.strip("[]")
-    family = socket.AF_INET6 if ":" in name else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((name, port))
-    except OSError:
-        sock.close()
-        raise
-    sock.listen(128)
-    sock.set_inheritable(True)
-    return sock
+#: Requests of the view are short queries (30 s statement timeout): shutdown waits this long.
+GRACEFUL_TIMEOUT = 5.0
 
 
 class ViewerServer:
     """The web view on ``host``:``port`` (port 0: any free port), serving ``config``.
 
     Bound to a non-loopback address it requires ``config.token`` (``TokenError`` otherwise) and
-    accepts any ``Host`` header; bound to loopback it accepts only loopback host names."""
+    accepts any ``Host`` header; bound to loopback it accepts only loopback host names. Connections are closed when idle or slow as the ingest's are
+    (``limits``: 30 s each by default)."""
 
-    def __init__(self, config: ViewerConfig, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self,
+        config: ViewerConfig,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        limits: ConnectionLimits | None = None,
+    ) -> None:
         require_token(host, config.token)
         if not is_loopback(host):
             config = replace(config, allowed_hosts=None)
         elif config.allowed_hosts is not None:  # e.g. 127.0.0.2: its own address is a host name
             config = replace(config, allowed_hosts=config.allowed_hosts | {host.strip("[]")})
         self.config = config
-        self._socket = _bind(host, port)
-        bound = self._socket.getsockname()
-        self.host, self.port = bound[0], bound[1]
-        uv_config = uvicorn.Config(
-            create_app(config),
-            log_level="warning",
-            access_log=False,
-            lifespan="on",
-            timeout_graceful_shutdown=2,
+        self._server = AsgiServer(
+            lambda: create_app(config),
+            host,
+            port,
+            name="ui",
+            limits=limits or ConnectionLimits(graceful_timeout=GRACEFUL_TIMEOUT),
         )
-        self._server = uvicorn.Server(uv_config)
-        self._thread: threading.Thread | None = None
+        self.host = host.strip("[]")
+        self.port = self._server.port
 
     @property
     def url(self) -> str:
@@ -63,28 +54,20 @@ class ViewerServer:
         return f"http://{host}:{self.port}"
 
     def serve(self, on_ready: Callable[[ViewerServer], Any] | None = None) -> None:
-        """Serve in this thread until interrupted (Ctrl-C) or :meth:`stop`."""
-        if on_ready is not None:
-            on_ready(self)
+        """Serve in this thread until interrupted (Ctrl-C, SIGTERM) or :meth:`stop`;
+        ``on_ready`` is called with the server once it accepts requests."""
         try:
-            self._server.run(sockets=[self._socket])
+            self._server.serve_forever(None if on_ready is None else lambda: on_ready(self))
         finally:
-            self._socket.close()
+            self._server.close()
 
     def start(self) -> ViewerServer:
         """Serve in a daemon thread; returns once the server accepts requests."""
-        self._thread = threading.Thread(target=self.serve, name="agentcap-ui", daemon=True)
-        self._thread.start()
-        while not self._server.started:
-            if not self._thread.is_alive():
-                raise RuntimeError("the web view failed to start")
-            self._thread.join(0.02)
+        self._server.start()
         return self
 
     def stop(self) -> None:
-        self._server.should_exit = True
-        if self._thread is not None:
-            self._thread.join(10)
+        self._server.close()
 
     def __enter__(self) -> ViewerServer:
         return self.start()
