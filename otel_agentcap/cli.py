@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 
@@ -31,6 +31,15 @@ from otel_agentcap.timeline import (
     summary,
     totals,
 )
+from otel_agentcap.tokens import (
+    INGEST_TOKENS_ENV,
+    UI_TOKENS_ENV,
+    Authenticator,
+    TokenConfigError,
+)
+
+if TYPE_CHECKING:
+    from otel_agentcap.serving import TlsConfig
 
 
 class CliError(Exception):
@@ -416,33 +425,40 @@ def _grant(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_ingest(args: argparse.Namespace) -> int:
+def _tokens(args: argparse.Namespace, variable: str) -> Authenticator:
+    """The bearer tokens of a server command: ``--token-file`` and the command's variable."""
     try:
-        from otel_agentcap.ingest import (
-            Authenticator,
-            IngestLimits,
-            OtlpIngestServer,
-            TlsConfig,
-            TokenConfigError,
-            serve,
-        )
-    except ImportError as exc:
-        raise CliError(
-            f"the ingest is missing a dependency of the default install; reinstall ({exc})"
-        ) from None
-    try:
-        authenticator = Authenticator.from_sources(args.token_file)
+        return Authenticator.from_sources(args.token_file, variable=variable)
     except TokenConfigError as exc:
         raise CliError(str(exc)) from None
+
+
+def _tls(args: argparse.Namespace) -> TlsConfig | None:
+    """The TLS settings of a server command, or None to serve plain HTTP."""
     if (args.tls_cert is None) != (args.tls_key is None):
         raise CliError("give both --tls-cert and --tls-key")
     if args.tls_client_ca is not None and args.tls_cert is None:
         raise CliError("--tls-client-ca needs --tls-cert and --tls-key")
-    tls = (
-        TlsConfig(args.tls_cert, args.tls_key, args.tls_client_ca)
-        if args.tls_cert is not None
-        else None
+    if args.tls_cert is None:
+        return None
+    from otel_agentcap.serving import TlsConfig
+
+    return TlsConfig(args.tls_cert, args.tls_key, args.tls_client_ca)
+
+
+def _missing_dependency(command: str, exc: ImportError) -> CliError:
+    return CliError(
+        f"{command} is missing a dependency of the default install; reinstall otel-agentcap ({exc})"
     )
+
+
+def cmd_ingest(args: argparse.Namespace) -> int:
+    try:
+        from otel_agentcap.ingest import IngestLimits, OtlpIngestServer, serve
+    except ImportError as exc:
+        raise _missing_dependency("the ingest", exc) from None
+    authenticator = _tokens(args, INGEST_TOKENS_ENV)
+    tls = _tls(args)
     try:
         limits = IngestLimits(
             max_body_bytes=int(args.max_body_mib * 1024 * 1024),
@@ -481,24 +497,29 @@ def cmd_ingest(args: argparse.Namespace) -> int:
 
 
 def cmd_ui(args: argparse.Namespace) -> int:
-    from otel_agentcap.tokens import TokenError, read_token
-    from otel_agentcap.viewer.app import ViewerConfig
-    from otel_agentcap.viewer.serve import ViewerServer
+    try:
+        from otel_agentcap.viewer.app import ViewerConfig
+        from otel_agentcap.viewer.serve import ViewerServer
+    except ImportError as exc:
+        raise _missing_dependency("the web view", exc) from None
 
+    authenticator = _tokens(args, UI_TOKENS_ENV)
+    tls = _tls(args)
     dsn = _dsn(args)
     with _connect(dsn) as conn:  # a bad DSN is a one-line error here, before serving
         migrate(conn)
+    config = ViewerConfig(dsn=dsn, authenticator=authenticator, jaeger_url=args.jaeger_url, tls=tls)
     try:
-        token = read_token(args.token_file)
-        config = ViewerConfig(dsn=dsn, token=token, jaeger_url=args.jaeger_url)
         server = ViewerServer(config, args.host, args.port)
-    except TokenError as exc:
+    except TokenConfigError as exc:
         raise CliError(str(exc)) from None
     except OSError as exc:
         raise CliError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from None
 
     def announce(ready: ViewerServer) -> None:
         print(f"serving the event log at {ready.url}/ (read-only; Ctrl-C stops)", file=sys.stderr)
+        for warning in ready.warnings():
+            print(f"otel-agentcap: warning: {warning}", file=sys.stderr)
 
     server.serve(on_ready=announce)
     return 0
@@ -557,6 +578,19 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _server_security_options(parser: argparse.ArgumentParser, use: str, variable: str) -> None:
+    parser.add_argument(
+        "--token-file",
+        help="bearer tokens, one a line, each optionally followed by the run ids (or a prefix "
+        f"ending in *) it may {use}; also ${variable} (same form, comma-separated)",
+    )
+    parser.add_argument("--tls-cert", help="serve TLS with this certificate chain (PEM)")
+    parser.add_argument("--tls-key", help="the certificate's private key (PEM)")
+    parser.add_argument(
+        "--tls-client-ca", help="require client certificates signed by this CA (PEM)"
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="otel-agentcap",
@@ -610,16 +644,7 @@ def build_parser() -> argparse.ArgumentParser:
     ingest.add_argument(
         "--grpc-port", type=int, default=None, help="also serve OTLP/gRPC on this port"
     )
-    ingest.add_argument(
-        "--token-file",
-        help="bearer tokens, one a line, each optionally followed by the run ids (or a prefix "
-        "ending in *) it may write; also AGENTCAP_INGEST_TOKENS",
-    )
-    ingest.add_argument("--tls-cert", help="serve TLS with this certificate chain (PEM)")
-    ingest.add_argument("--tls-key", help="the certificate's private key (PEM)")
-    ingest.add_argument(
-        "--tls-client-ca", help="require client certificates signed by this CA (PEM)"
-    )
+    _server_security_options(ingest, "write", INGEST_TOKENS_ENV)
     ingest.add_argument(
         "--max-body-mib", type=float, default=64, help="largest request, after decompression"
     )
@@ -634,11 +659,7 @@ def build_parser() -> argparse.ArgumentParser:
     ui = sub.add_parser("ui", parents=[common], help="serve a read-only web view of the event log")
     ui.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback)")
     ui.add_argument("--port", type=int, default=8321, help="port (0: any free port)")
-    ui.add_argument(
-        "--token-file",
-        help="file holding the bearer token required on a non-loopback address "
-        "(default: $AGENTCAP_TOKEN)",
-    )
+    _server_security_options(ui, "read", UI_TOKENS_ENV)
     ui.add_argument(
         "--jaeger-url", help="base address of a Jaeger UI, to link events to their spans"
     )

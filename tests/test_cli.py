@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 
 import pytest
 
@@ -96,13 +101,74 @@ def test_export_html_writes_one_self_contained_file(pg_dsn, tmp_path):
 @pytest.mark.storage
 def test_ui_refuses_a_public_address_without_a_token(pg_dsn):
     """ui on a non-loopback address without a token exits 1 with one line, serving nothing."""
-    import os
-
-    env = {k: v for k, v in os.environ.items() if k != "AGENTCAP_TOKEN"}
+    env = {k: v for k, v in os.environ.items() if k != "AGENTCAP_UI_TOKENS"}
     result = _cli("ui", "--host", "0.0.0.0", "--port", "0", "--dsn", pg_dsn, env=env)
     assert result.returncode == 1
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "--token-file" in lines[0], result.stderr
+    assert "AGENTCAP_UI_TOKENS" in lines[0]
+
+
+@pytest.mark.parametrize("command", ["ui", "ingest"])
+def test_unusable_tokens_are_one_line_before_serving(tmp_path, command):
+    """A token file or variable entry that cannot be used is one line naming the entry, never
+    the token, and exit 1, for ui and ingest alike; TLS options are checked the same way."""
+    variable = {"ui": "AGENTCAP_UI_TOKENS", "ingest": "AGENTCAP_INGEST_TOKENS"}[command]
+    dsn = "postgresql://postgres@127.0.0.1:1/x"
+    env = {**os.environ, variable: "fine-token-0123456789,secret!"}
+    result = _cli(command, "--port", "0", "--dsn", dsn, env=env)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        f"otel-agentcap: {variable}, entry 2: a token must be RFC 6750 b64token characters"
+    ]
+    empty = tmp_path / "tokens"
+    empty.write_text("# none\n")
+    result = _cli(command, "--port", "0", "--dsn", dsn, "--token-file", str(empty))
+    assert result.returncode == 1 and "holds no token" in result.stderr
+    result = _cli(command, "--port", "0", "--dsn", dsn, "--tls-cert", "c.pem")
+    assert result.stderr.strip().splitlines() == [
+        "otel-agentcap: give both --tls-cert and --tls-key"
+    ]
+
+
+@pytest.mark.storage
+def test_ui_takes_its_tokens_from_the_environment_and_stops_on_sigint(pg_dsn):
+    """ui with AGENTCAP_UI_TOKENS (the token file's format) answers 401 without a token and
+    shows the token's runs with it; SIGINT stops it with status 0."""
+    from otel_agentcap.testing.synthetic import synthetic_run, write_batches
+
+    for run_id in ("team-a/1", "team-b/1"):
+        write_batches(pg_dsn, synthetic_run(run_id, 20, agents=2))
+    token = "ui-team-token-0123456789"
+    env = {**os.environ, "AGENTCAP_UI_TOKENS": f"{token} team-a/*"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "otel_agentcap.cli", "ui", "--port", "0", "--dsn", pg_dsn],
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        assert process.stderr is not None
+        line = process.stderr.readline()
+        match = re.search(r"serving the event log at (http://127\.0\.0\.1:\d+)/", line)
+        assert match, line
+        url = match.group(1)
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(f"{url}/api/runs", timeout=20)
+        assert refused.value.code == 401
+        request = urllib.request.Request(
+            f"{url}/api/runs", headers={"Authorization": f"Bearer {token}"}
+        )
+        with urllib.request.urlopen(request, timeout=20) as answer:
+            runs = json.loads(answer.read())["runs"]
+        assert [r["run_id"] for r in runs] == ["team-a/1"]
+        process.send_signal(signal.SIGINT)
+        assert process.wait(30) == 0
+        assert "Traceback" not in process.stderr.read()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)
 
 
 def _closed_stdout(*args: str) -> subprocess.CompletedProcess[str]:
@@ -171,7 +237,9 @@ def test_show_names_each_parent_and_totals_what_the_log_holds(pg_dsn):
     shown = _cli("show", run_id, "--dsn", pg_dsn)
     assert shown.returncode == 0, shown.stderr
     assert "<- planner#" in shown.stdout
-    totals_line = next(line for line in shown.stdout.splitlines() if line.strip().startswith("run "))
+    totals_line = next(
+        line for line in shown.stdout.splitlines() if line.strip().startswith("run ")
+    )
     assert totals_line.split()[1] == str(run["model_calls"])
 
 

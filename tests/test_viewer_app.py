@@ -1,10 +1,14 @@
-"""The web view's HTTP side: JSON API over the log, read-only sessions, host and token checks."""
+"""The web view's HTTP side: JSON API over the log, read-only sessions, host and token checks,
+runs a token may read, connection timeouts and TLS (Hypercorn)."""
 
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import socket
+import ssl
+import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -15,13 +19,14 @@ import psycopg
 import pytest
 
 from otel_agentcap.model import AgentRecord, Batch, Event, RunRecord, event_id_for
-from otel_agentcap.serving import ConnectionLimits
+from otel_agentcap.serving import ConnectionLimits, TlsConfig
 from otel_agentcap.testing.synthetic import synthetic_run, write_batches
-from otel_agentcap.tokens import TokenError
+from otel_agentcap.tokens import Authenticator, TokenConfigError
 from otel_agentcap.viewer.app import ViewerConfig, _configure_connection
 from otel_agentcap.viewer.serve import ViewerServer
 
 TOKEN = "a-token-long-enough-to-use"
+TEAM = "team-a-token-0123456789"
 
 
 def _get(url: str, headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], Any]:
@@ -189,7 +194,8 @@ def test_security_headers(server):
 def test_token_is_required_when_configured(pg_dsn):
     """With a token, the API needs it as a bearer token (or the cookie /login sets); pages
     redirect to /login; static assets stay public."""
-    with ViewerServer(ViewerConfig(dsn=pg_dsn, token=TOKEN)) as running:
+    config = ViewerConfig(dsn=pg_dsn, authenticator=Authenticator([(TOKEN, None)]))
+    with ViewerServer(config) as running:
         url = running.url
         status, headers, _ = _get(f"{url}/api/runs")
         assert status == 401 and headers["www-authenticate"] == "Bearer"
@@ -216,9 +222,85 @@ def test_token_is_required_when_configured(pg_dsn):
         assert refused.value.code == 401
 
 
+def _login(url: str, token: str) -> str:
+    """The session cookie (name=value) that /login sets for ``token``."""
+    request = urllib.request.Request(f"{url}/login", data=f"token={token}".encode(), method="POST")
+    opener = urllib.request.build_opener(_NoRedirect)
+    with pytest.raises(urllib.error.HTTPError) as answer:
+        opener.open(request, timeout=10)
+    assert answer.value.code == 303
+    return str(answer.value.headers["set-cookie"]).split(";", 1)[0]
+
+
+@pytest.mark.storage
+def test_a_token_bound_to_runs_reads_those_runs_only(pg_dsn):
+    """A token scoped to runs (the ingest's token file format) lists only those runs, and every
+    run endpoint answers for another run as for one that is not stored, with a bearer token or
+    its login cookie; an unscoped token sees every run."""
+    for run_id in ("team-a/1", "team-a/2", "team-b/1", "other"):
+        write_batches(pg_dsn, synthetic_run(run_id, 30, agents=3))
+    authenticator = Authenticator([(TOKEN, None), (TEAM, "team-a/*"), (TEAM, "other")])
+    with ViewerServer(ViewerConfig(dsn=pg_dsn, authenticator=authenticator)) as running:
+        url = running.url
+        team = {"Authorization": f"Bearer {TEAM}"}
+        for headers in (team, {"Cookie": _login(url, TEAM)}):
+            listed = _get(f"{url}/api/runs", headers)[2]["runs"]
+            assert sorted(r["run_id"] for r in listed) == ["other", "team-a/1", "team-a/2"]
+            searched = _get(f"{url}/api/runs?q=team", headers)[2]["runs"]
+            assert sorted(r["run_id"] for r in searched) == ["team-a/1", "team-a/2"]
+            assert _get(f"{url}/api/run?run=team-a/1", headers)[0] == 200
+            for endpoint in (
+                "run?",
+                "run/version?",
+                "run/labels?from=1&to=9&",
+                "run/event?agent=root&seq=1&",
+                "run/conflict?id=1&",
+            ):
+                hidden = _get(f"{url}/api/{endpoint}run=team-b/1", headers)
+                unknown = _get(f"{url}/api/{endpoint}run=team-b/none", headers)
+                assert hidden[0] == 404, endpoint
+                assert hidden[2]["error"].replace("team-b/1", "R") == unknown[2]["error"].replace(
+                    "team-b/none", "R"
+                ), endpoint
+        admin = _get(f"{url}/api/runs", {"Authorization": f"Bearer {TOKEN}"})[2]["runs"]
+        assert len(admin) == 4
+        assert _get(f"{url}/api/run?run=team-b/1", {"Cookie": _login(url, TOKEN)})[0] == 200
+
+
+@pytest.mark.storage
+def test_concurrent_requests_with_different_tokens_each_see_their_own_runs(pg_dsn):
+    """Requests with a scoped and an unscoped token at once, over kept-alive connections, each
+    get the runs of their own token (the principal is the request's, never shared)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    for run_id in ("team-a/1", "team-b/1"):
+        write_batches(pg_dsn, synthetic_run(run_id, 20, agents=2))
+    authenticator = Authenticator([(TOKEN, None), (TEAM, "team-a/*")])
+    config = ViewerConfig(dsn=pg_dsn, authenticator=authenticator, pool_size=8)
+    with ViewerServer(config) as running:
+
+        def client(token: str) -> set[tuple[str, ...]]:
+            seen = set()
+            conn = http.client.HTTPConnection("127.0.0.1", running.port, timeout=30)
+            try:
+                for _ in range(15):
+                    conn.request("GET", "/api/runs", headers={"Authorization": f"Bearer {token}"})
+                    runs = json.loads(conn.getresponse().read())["runs"]
+                    seen.add(tuple(sorted(r["run_id"] for r in runs)))
+            finally:
+                conn.close()
+            return seen
+
+        with ThreadPoolExecutor(8) as pool:
+            results = list(pool.map(client, [TOKEN, TEAM] * 4))
+    for token, seen in zip([TOKEN, TEAM] * 4, results, strict=True):
+        expected = ("team-a/1", "team-b/1") if token == TOKEN else ("team-a/1",)
+        assert seen == {expected}, token
+
+
 def test_non_loopback_address_needs_a_token():
     """Serving beyond loopback without a token is refused before anything is bound."""
-    with pytest.raises(TokenError, match="token"):
+    with pytest.raises(TokenConfigError, match="AGENTCAP_UI_TOKENS"):
         ViewerServer(ViewerConfig(dsn="postgresql://x"), host="0.0.0.0")
 
 
@@ -260,3 +342,41 @@ def test_idle_and_slow_connections_are_closed():
                 sock.close()
     assert closed == 50
     assert closed_slow
+
+
+def test_https_with_a_certificate(tmp_path):
+    """With a certificate the view speaks HTTPS only, its login cookie is Secure, and plain HTTP
+    gets no page."""
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        [
+            *("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"),
+            *("-keyout", str(key), "-out", str(cert), "-subj", "/CN=localhost"),
+            *("-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    config = ViewerConfig(
+        dsn="postgresql://postgres@127.0.0.1:1/x",
+        authenticator=Authenticator([(TOKEN, None)]),
+        tls=TlsConfig(str(cert), str(key)),
+    )
+    with ViewerServer(config) as running:
+        assert running.url.startswith("https://")
+        context = ssl.create_default_context(cafile=str(cert))
+        conn = http.client.HTTPSConnection("127.0.0.1", running.port, context=context, timeout=30)
+        conn.request(
+            "POST",
+            "/login",
+            f"token={TOKEN}",
+            {"Content-Type": "application/x-www-form-urlencoded", "Host": "localhost"},
+        )
+        answer = conn.getresponse()
+        assert answer.status == 303 and "Secure" in answer.headers["set-cookie"]
+        conn.close()
+        with socket.create_connection(("127.0.0.1", running.port), timeout=5) as plain:
+            plain.sendall(b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            with contextlib.suppress(TimeoutError, ConnectionResetError):
+                assert not plain.recv(100).startswith(b"HTTP/1.1 2")
+        assert running.warnings() == []

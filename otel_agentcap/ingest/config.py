@@ -13,6 +13,7 @@ from otel_agentcap.serving import (
     TlsConfig,
     is_loopback,
 )
+from otel_agentcap.tokens import INGEST_TOKENS_ENV
 
 DEFAULT_HOST: Final = "127.0.0.1"
 DEFAULT_PORT: Final = 4319
@@ -84,7 +85,7 @@ def exposure_warnings(host: str, *, tokens: bool, tls: bool) -> list[str]:
     if not tokens:
         return [
             f"listening on {host}, beyond loopback, without a bearer token: anyone who can reach "
-            "it can write to the event log (give --token-file or AGENTCAP_INGEST_TOKENS)"
+            f"it can write to the event log (give --token-file or {INGEST_TOKENS_ENV})"
         ]
     if not tls:
         return [

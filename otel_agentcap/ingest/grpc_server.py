@@ -29,10 +29,10 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
-from otel_agentcap.ingest.auth import Authenticator
 from otel_agentcap.ingest.config import IngestLimits, TlsConfig
 from otel_agentcap.ingest.service import IngestService, RetryLater
 from otel_agentcap.ingest.wire import DecodeError, decode_protobuf
+from otel_agentcap.tokens import Authenticator
 
 _logger = logging.getLogger(__name__)
 

@@ -35,11 +35,11 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from otel_agentcap.ingest.auth import Authenticator, Principal
 from otel_agentcap.ingest.body import BodyError, BodyReader
 from otel_agentcap.ingest.config import IngestLimits
 from otel_agentcap.ingest.service import IngestService, Outcome, RetryLater
 from otel_agentcap.ingest.wire import DecodedRequest, DecodeError, decode_json, decode_protobuf
+from otel_agentcap.tokens import Authenticator, Principal
 
 _logger = logging.getLogger(__name__)
 

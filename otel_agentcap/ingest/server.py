@@ -13,7 +13,6 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from otel_agentcap.exporters.postgres.database import Database, resolve_dsn
 from otel_agentcap.exporters.postgres.writer import EventWriter, WriteResult
-from otel_agentcap.ingest.auth import Authenticator
 from otel_agentcap.ingest.config import (
     DEFAULT_HOST,
     DEFAULT_PORT,
@@ -27,6 +26,7 @@ from otel_agentcap.ingest.http import build_app
 from otel_agentcap.ingest.service import IngestService, IngestStats, Outcome
 from otel_agentcap.ingest.wire import DecodedRequest, decode_protobuf
 from otel_agentcap.serving import AsgiServer
+from otel_agentcap.tokens import Authenticator
 
 _logger = logging.getLogger(__name__)
 

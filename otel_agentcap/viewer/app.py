@@ -3,19 +3,19 @@ API over the event log.
 
 Every database session it opens is read-only (``default_transaction_read_only``) with a statement
 timeout. Bound to loopback it answers only requests whose ``Host`` names this machine (so a web page
-on another origin cannot reach it through DNS rebinding); bound elsewhere it needs the bearer token
-on every request, or the cookie that ``/login`` sets once the token is typed in a browser.
+on another origin cannot reach it through DNS rebinding). With tokens (``otel_agentcap.tokens``;
+required beyond loopback) every request needs one as a bearer token, or the cookie that ``/login``
+sets once a token is typed in a browser; a token bound to some runs lists and shows those runs
+only, any other run answers 404 as an unknown one.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import hmac
 import json
 import logging
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
 from typing import Any, Final
@@ -31,8 +31,9 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from otel_agentcap.exporters.postgres.errors import AgentCapStorageError
-from otel_agentcap.tokens import bearer_matches
+from otel_agentcap.exporters.postgres.errors import AgentCapStorageError, RunNotFound
+from otel_agentcap.serving import TlsConfig
+from otel_agentcap.tokens import ANONYMOUS, Authenticator, Principal, RunScope, session_value
 
 from . import documents
 
@@ -41,6 +42,11 @@ _log = logging.getLogger(__name__)
 COOKIE: Final = "agentcap_session"
 STATEMENT_TIMEOUT_MS: Final = 30_000
 LOOPBACK_HOSTS: Final = frozenset({"localhost", "127.0.0.1", "::1"})
+
+#: The principal of a request without a valid token, on the pages that need none: no run.
+NOBODY: Final = Principal("nobody", RunScope())
+#: The key of the request's principal in its ASGI scope.
+_PRINCIPAL: Final = "otel_agentcap.principal"
 
 _CSP: Final = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
@@ -51,8 +57,11 @@ _CSP: Final = (
 @dataclass(frozen=True, slots=True)
 class ViewerConfig:
     dsn: str
-    #: Required on every request when set (a server bound beyond loopback must set it).
-    token: str | None = None
+    #: The bearer tokens; with any, every request needs one (a server bound beyond loopback must
+    #: have some), and a token bound to runs sees only those.
+    authenticator: Authenticator = field(default_factory=Authenticator)
+    #: Serve HTTPS with this certificate (``ViewerServer``).
+    tls: TlsConfig | None = None
     #: Base address of a Jaeger UI, for links to an event's span (``None``: no links).
     jaeger_url: str | None = None
     #: Host names (without port) a request may name; ``None`` accepts any (token-protected).
@@ -81,11 +90,6 @@ def _run_page() -> str:
     return served_run_page()
 
 
-def session_value(token: str) -> str:
-    """What the session cookie holds: derived from the token, never the token itself."""
-    return hmac.new(token.encode(), b"otel-agentcap ui session", hashlib.sha256).hexdigest()
-
-
 def _host_name(raw: str) -> str:
     if raw.startswith("["):  # [::1]:8080
         return raw[1:].split("]", 1)[0].lower()
@@ -98,19 +102,24 @@ class GuardMiddleware:
     def __init__(self, app: ASGIApp, config: ViewerConfig) -> None:
         self.app = app
         self.config = config
-        self.session = session_value(config.token) if config.token else None
 
-    def _authorised(self, scope: Scope) -> bool:
-        assert self.config.token is not None and self.session is not None
+    def _principal(self, scope: Scope) -> Principal | None:
+        """Who sent the request: its bearer token, else its login cookie; None if neither is a
+        configured token's."""
+        authenticator = self.config.authenticator
+        if not authenticator.enabled:
+            return ANONYMOUS
         headers = dict(scope.get("headers") or [])
-        if bearer_matches(headers.get(b"authorization", b"").decode("latin-1"), self.config.token):
-            return True
-        cookies = headers.get(b"cookie", b"").decode("latin-1")
-        for part in cookies.split(";"):
+        authorization = headers.get(b"authorization")
+        if authorization is not None:
+            principal = authenticator.authenticate(authorization.decode("latin-1"))
+            if principal is not None:
+                return principal
+        for part in headers.get(b"cookie", b"").decode("latin-1").split(";"):
             name, _, value = part.strip().partition("=")
-            if name == COOKIE and hmac.compare_digest(value.encode(), self.session.encode()):
-                return True
-        return False
+            if name == COOKIE:
+                return authenticator.check_session(value)
+        return None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -124,7 +133,11 @@ class GuardMiddleware:
             return
         path: str = scope["path"]
         public = path == "/login" or path.startswith("/static/")
-        if self.config.token is not None and not public and not self._authorised(scope):
+        principal = self._principal(scope)
+        # In the request's own scope: the "state" dict may be shared by the requests of a
+        # connection, or of the server (Hypercorn 0.17 passes the lifespan state itself).
+        scope[_PRINCIPAL] = principal or NOBODY
+        if principal is None and not public:
             if path.startswith("/api/"):
                 response: Response = JSONResponse(
                     {"error": "a bearer token is required"},
@@ -171,10 +184,19 @@ def _int_param(request: Request, name: str, default: int | None = None) -> int:
         raise ValueError(f"parameter {name!r} must be an integer") from None
 
 
+def _principal(request: Request) -> Principal:
+    principal: Principal = request.scope[_PRINCIPAL]
+    return principal
+
+
 def _run_param(request: Request) -> str:
+    """The run a request names; ``RunNotFound`` (404) when its token may not read it, as for a
+    run that is not stored."""
     run_id = request.query_params.get("run")
     if not run_id:
         raise ValueError("missing parameter 'run'")
+    if not _principal(request).allows(run_id):
+        raise RunNotFound(run_id)
     return run_id
 
 
@@ -220,6 +242,7 @@ def create_app(config: ViewerConfig) -> Starlette:
             limit=_int_param(request, "limit", 200),
             offset=_int_param(request, "offset", 0),
             search=request.query_params.get("q") or None,
+            scope=_principal(request).scope,
         )
 
     def run(request: Request, conn: psycopg.Connection[Any]) -> Any:
@@ -261,19 +284,19 @@ def create_app(config: ViewerConfig) -> Starlette:
         return HTMLResponse(_run_page())
 
     async def login(request: Request) -> Response:
-        if config.token is None:
+        if not config.authenticator.enabled:
             return RedirectResponse("/", status_code=303)
         target = request.query_params.get("next", "/")
         if not target.startswith("/") or target.startswith("//"):
             target = "/"
         if request.method == "POST":
             form = parse_qs((await request.body())[:4096].decode("utf-8", "replace"))
-            presented = (form.get("token") or [""])[0]
-            if hmac.compare_digest(presented.strip().encode(), config.token.encode()):
+            presented = (form.get("token") or [""])[0].strip()
+            if config.authenticator.check_token(presented) is not None:
                 response = RedirectResponse(target, status_code=303)
                 response.set_cookie(
                     COOKIE,
-                    session_value(config.token),
+                    session_value(presented),
                     httponly=True,
                     samesite="strict",
                     secure=request.url.scheme == "https",

@@ -14,6 +14,7 @@ import psycopg
 
 from otel_agentcap.exporters.postgres import store
 from otel_agentcap.model import Event
+from otel_agentcap.tokens import RunScope
 
 from .graph import run_graph_document, seq_json
 from .labels import label
@@ -46,11 +47,23 @@ def totals_document(totals: store.RunTotals) -> dict[str, Any]:
 
 
 def runs_document(
-    conn: psycopg.Connection[Any], *, limit: int = 200, offset: int = 0, search: str | None = None
+    conn: psycopg.Connection[Any],
+    *,
+    limit: int = 200,
+    offset: int = 0,
+    search: str | None = None,
+    scope: RunScope | None = None,
 ) -> dict[str, Any]:
-    """A page of the runs list, newest first (``more``: whether another page follows)."""
+    """A page of the runs list, newest first (``more``: whether another page follows); with a
+    ``scope``, of the runs it allows only."""
     limit = max(1, min(limit, MAX_RUNS_PAGE))
-    runs = store.run_totals(conn, limit=limit + 1, offset=max(0, offset), search=search)
+    runs = store.run_totals(
+        conn,
+        limit=limit + 1,
+        offset=max(0, offset),
+        search=search,
+        within=None if scope is None else (sorted(scope.exact), list(scope.prefixes)),
+    )
     return {
         "runs": [totals_document(r) for r in runs[:limit]],
         "more": len(runs) > limit,

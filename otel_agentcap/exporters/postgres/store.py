@@ -245,9 +245,13 @@ _RUN_TOTALS_PAGE: Final = (
     """
 WITH picked AS (
     SELECT run_id, started_at, attributes FROM agentcap.runs
-    WHERE %(q)s::text IS NULL
-       OR strpos(lower(run_id), lower(%(q)s)) > 0
-       OR strpos(lower(attributes::text), lower(%(q)s)) > 0
+    WHERE (%(q)s::text IS NULL
+           OR strpos(lower(run_id), lower(%(q)s)) > 0
+           OR strpos(lower(attributes::text), lower(%(q)s)) > 0)
+      AND (NOT %(within)s
+           OR run_id = ANY(%(ids)s::text[])
+           OR EXISTS (SELECT 1 FROM unnest(%(prefixes)s::text[]) AS p(prefix)
+                      WHERE starts_with(run_id, p.prefix)))
     ORDER BY started_at DESC NULLS LAST, run_id
     LIMIT %(limit)s OFFSET %(offset)s
 )"""
@@ -289,11 +293,25 @@ def _totals_row(values: Sequence[Any]) -> RunTotals:
 
 
 def run_totals(
-    conn: psycopg.Connection[Any], *, limit: int = 100, offset: int = 0, search: str | None = None
+    conn: psycopg.Connection[Any],
+    *,
+    limit: int = 100,
+    offset: int = 0,
+    search: str | None = None,
+    within: tuple[Sequence[str], Sequence[str]] | None = None,
 ) -> list[RunTotals]:
     """A page of runs, newest first, with the totals of each; ``search`` keeps the runs whose id
-    or attributes contain it (case-insensitive)."""
-    params = {"q": search or None, "limit": limit, "offset": offset}
+    or attributes contain it (case-insensitive), ``within`` (run ids, run id prefixes) the runs
+    that are one of the ids or start with one of the prefixes."""
+    ids, prefixes = within if within is not None else ((), ())
+    params = {
+        "q": search or None,
+        "limit": limit,
+        "offset": offset,
+        "within": within is not None,
+        "ids": list(ids),
+        "prefixes": list(prefixes),
+    }
     try:
         rows = conn.execute(_RUN_TOTALS_PAGE, params).fetchall()
     except psycopg.Error as exc:
