@@ -140,3 +140,19 @@ def test_a_session_value_stands_for_its_token_only(tokens, data):
     assert auth.check_session(tokens[i]) is None
     assert auth.check_token(value) is None
     assert auth.check_session(value[:-1]) is None
+
+
+def test_the_readme_example_is_a_token_file_that_reads_as_it_says():
+    """The token file the README shows is read as the README describes it."""
+    from pathlib import Path
+
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    section = readme.split("## Bearer tokens of the ingest and the web view", 1)[1]
+    example = section.split("```\n", 2)[1]
+    admin, team = (line.split()[0] for line in example.splitlines()[1:3])
+    auth = Authenticator.from_sources(None, {UI_TOKENS_ENV: example}, variable=UI_TOKENS_ENV)
+    everything = auth.authenticate(f"Bearer {admin}")
+    scoped = auth.authenticate(f"Bearer {team}")
+    assert everything is not None and everything.allows("any-run")
+    assert scoped is not None and scoped.allows("team-a/7") and scoped.allows("nightly-42")
+    assert not scoped.allows("team-b/7") and not scoped.allows("nightly-43")
