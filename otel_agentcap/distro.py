@@ -58,6 +58,11 @@ _logger = logging.getLogger(__name__)
 #: The entry-point name of the distro, the configurator and the trace exporter.
 NAME: Final = "agentcap"
 _OTLP_BY_PROTOCOL: Final = {"grpc": "otlp_proto_grpc", "http/protobuf": "otlp_proto_http"}
+#: What installs each OTLP exporter: the ``otlp`` extra brings the HTTP one only.
+_INSTALL_HINTS: Final = {
+    "otlp_proto_http": " (pip install 'otel-agentcap[otlp]')",
+    "otlp_proto_grpc": " (pip install opentelemetry-exporter-otlp-proto-grpc)",
+}
 
 
 def _selected(variable: str) -> bool:
@@ -147,7 +152,7 @@ def _trace_exporters(names: Iterable[str]) -> list[SpanExporter]:
         resolved = _entry_point_name(name)
         found = list(entry_points(group="opentelemetry_traces_exporter", name=resolved))
         if not found:
-            hint = " (pip install 'otel-agentcap[otlp]')" if resolved.startswith("otlp") else ""
+            hint = _INSTALL_HINTS.get(resolved, "")
             _logger.error(
                 "agentcap: %s names %r, but no installed package provides it%s; not exporting there",
                 OTEL_TRACES_EXPORTER,

@@ -3,6 +3,7 @@ record, sends nothing it was not asked to, and changes nothing when not selected
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 from anthropic_support import expected_tool_use_ids, stored_events
 
+from otel_agentcap import distro
 from otel_agentcap.distro import AgentCapDistro
 from otel_agentcap.testing.messages_server import (
     MessagesServer,
@@ -194,3 +196,24 @@ def test_selected_the_distro_sets_only_what_is_unset():
     assert os.environ["OTEL_LOGS_EXPORTER"] == "none"
     assert os.environ["OTEL_METRICS_EXPORTER"] == "console"
     assert os.environ["OTEL_PYTHON_CONFIGURATOR"] == "agentcap"
+
+
+@pytest.mark.parametrize(
+    ("protocol", "install"),
+    [
+        ("http/protobuf", "pip install 'otel-agentcap[otlp]'"),
+        ("grpc", "pip install opentelemetry-exporter-otlp-proto-grpc"),
+    ],
+)
+@pytest.mark.usefixtures("otel_env")
+def test_a_missing_otlp_exporter_names_what_installs_it(monkeypatch, caplog, protocol, install):
+    """An otlp exporter that is not installed is reported with what installs the exporter of the
+    configured protocol (the otlp extra brings the HTTP one only); the program goes on without it."""
+    monkeypatch.setattr(distro, "entry_points", lambda **_: [])
+    os.environ["OTEL_EXPORTER_OTLP_PROTOCOL"] = protocol
+    with caplog.at_level(logging.ERROR, logger=distro.__name__):
+        assert distro._trace_exporters(["otlp"]) == []
+    assert [record.getMessage() for record in caplog.records] == [
+        "agentcap: OTEL_TRACES_EXPORTER names 'otlp', but no installed package provides it"
+        f" ({install}); not exporting there"
+    ]
