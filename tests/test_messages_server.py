@@ -24,6 +24,8 @@ from otel_agentcap.testing.messages_server import (
     ErrorReply,
     MessageReply,
     MessagesServer,
+    TextContent,
+    ThinkingContent,
     ToolCall,
     error_reply,
     session_event,
@@ -238,6 +240,32 @@ def test_stream_helper_assembles_text_and_tool_input(server, client):
     assert isinstance(tool, anthropic.types.ToolUseBlock)
     assert tool.input == tool_input and tool.id.startswith("toolu_")
     assert [r.stream for r in server.requests] == [True]
+
+
+@needs_anthropic(0, 47, what="thinking blocks")
+def test_thinking_block_streams_as_thinking_and_signature_deltas(server, client):
+    """A thinking block is served whole as JSON, and streamed as thinking_delta events then one
+    signature_delta, which the SDK's helper assembles into the same block."""
+    reply = MessageReply(
+        content=(ThinkingContent("Step one. Step two.", signature="sig_x"), TextContent("Done.")),
+        text_chunks=3,
+    )
+    server.enqueue(reply, reply)
+    whole = _create(client)
+    with client.messages.stream(model=MODEL, max_tokens=64, messages=USER) as stream:
+        final = stream.get_final_message()
+    for message in (whole, final):
+        thinking, text = message.content
+        assert isinstance(thinking, anthropic.types.ThinkingBlock)
+        assert (thinking.thinking, thinking.signature) == ("Step one. Step two.", "sig_x")
+        assert isinstance(text, anthropic.types.TextBlock) and text.text == "Done."
+    server.enqueue(reply)
+    status, _, raw = _raw_post(
+        server, {"model": MODEL, "max_tokens": 64, "messages": USER, "stream": True}
+    )
+    deltas = [data["delta"] for name, data in _sse_events(raw) if name == "content_block_delta"]
+    assert status == 200
+    assert [d["type"] for d in deltas[:4]] == ["thinking_delta"] * 3 + ["signature_delta"]
 
 
 def test_async_stream_helper_get_final_message(server):

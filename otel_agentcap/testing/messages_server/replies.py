@@ -41,6 +41,15 @@ class TextContent:
 
 
 @dataclass(frozen=True)
+class ThinkingContent:
+    """A ``thinking`` content block of a scripted reply (extended thinking): streamed as
+    ``thinking_delta`` events (split like a text block) then one ``signature_delta``."""
+
+    thinking: str
+    signature: str = "EqQBCgIYAhIM1gbcDa9GJwZA2b3hGgxBdjrkzLoky3dl1pkiMOYds"
+
+
+@dataclass(frozen=True)
 class ToolCall:
     """A ``tool_use`` content block of a scripted reply.
 
@@ -55,7 +64,7 @@ class ToolCall:
     toolset_name: str | None = None
 
 
-ContentSpec: TypeAlias = TextContent | ToolCall
+ContentSpec: TypeAlias = TextContent | ThinkingContent | ToolCall
 
 StopReason: TypeAlias = Literal[
     "end_turn",
@@ -350,6 +359,12 @@ class Resolved:
         spec = self.reply.content[index]
         if isinstance(spec, TextContent):
             return {"type": "text", "text": spec.text if complete else ""}
+        if isinstance(spec, ThinkingContent):
+            return {
+                "type": "thinking",
+                "thinking": spec.thinking if complete else "",
+                "signature": spec.signature if complete else "",
+            }
         block = {
             "type": "tool_use",
             "id": self.tool_ids[index],
@@ -397,6 +412,11 @@ class Resolved:
                     {"type": "text_delta", "text": part}
                     for part in split_text(spec.text, reply.text_chunks)
                 ]
+            elif isinstance(spec, ThinkingContent):
+                delta_bodies = [
+                    {"type": "thinking_delta", "thinking": part}
+                    for part in split_text(spec.thinking, reply.text_chunks)
+                ] + [{"type": "signature_delta", "signature": spec.signature}]
             else:
                 encoded = json.dumps(dict(spec.input), ensure_ascii=False)
                 delta_bodies = [{"type": "input_json_delta", "partial_json": ""}] + [
@@ -437,7 +457,11 @@ def resolve(reply: MessageReply, body: dict[str, Any], new_id: Callable[[str], s
     counts fixed for one response to the request ``body``."""
     model = reply.model or body.get("model") or DEFAULT_MODEL
     text = "".join(
-        spec.text if isinstance(spec, TextContent) else json.dumps(dict(spec.input))
+        spec.text
+        if isinstance(spec, TextContent)
+        else spec.thinking
+        if isinstance(spec, ThinkingContent)
+        else json.dumps(dict(spec.input))
         for spec in reply.content
     )
     return Resolved(
