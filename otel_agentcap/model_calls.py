@@ -31,7 +31,13 @@ key                        meaning
 ``error_type``             ``error.type`` (e.g. ``rate_limit_error``, ``overloaded_error``)
 ``http_status_code``       status of the final HTTP attempt
 ``content``                only when content capture was opted in: ``system_instructions``,
-                           ``input_messages``, ``output_messages``, ``tool_definitions``
+                           ``input_messages``, ``output_messages``, ``tool_definitions``;
+                           ``output_messages`` is ``gen_ai.output.messages``, else
+                           ``agentcap.model_call.output_messages`` (a raw stream that
+                           completed, see :data:`OUTPUT_MESSAGES`), and only for a call that
+                           completed; a stream that did not, but whose span has what was read
+                           of its Message (the SDK's stream helper records that), has it as
+                           ``partial_output_messages``
 =========================  ===================================================================
 """
 
@@ -54,6 +60,10 @@ SDK_SCOPE: Final = "com.anthropic.sdk.python"
 
 #: Our attribute for the ids of the tool_use blocks a response asked for (not content: ids only).
 TOOL_USE_IDS: Final = "agentcap.model_call.tool_use_ids"
+#: Our attribute for the output of a raw stream that completed, on an SDK span that leaves it off
+#: (content: set only when content capture is on). JSON: the GenAI output messages, as the SDK
+#: writes ``gen_ai.output.messages``.
+OUTPUT_MESSAGES: Final = "agentcap.model_call.output_messages"
 #: Set on a model-call span whose event another span of the same call records instead.
 SUPERSEDED: Final = "agentcap.event.superseded"
 
@@ -78,6 +88,7 @@ CONTENT_ATTRIBUTES: Final = frozenset(
         "gen_ai.system_instructions",
         "gen_ai.input.messages",
         "gen_ai.output.messages",
+        OUTPUT_MESSAGES,
         "gen_ai.tool.definitions",
         "gen_ai.tool.call.arguments",
         "gen_ai.tool.call.result",
@@ -91,9 +102,11 @@ CONTENT_PREFIXES: Final = ("gen_ai.prompt.", "gen_ai.completion.", "llm.request.
 _CONTENT_KEYS: Final = {
     "gen_ai.system_instructions": "system_instructions",
     "gen_ai.input.messages": "input_messages",
-    "gen_ai.output.messages": "output_messages",
     "gen_ai.tool.definitions": "tool_definitions",
 }
+#: Where a call's output is: the SDK's attribute (set by the SDK, or by our instrumentor on SDKs
+#: without tracing), else ours (a raw stream on an SDK that traces itself).
+_OUTPUT_ATTRIBUTES: Final = ("gen_ai.output.messages", OUTPUT_MESSAGES)
 
 
 def is_sdk_scope(scope: str | None) -> bool:
@@ -265,6 +278,16 @@ def model_call_payload(
             if content is None:
                 content = {}
             content[key] = _json_or_text(value)
+    output = next((v for v in map(get, _OUTPUT_ATTRIBUTES) if v is not None), None)
+    if output is not None:
+        if content is None:
+            content = {}
+        # A stream that did not complete has at most what was read of its Message (the SDK's
+        # helper records that much): never presented as the Message.
+        complete = not payload["stream"] or payload["status"] == "ok"
+        content["output_messages" if complete else "partial_output_messages"] = _json_or_text(
+            output
+        )
     if content:
         payload["content"] = content
     return payload

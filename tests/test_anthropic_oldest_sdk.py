@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -95,3 +96,42 @@ def test_instrumentor_spans_on_oldest_sdk(oldest_sdk: Path):
     assert calls[0]["id"] in by_type["tool_invocation"]["parents"]
     assert by_type["tool_result"]["id"] in calls[1]["parents"]
     assert "sk-old-SECRET" not in result.stdout
+
+
+def test_stream_output_content_on_oldest_sdk(oldest_sdk: Path):
+    """On anthropic 0.40 with content capture on, a stream read to the end records its content
+    blocks as the Message's output, as a whole response does; a dropped or failed one records
+    none."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(oldest_sdk), os.getcwd()]),
+        "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT": "true",
+    }
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    calls = [e["payload"] for e in out["events"] if e["type"] == "model_call"]
+    first, streamed, dropped, helper, _, mid_error, async_helper = calls
+
+    def output(payload: dict[str, Any]) -> Any:
+        return payload["content"].get("output_messages")
+
+    assert output(first) == [
+        {
+            "role": "assistant",
+            "content": [
+                {"id": "toolu_old", "input": {"q": "x"}, "name": "lookup", "type": "tool_use"}
+            ],
+        }
+    ]
+    for payload, text in ((streamed, "a"), (helper, "c"), (async_helper, "e")):
+        assert payload["status"] == "ok"
+        assert output(payload) == [
+            {"role": "assistant", "content": [{"type": "text", "text": text * 40}]}
+        ]
+    for payload in (dropped, mid_error):
+        assert "input_messages" in payload["content"]
+        assert "output_messages" not in payload["content"]
+        assert "partial_output_messages" not in payload["content"]

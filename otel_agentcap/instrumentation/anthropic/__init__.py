@@ -14,7 +14,9 @@ What it does depends on the installed SDK (range in :mod:`.package`):
   instrumentor wraps ``Messages.create`` / ``Messages.stream`` (sync, async, beta) to bind the
   causal parents of a request (the tool_result events of the ``tool_result`` blocks it carries),
   and adds the requested ``tool_use`` ids (``agentcap.model_call.tool_use_ids``) to the SDK's span.
-  Content follows the SDK's own content mode (``ANTHROPIC_OPEN_TELEMETRY_TRACES_CONTENT_MODE``).
+  Content follows the SDK's own content mode (``ANTHROPIC_OPEN_TELEMETRY_TRACES_CONTENT_MODE``);
+  the output of a raw ``messages.create(stream=True)`` that completed, which the SDK leaves off its
+  span, is added as ``agentcap.model_call.output_messages`` (see :mod:`.stream_content`).
   The SDK's tool runners (Messages, its toolsets, Sessions) run each tool through a captured
   :class:`~otel_agentcap.Tool` (see :mod:`.tool_runner`): every execution the SDK makes is
   recorded; exactly-once is an opt-in (``instrument(exactly_once_tools=True)`` for all, or
@@ -110,8 +112,8 @@ def _release(version: str) -> tuple[int, ...] | None:
 _RESPONSE_HOOK: Final = _PrivateHook(
     "1.17.0", "model_call events do not list the tool_use ids a response asked for"
 )
-#: ``StreamedMessage.item`` of the SDK's stream recorder, where a raw stream's events pass (see
-#: :mod:`.stream_content`).
+#: ``StreamedMessage.item`` and ``.end`` of the SDK's stream recorder, where a stream's events pass
+#: and where its span is ended (see :mod:`.stream_content`).
 _STREAM_CONTENT_HOOK: Final = _PrivateHook(
     "2.14.0", "a raw messages.create(stream=True) read to the end records no output with content on"
 )
@@ -212,13 +214,17 @@ class AnthropicInstrumentor(BaseInstrumentor):  # type: ignore[misc]
                 self._wrap(module_name, cls_name, "stream", patch.causal_stream())
             for module_name in _RESPONSE_HOOKS:
                 self._wrap_function(module_name, "set_response_attributes", _RESPONSE_HOOK)
-            self._wrap(
-                "anthropic.lib._tracing._streaming",
-                "StreamedMessage",
-                "item",
-                stream_content.stream_content_hook(),
-                _STREAM_CONTENT_HOOK,
-            )
+            for method, hook in (
+                ("item", stream_content.item_hook()),
+                ("end", stream_content.end_hook()),
+            ):
+                self._wrap(
+                    "anthropic.lib._tracing._streaming",
+                    "StreamedMessage",
+                    method,
+                    hook,
+                    _STREAM_CONTENT_HOOK,
+                )
             return
         tracer = trace.get_tracer(
             "otel_agentcap.instrumentation.anthropic",

@@ -13,6 +13,7 @@ from typing import Any, Final
 from opentelemetry.util.types import AttributeValue
 
 from otel_agentcap import jsonsafe
+from otel_agentcap.instrumentation.anthropic.stream_blocks import StreamedBlocks
 from otel_agentcap.model_calls import TOOL_USE_IDS
 
 _logger = logging.getLogger(__name__)
@@ -182,7 +183,9 @@ class StreamAccumulator:
 
     ``message_start`` gives the id, the model and the input usage; its output token count is a
     placeholder and is never used. ``message_delta`` gives the stop reason and the final output
-    usage. ``content_block_start`` gives the tool_use ids.
+    usage. ``content_block_start`` gives the tool_use ids. With :func:`capture_content`, the
+    content blocks are accumulated too (:mod:`.stream_blocks`), and become the output of a
+    stream that completed.
     """
 
     def __init__(self, start_ns: int) -> None:
@@ -191,9 +194,11 @@ class StreamAccumulator:
         self.first_chunk_ns: int | None = None
         self.stopped = False
         self._tool_ids: list[str] = []
-        self._text: list[str] = []
+        self._blocks = StreamedBlocks() if capture_content() else None
 
     def add(self, event: Any, now_ns: int) -> None:
+        if self._blocks is not None:
+            self._blocks.add(event)
         try:
             kind = get(event, "type")
             if kind == "message_start":
@@ -217,9 +222,6 @@ class StreamAccumulator:
                     self.attributes["gen_ai.response.time_to_first_chunk"] = (
                         now_ns - self.start_ns
                     ) / 1e9
-                text = get(get(event, "delta"), "text")
-                if isinstance(text, str) and capture_content():
-                    self._text.append(text)
             elif kind == "message_delta":
                 stop = get(get(event, "delta"), "stop_reason")
                 if isinstance(stop, str):
@@ -232,10 +234,14 @@ class StreamAccumulator:
         except Exception:
             _logger.debug("agentcap: could not read a stream event", exc_info=True)
 
-    def final_attributes(self) -> dict[str, AttributeValue]:
+    def final_attributes(self, *, completed: bool) -> dict[str, AttributeValue]:
+        """The span's attributes; the output content only for a stream that ``completed`` (read
+        to its end after ``message_stop``, without error), in the shape of a returned Message's."""
         attributes = dict(self.attributes)
-        if self._text:
-            attributes["gen_ai.output.messages"] = _json(
-                [{"role": "assistant", "content": "".join(self._text)}]
-            )
+        if completed and self._blocks is not None and self._blocks.complete:
+            blocks = self._blocks.blocks()
+            if blocks is not None:
+                attributes["gen_ai.output.messages"] = _json(
+                    [{"role": "assistant", "content": blocks}]
+                )
         return attributes

@@ -64,15 +64,16 @@ class CallRecord:
             self._done = True
         try:
             span = self.span
+            completed = how == "read" and error is None and self.accumulator.stopped
             if message is not None:
                 span.set_attributes(extractors.response_attributes(message))
             else:
-                span.set_attributes(self.accumulator.final_attributes())
+                span.set_attributes(self.accumulator.final_attributes(completed=completed))
             if error is not None:
                 span.set_attributes(extractors.error_attributes(error))
                 if isinstance(error, Exception):
                     span.set_status(Status(StatusCode.ERROR))
-            elif how == "returned" or (how == "read" and self.accumulator.stopped):
+            elif how == "returned" or completed:
                 span.set_status(Status(StatusCode.OK))
             elif how == "read":
                 # The stream ended before message_stop: the caller saw no error, the span fails.

@@ -637,7 +637,7 @@
       row(t, "recorded by", payload.instrumentation);
       if (payload.content) {
         el("h3", {}, "Content", root);
-        for (const key of ["system_instructions", "input_messages", "output_messages", "tool_definitions"]) {
+        for (const key of ["system_instructions", "input_messages", "output_messages", "partial_output_messages", "tool_definitions"]) {
           if (payload.content[key] === undefined) continue;
           el("div", { class: "mono" }, key, root);
           pre(payload.content[key], root);
