@@ -10,6 +10,7 @@ import os
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Final
@@ -20,6 +21,7 @@ from psycopg.pq import TransactionStatus
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from otel_agentcap.exporters.postgres import embedded
+from otel_agentcap.exporters.postgres.connection import first_line
 from otel_agentcap.exporters.postgres.errors import ConnectionFailed
 from otel_agentcap.exporters.postgres.migrate import migrate
 
@@ -54,39 +56,141 @@ def instrumentation_suppressed() -> Iterator[None]:
         yield
 
 
-class Database:
-    """A pool on ``dsn`` whose schema is migrated before first use."""
+class _OwnPoolFailures(logging.Filter):
+    """Keeps psycopg_pool's line per failed connection attempt of agentcap's own pools out of
+    the log: the exporter reports an unreachable server itself, once per outage (``FaultLog``)."""
 
-    def __init__(self, dsn: str, *, max_size: int = 4, name: str = "agentcap") -> None:
-        self.dsn = dsn
-        self.pool: ConnectionPool[Any] = ConnectionPool(
-            dsn,
-            min_size=1,
-            max_size=max_size,
-            open=False,
-            name=name,
-            kwargs={"autocommit": False},
-            reconnect_timeout=0,  # never give up reconnecting; callers have their own timeouts
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno > logging.WARNING or not record.args:
+            return True
+        name = record.args[0] if isinstance(record.args, tuple) else None
+        return not (
+            isinstance(name, str)
+            and name.startswith(_POOL_PREFIX)
+            and record.msg in ("error connecting in %r: %s",)
         )
-        self.pool.open(wait=False)
+
+
+_POOL_PREFIX: Final = "agentcap"
+#: Pools a forked child inherited: kept referenced, never closed (they are the parent's).
+_left_in_parent: list[object] = []
+_pool_filter_installed = False
+_pool_filter_lock = threading.Lock()
+
+
+def _install_pool_filter() -> None:
+    global _pool_filter_installed
+    with _pool_filter_lock:
+        if not _pool_filter_installed:
+            logging.getLogger("psycopg.pool").addFilter(_OwnPoolFailures())
+            _pool_filter_installed = True
+
+
+class Database:
+    """One database: its DSN, the schema migrated once, and pools opened on first use.
+
+    :attr:`pool` serves general use (the OTLP ingest's writer) and :meth:`coordination` (the
+    tool ledger, spawn registry and shared memory); the exporter's writers have connections of
+    their own, so neither waits for the other. :meth:`quick_connection` serves
+    the short queries on the capture path (sequence blocks, spawn lookups) from a pool of its own
+    whose statements time out after ``quick_timeout`` seconds, so a hung server or a lock never
+    holds an agent's thread longer than that.
+    """
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        max_size: int = 4,
+        name: str = _POOL_PREFIX,
+        quick_timeout: float = 2.0,
+    ) -> None:
+        self.dsn = dsn
+        self._max_size = max_size
+        self._name = name
+        self._quick_timeout = quick_timeout
+        self._pool: ConnectionPool[Any] | None = None
+        self._quick_pool: ConnectionPool[Any] | None = None
         self._schema_ready = False
         self._lock = threading.Lock()
+        self._pool_lock = threading.Lock()
         self._down_until = 0.0
+        self._closed = False
+        _install_pool_filter()
+        if hasattr(os, "register_at_fork"):
+            ref = weakref.ref(self)
+
+            def after_fork() -> None:  # pragma: no cover - runs in a forked child
+                database = ref()
+                if database is not None:
+                    database._after_fork_in_child()
+
+            os.register_at_fork(after_in_child=after_fork)
+
+    def _after_fork_in_child(self) -> None:
+        """A forked child must not use its parent's pools (their threads are gone, their
+        connections are the parent's): it opens its own on first use."""
+        _left_in_parent.extend(p for p in (self._pool, self._quick_pool) if p is not None)
+        self._pool = self._quick_pool = None
+        self._lock = threading.Lock()
+        self._pool_lock = threading.Lock()
+
+    def _open_pool(self, name: str, options: str | None = None) -> ConnectionPool[Any]:
+        kwargs: dict[str, Any] = {"autocommit": False}
+        if options:
+            kwargs["options"] = options
+        pool: ConnectionPool[Any] = ConnectionPool(
+            self.dsn,
+            min_size=1,
+            max_size=self._max_size,
+            open=False,
+            name=name,
+            kwargs=kwargs,
+            reconnect_timeout=0,  # a failed connection attempt is not retried in the background
+        )
+        pool.open(wait=False)
+        return pool
+
+    @property
+    def pool(self) -> ConnectionPool[Any]:
+        """The general pool (opened on first use)."""
+        pool = self._pool
+        if pool is None:
+            with self._pool_lock:
+                if self._pool is None:
+                    self._pool = self._open_pool(self._name)
+                pool = self._pool
+        return pool
+
+    def _quick(self) -> ConnectionPool[Any]:
+        pool = self._quick_pool
+        if pool is None:
+            with self._pool_lock:
+                if self._quick_pool is None:
+                    ms = max(1, int(self._quick_timeout * 1000))
+                    self._quick_pool = self._open_pool(
+                        f"{self._name}-capture", f"-c statement_timeout={ms}"
+                    )
+                pool = self._quick_pool
+        return pool
 
     @contextmanager
     def quick_connection(self, timeout: float = 2.0, cooldown: float = 5.0) -> Iterator[Any]:
         """A pooled connection for a short query on the capture path (inside agent code).
 
         Fails fast with ConnectionFailed for ``cooldown`` seconds after a failure, so a server
-        that is down costs one timeout, not one per captured operation; runs with
-        instrumentation suppressed so the query itself is not traced.
+        that is down costs one timeout, not one per captured operation; a statement on it is
+        cancelled after the database's ``quick_timeout``; runs with instrumentation suppressed
+        so the query itself is not traced.
         """
         if time.monotonic() < self._down_until:
             raise ConnectionFailed("PostgreSQL was unreachable moments ago")
+        if self._closed:
+            raise ConnectionFailed("the database handle is closed")
         try:
             with instrumentation_suppressed():
                 self.ensure_schema(timeout)
-                with self.pool.connection(timeout=timeout) as conn:
+                with self._quick().connection(timeout=timeout) as conn:
                     yield conn
         except Exception:
             self._down_until = time.monotonic() + cooldown
@@ -103,13 +207,16 @@ class Database:
         statement. Runs with instrumentation suppressed."""
         if time.monotonic() < self._down_until:
             raise ConnectionFailed("PostgreSQL was unreachable moments ago")
+        if self._closed:
+            raise ConnectionFailed("the database handle is closed")
         with instrumentation_suppressed():
             try:
                 self.ensure_schema(timeout)
-                conn = self.pool.getconn(timeout=timeout)
+                pool = self.pool  # this one, also when close() replaces it meanwhile
+                conn = pool.getconn(timeout=timeout)
             except PoolTimeout as exc:
                 # Every connection busy is load, not an outage: no cool-down then.
-                if not self.pool.get_stats().get("pool_size", 0):
+                if not pool.get_stats().get("pool_size", 0):
                     self._down_until = time.monotonic() + cooldown
                 raise ConnectionFailed(f"no database connection within {timeout} s: {exc}") from exc
             except (psycopg.OperationalError, ConnectionFailed) as exc:
@@ -126,7 +233,15 @@ class Database:
             finally:
                 if not conn.closed and conn.info.transaction_status == TransactionStatus.IDLE:
                     conn.autocommit = False
-                self.pool.putconn(conn)
+                pool.putconn(conn)
+
+    @property
+    def schema_ready(self) -> bool:
+        return self._schema_ready
+
+    def forget_schema(self) -> None:
+        """Check (and migrate) the schema again before the next use: a table was found missing."""
+        self._schema_ready = False
 
     def ensure_schema(self, timeout: float = 5.0) -> None:
         """Migrate once per process; raises ConnectionFailed while the server is unreachable
@@ -144,8 +259,13 @@ class Database:
                 ) as conn:
                     migrate(conn)
             except psycopg.OperationalError as exc:
-                raise ConnectionFailed(f"cannot reach PostgreSQL: {exc}") from exc
+                raise ConnectionFailed(f"cannot reach PostgreSQL: {first_line(exc)}") from exc
             self._schema_ready = True
 
     def close(self) -> None:
-        self.pool.close()
+        self._closed = True
+        with self._pool_lock:
+            pools = [p for p in (self._pool, self._quick_pool) if p is not None]
+            self._pool = self._quick_pool = None
+        for pool in pools:
+            pool.close(timeout=1.0)

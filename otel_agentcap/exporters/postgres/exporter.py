@@ -1,16 +1,30 @@
-"""``PostgresSpanExporter``: the OpenTelemetry SpanExporter that writes the event log."""
+"""``PostgresSpanExporter``: the OpenTelemetry SpanExporter that writes the event log.
+
+A batch of spans is split by agent into one part per writer (see ``parallel``), each part mapped
+to rows on the calling thread and stored by its writer in one transaction of its own. A part that
+fails for a reason that can pass (the server is down, writers contended) is tried again with
+backoff; a part the server rejects for what it holds is written in halves, recursively, so only
+the spans whose rows it refuses are lost (and counted, and handed to the caller's ``on_rejected``
+so a durable queue can keep them).
+"""
 
 from __future__ import annotations
 
+import functools
 import logging
+import os
 import threading
 import time
+import weakref
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from concurrent.futures import Future
+from dataclasses import asdict, dataclass, field
 
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
+from otel_agentcap import attributes as attr
+from otel_agentcap.exporters.faults import FaultLog
 from otel_agentcap.exporters.postgres.database import (
     Database,
     instrumentation_suppressed,
@@ -18,14 +32,26 @@ from otel_agentcap.exporters.postgres.database import (
 )
 from otel_agentcap.exporters.postgres.errors import (
     AgentCapStorageError,
+    InvalidBatch,
     InvalidPayload,
+    SchemaNotReady,
     WriteFailed,
 )
+from otel_agentcap.exporters.postgres.parallel import DEFAULT_WRITERS, WriterThreads, partition_of
+from otel_agentcap.exporters.postgres.rows import PreparedBatch, prepare
 from otel_agentcap.exporters.postgres.writer import EventWriter, WriteResult
 from otel_agentcap.mapping import SpanLike, batch_from_spans
 from otel_agentcap.model import Batch
+from otel_agentcap.span_attributes import attributes_of
 
 _logger = logging.getLogger(__name__)
+
+#: Objects a forked child inherited and must neither use nor close (they are the parent's).
+_left_in_parent: list[object] = []
+
+#: Longest wait between two attempts at a part the server could not take.
+MAX_RETRY_DELAY = 5.0
+DATABASE_CONDITION = "PostgreSQL"
 
 
 def write_spans(
@@ -55,7 +81,7 @@ _rejected_lock = threading.Lock()
 _rejected_logged_at = 0.0
 
 
-def _log_rejected_spans(batch: Batch) -> None:
+def _log_rejected_spans(rejected: Sequence[tuple[object, str]]) -> None:
     """Log spans the mapping left out, at most once every 10 s (each one is counted)."""
     global _rejected_logged_at
     now = time.monotonic()
@@ -66,24 +92,28 @@ def _log_rejected_spans(batch: Batch) -> None:
     _logger.warning(
         "agentcap: %d span(s) of a batch could not be read as event records and were left out, "
         "e.g.: %s",
-        len(batch.rejected),
-        "; ".join(sorted({reason for _, reason in batch.rejected})[:3]),
+        len(rejected),
+        "; ".join(sorted({reason for _, reason in rejected})[:3]),
     )
 
 
 @dataclass
 class ExportStats:
-    """Counters of what the exporter did; read them with :meth:`PostgresSpanExporter.stats`."""
+    """Counters of what the exporter did; read them with :meth:`PostgresSpanExporter.stats`
+    (and, with the durable queue, ``AgentCap.stats()``, which adds the queue's figures)."""
 
     batches: int = 0
     events_inserted: int = 0
     duplicates: int = 0
     conflicts: int = 0
+    #: Attempts that failed and were retried (the server down, writers contending).
     failed_attempts: int = 0
     failed_batches: int = 0
+    #: Events not stored: rejected by the server for what they hold, or (without the durable
+    #: queue) still failing when the exporter's retry deadline passed.
     events_failed: int = 0
-    #: Spans dropped before export because the export queue was full (see ``exporters.queue``),
-    #: and the events they held.
+    #: Spans dropped before export because the export queue was full (see ``exporters.queue``
+    #: and ``exporters.durable``), and the events they held.
     spans_dropped: int = 0
     events_dropped: int = 0
     #: Closing events whose record an attribute value length limit cut (``Batch.unreadable``).
@@ -96,15 +126,83 @@ class ExportStats:
     records_rejected: int = 0
     #: Agent or run records that differ from the stored rows (kept in record_conflicts).
     record_conflicts: int = 0
+    #: The durable queue's figures (zero without it): spans waiting on disk (or in memory when
+    #: the disk failed) and their bytes on disk; spans appended since start; spans found in
+    #: queues that ended processes left, and taken over; spans kept in memory because the disk
+    #: refused them; failed disk operations; spans the database refuses for good (kept in the
+    #: queue's ``rejected`` directory, ``spans_refused``); bytes of torn or damaged records
+    #: skipped at recovery;
+    #: spans left on disk by the last shutdown or flush that ran out of time.
+    spans_queued: int = 0
+    bytes_queued: int = 0
+    spans_enqueued: int = 0
+    spans_adopted: int = 0
+    spans_in_memory: int = 0
+    disk_errors: int = 0
+    spans_refused: int = 0
+    bytes_corrupt: int = 0
+    spans_left: int = 0
+
+
+@dataclass
+class Part:
+    """The spans of one batch that one writer stores, mapped and prepared."""
+
+    writer: int
+    spans: list[SpanLike]
+    records: list[bytes] | None = None
+    batch: Batch = field(default_factory=Batch)
+    prepared: PreparedBatch | None = None
+    error: AgentCapStorageError | None = None
+
+    @property
+    def events(self) -> int:
+        return len(self.batch.events) + len(self.batch.superseded)
+
+
+@dataclass
+class PartOutcome:
+    """What storing a part did. ``done`` is false when it was given up (deadline or stop) with
+    nothing of it known to be stored."""
+
+    done: bool
+    inserted: int = 0
+    duplicates: int = 0
+    conflicts: int = 0
+    failed_events: int = 0
+    rejected_records: list[bytes] = field(default_factory=list)
+    rejected_reason: str = ""
+    pending_events: int = 0
+    #: Left out by validation (``otel_agentcap.validation``), and run or agent records that
+    #: differ from the stored rows (``WriteResult``).
+    events_rejected: int = 0
+    records_rejected: int = 0
+    record_conflicts: int = 0
+
+    def add(self, other: PartOutcome) -> None:
+        self.done = self.done and other.done
+        self.inserted += other.inserted
+        self.duplicates += other.duplicates
+        self.conflicts += other.conflicts
+        self.failed_events += other.failed_events
+        self.rejected_records.extend(other.rejected_records)
+        self.rejected_reason = self.rejected_reason or other.rejected_reason
+        self.pending_events += other.pending_events
+        self.events_rejected += other.events_rejected
+        self.records_rejected += other.records_rejected
+        self.record_conflicts += other.record_conflicts
 
 
 class PostgresSpanExporter(SpanExporter):
-    """Writes agentcap events to PostgreSQL, deduplicated, one transaction per batch.
+    """Writes agentcap events to PostgreSQL, deduplicated, one transaction per part (the events
+    of one batch that one writer stores; ``writers`` writers in parallel, split by agent).
 
     With no arguments (as ``OTEL_TRACES_EXPORTER=agentcap`` creates it) the DSN comes from
-    ``AGENTCAP_DSN``, else an embedded server is started. A failed write is retried with backoff
-    for up to ``retry_timeout`` seconds inside ``export``; after that the batch is reported as
-    FAILURE, logged and counted (``stats().events_failed``). ``export`` never raises.
+    ``AGENTCAP_DSN``, else an embedded server is started. In ``export`` a failed write is retried
+    with backoff for up to ``retry_timeout`` seconds; after that the batch is reported as FAILURE,
+    logged and counted (``stats().events_failed``). ``export`` never raises. The durable queue
+    (``exporters.durable``) uses :meth:`prepare_parts` and :meth:`submit` instead, and retries
+    until its data is stored.
     """
 
     def __init__(
@@ -114,36 +212,272 @@ class PostgresSpanExporter(SpanExporter):
         database: Database | None = None,
         owns_database: bool | None = None,
         retry_timeout: float = 10.0,
+        writers: int = DEFAULT_WRITERS,
+        faults: FaultLog | None = None,
     ) -> None:
         self._database = database if database is not None else Database(resolve_dsn(dsn))
         # By default the exporter closes the pool at shutdown only if it opened it.
         self._owns_database = database is None if owns_database is None else owns_database
-        # A pool wait longer than the retry deadline would hold export past it.
-        self._writer = EventWriter(
-            self._database.pool, connect_timeout=max(0.5, min(10.0, retry_timeout))
-        )
         self._retry_timeout = retry_timeout
+        self._writers = WriterThreads(
+            self._database.dsn,
+            writers,
+            # A connection attempt longer than the retry deadline would hold export past it.
+            connect_timeout=max(2.0, min(10.0, retry_timeout)),
+        )
+        self.faults = faults if faults is not None else FaultLog()
         self._stats = ExportStats()
         self._stats_lock = threading.Lock()
         self._shutdown = threading.Event()
+        if hasattr(os, "register_at_fork"):
+            ref = weakref.ref(self)
+
+            def after_fork() -> None:  # pragma: no cover - runs in a forked child
+                exporter = ref()
+                if exporter is not None:
+                    exporter._after_fork_in_child()
+
+            os.register_at_fork(after_in_child=after_fork)
+
+    def _after_fork_in_child(self) -> None:
+        """A forked child has none of the writer threads, and must not use the parent's
+        connections: it gets writers of its own (the parent's objects are left untouched)."""
+        _left_in_parent.append(self._writers)
+        self._stats_lock = threading.Lock()
+        self._writers = WriterThreads(
+            self._database.dsn,
+            self._writers.count,
+            connect_timeout=max(2.0, min(10.0, self._retry_timeout)),
+        )
 
     @property
     def database(self) -> Database:
         return self._database
 
+    @property
+    def writer_count(self) -> int:
+        return self._writers.count
+
     def stats(self) -> ExportStats:
         with self._stats_lock:
             return ExportStats(**asdict(self._stats))
 
-    def count_dropped(self, span: ReadableSpan) -> None:
-        """Count a span the export queue in front of this exporter dropped, and its events."""
-        try:
-            events = len(batch_from_spans([span]).events)
-        except Exception:
-            events = 0
+    def count_dropped(self, span: ReadableSpan | None = None, events: int | None = None) -> None:
+        """Count a span the export queue in front of this exporter dropped, and its events
+        (``events`` when the caller knows them, else mapped from ``span``)."""
+        if events is None:
+            try:
+                events = len(batch_from_spans([span]).events) if span is not None else 0
+            except Exception:
+                events = 0
         with self._stats_lock:
             self._stats.spans_dropped += 1
             self._stats.events_dropped += events
+
+    # --- the parts of a batch ---------------------------------------------------------------
+
+    def prepare_parts(
+        self, spans: Sequence[SpanLike], records: Sequence[bytes] | None = None
+    ) -> list[Part]:
+        """Split ``spans`` by writer and map each share to rows (CPU work, on the caller's
+        thread). ``records`` are the queue records the spans were read from, in the same order:
+        a span the server rejects for good is handed back as its record."""
+        count = self._writers.count
+        shares: list[list[SpanLike]] = [[] for _ in range(count)]
+        record_shares: list[list[bytes]] | None = (
+            [[] for _ in range(count)] if records is not None else None
+        )
+        for i, span in enumerate(spans):
+            attributes = attributes_of(span)
+            index = partition_of(attributes.get(attr.RUN_ID), attributes.get(attr.AGENT_ID), count)
+            shares[index].append(span)
+            if record_shares is not None and records is not None:
+                record_shares[index].append(records[i])
+        parts = []
+        for index, share in enumerate(shares):
+            if share:
+                parts.append(
+                    self._part(index, share, record_shares[index] if record_shares else None)
+                )
+        return parts
+
+    def _part(self, index: int, spans: list[SpanLike], records: list[bytes] | None) -> Part:
+        part = Part(index, spans, records)
+        try:
+            part.batch = batch_from_spans(spans, raw_payloads=True)
+            part.prepared = prepare(part.batch)
+        except InvalidBatch as exc:
+            part.error = exc
+        except Exception as exc:  # a bug of ours must not stop delivery: treat as rejected
+            _logger.exception("agentcap: mapping %d spans failed", len(spans))
+            part.error = WriteFailed(f"mapping failed: {exc!r}")
+        return part
+
+    def submit(
+        self,
+        parts: Sequence[Part],
+        *,
+        direct: bool = False,
+        deadline: float | None = None,
+        stop: threading.Event | None = None,
+    ) -> list[Future[PartOutcome]]:
+        """Hand each part to its writer. A part is retried until it is stored, rejected for good
+        (in halves, down to single spans), or the ``deadline`` (monotonic) passes or ``stop`` is
+        set; ``direct`` lets a first attempt copy straight into the events table."""
+        stop_event = stop if stop is not None else self._shutdown
+        return [
+            self._writers.submit(
+                part.writer,
+                functools.partial(
+                    self._store, part=part, direct=direct, deadline=deadline, stop=stop_event
+                ),
+            )
+            for part in parts
+        ]
+
+    def settle(self, parts: Sequence[Part], outcomes: Sequence[PartOutcome]) -> bool:
+        """Count what storing ``parts`` did (once per batch); whether all of it is stored."""
+        done = all(o.done for o in outcomes)
+        failed = sum(o.failed_events for o in outcomes)
+        unreadable = sum(p.batch.unreadable for p in parts)
+        rejected_spans = [r for p in parts for r in p.batch.rejected]
+        with self._stats_lock:
+            stats = self._stats
+            stats.events_inserted += sum(o.inserted for o in outcomes)
+            stats.duplicates += sum(o.duplicates for o in outcomes)
+            stats.conflicts += sum(o.conflicts for o in outcomes)
+            stats.events_failed += failed
+            stats.events_unreadable += unreadable
+            stats.spans_rejected += len(rejected_spans)
+            stats.events_rejected += sum(o.events_rejected for o in outcomes)
+            stats.records_rejected += sum(o.records_rejected for o in outcomes)
+            stats.record_conflicts += sum(o.record_conflicts for o in outcomes)
+            if failed:
+                stats.failed_batches += 1
+            elif done:
+                stats.batches += 1
+        conflicts = sum(o.conflicts for o in outcomes)
+        if conflicts:
+            _logger.error(
+                "agentcap: %d events collided with different stored events; kept in "
+                "agentcap.conflicts",
+                conflicts,
+            )
+        if rejected_spans:
+            _log_rejected_spans(rejected_spans)
+        return done and not failed
+
+    def _store(
+        self,
+        writer: EventWriter,
+        part: Part,
+        direct: bool,
+        deadline: float | None,
+        stop: threading.Event,
+    ) -> PartOutcome:
+        prepared = part.prepared
+        if prepared is not None and not (
+            prepared.events or prepared.agents or prepared.runs or prepared.spans
+        ):
+            return PartOutcome(True)
+        delay = 0.05
+        reparsed = False
+        while True:
+            try:
+                if part.error is not None:
+                    raise part.error
+                assert part.prepared is not None
+                with instrumentation_suppressed():
+                    self._database.ensure_schema()
+                    result = writer.write_prepared(part.prepared, direct=direct)
+            except InvalidPayload:
+                if reparsed:
+                    return self._rejected(writer, part, direct, deadline, stop, "invalid payload")
+                # Payload text the server refuses as JSON (cut by a length limit, say): map again
+                # with every payload parsed and made safe.
+                reparsed = True
+                part = Part(part.writer, part.spans, part.records, part.batch)
+                try:
+                    part.batch = batch_from_spans(part.spans)
+                    part.prepared = prepare(part.batch)
+                except InvalidBatch as exc:
+                    part.error = exc
+                continue
+            except AgentCapStorageError as exc:
+                direct = False  # the next attempt may meet rows this one stored
+                if isinstance(exc, SchemaNotReady):
+                    self._database.forget_schema()  # migrate again before the next attempt
+                elif not exc.retryable:
+                    return self._rejected(writer, part, direct, deadline, stop, str(exc))
+                with self._stats_lock:
+                    self._stats.failed_attempts += 1
+                self.faults.fault(
+                    DATABASE_CONDITION,
+                    f"cannot store events ({exc})",
+                    consequence="retrying with backoff",
+                )
+                now = time.monotonic()
+                if stop.is_set() or (deadline is not None and now + delay > deadline):
+                    return PartOutcome(False, pending_events=part.events)
+                stop.wait(delay)
+                delay = min(delay * 2, MAX_RETRY_DELAY)
+                continue
+            self.faults.recovered(DATABASE_CONDITION)
+            return PartOutcome(
+                True,
+                result.inserted,
+                result.duplicates,
+                result.conflicts,
+                events_rejected=result.rejected,
+                records_rejected=result.rejected_records,
+                record_conflicts=result.record_conflicts,
+            )
+
+    def _rejected(
+        self,
+        writer: EventWriter,
+        part: Part,
+        direct: bool,
+        deadline: float | None,
+        stop: threading.Event,
+        reason: str,
+    ) -> PartOutcome:
+        """The server refuses ``part`` for what it holds: store its halves apart, so only the
+        spans whose rows it refuses are lost (and handed back as records)."""
+        with self._stats_lock:
+            self._stats.failed_attempts += 1
+        if len(part.spans) <= 1:
+            events = part.events if part.error is None else max(part.events, 1)
+            _logger.error(
+                "agentcap: could not store %d event(s) of span %r (%s)",
+                events,
+                getattr(part.spans[0], "name", "?") if part.spans else "?",
+                reason,
+            )
+            return PartOutcome(
+                True,
+                failed_events=events,
+                rejected_records=list(part.records or ()),
+                rejected_reason=reason,
+            )
+        _logger.warning(
+            "agentcap: %d spans were rejected together (%s); writing them in halves",
+            len(part.spans),
+            reason,
+        )
+        middle = len(part.spans) // 2
+        records = part.records
+        outcome = PartOutcome(True)
+        for spans, share in (
+            (part.spans[:middle], records[:middle] if records is not None else None),
+            (part.spans[middle:], records[middle:] if records is not None else None),
+        ):
+            outcome.add(
+                self._store(writer, self._part(part.writer, spans, share), direct, deadline, stop)
+            )
+        return outcome
+
+    # --- SpanExporter -------------------------------------------------------------------------
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         if self._shutdown.is_set():
@@ -155,81 +489,30 @@ class PostgresSpanExporter(SpanExporter):
             return SpanExportResult.FAILURE
 
     def _export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        batch = batch_from_spans(spans, raw_payloads=True)
-        if batch.unreadable or batch.rejected:
-            with self._stats_lock:
-                self._stats.events_unreadable += batch.unreadable
-                self._stats.spans_rejected += len(batch.rejected)
-            if batch.rejected:
-                _log_rejected_spans(batch)
-        if not batch.events and not batch.agents and not batch.spans:
+        parts = self.prepare_parts(spans)
+        if not parts:
             return SpanExportResult.SUCCESS
         deadline = time.monotonic() + self._retry_timeout
-        delay = 0.05
-        while True:
-            try:
-                result = write_spans(self._database, self._writer, spans, batch)
-            except AgentCapStorageError as exc:
-                with self._stats_lock:
-                    self._stats.failed_attempts += 1
-                if not exc.retryable and isinstance(exc, WriteFailed) and len(spans) > 1:
-                    # One bad row rolls back the whole batch: write the halves apart, so only
-                    # the spans whose rows the server refuses are lost.
-                    _logger.warning(
-                        "agentcap: a batch of %d spans was rejected (%s); writing it in halves",
-                        len(spans),
-                        exc,
-                    )
-                    middle = len(spans) // 2
-                    first = self._export(spans[:middle])
-                    second = self._export(spans[middle:])
-                    return (
-                        SpanExportResult.SUCCESS
-                        if first is second is SpanExportResult.SUCCESS
-                        else SpanExportResult.FAILURE
-                    )
-                if (
-                    not exc.retryable
-                    or time.monotonic() + delay > deadline
-                    or self._shutdown.is_set()
-                ):
-                    with self._stats_lock:
-                        self._stats.failed_batches += 1
-                        self._stats.events_failed += len(batch.events) + len(batch.superseded)
-                    _logger.error(
-                        "agentcap: could not store %d events (%s); giving up on this batch",
-                        len(batch.events) + len(batch.superseded),
-                        exc,
-                    )
-                    return SpanExportResult.FAILURE
-                _logger.warning("agentcap: write failed (%s); retrying in %.2f s", exc, delay)
-                self._shutdown.wait(delay)
-                delay = min(delay * 2, 2.0)
-                continue
-            with self._stats_lock:
-                self._stats.batches += 1
-                self._stats.events_inserted += result.inserted
-                self._stats.duplicates += result.duplicates
-                self._stats.conflicts += result.conflicts
-                self._stats.events_rejected += result.rejected
-                self._stats.records_rejected += result.rejected_records
-                self._stats.record_conflicts += result.record_conflicts
-            if result.conflicts:
+        futures = self.submit(parts, direct=True, deadline=deadline)
+        outcomes = [future.result() for future in futures]
+        for outcome in outcomes:
+            if outcome.pending_events:
+                outcome.failed_events += outcome.pending_events
                 _logger.error(
-                    "agentcap: %d events collided with different stored events; kept in "
-                    "agentcap.conflicts",
-                    result.conflicts,
+                    "agentcap: could not store %d events within %.0f s; giving up on them",
+                    outcome.pending_events,
+                    self._retry_timeout,
                 )
-            return SpanExportResult.SUCCESS
+        ok = self.settle(parts, outcomes)
+        return SpanExportResult.SUCCESS if ok else SpanExportResult.FAILURE
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         return True
 
-    def shutdown(self) -> None:
+    def shutdown(self, timeout: float = 5.0) -> None:
+        """Stop: parts still being retried give up, the writers' connections close (a writer
+        busy on an unresponsive server is left to end alone after ``timeout`` seconds)."""
         self._shutdown.set()
-        try:
-            self._writer.close()
-        except Exception:
-            _logger.debug("agentcap: closing the writer failed", exc_info=True)
+        self._writers.close(timeout)
         if self._owns_database:
             self._database.close()

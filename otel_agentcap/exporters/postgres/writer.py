@@ -14,6 +14,14 @@ One batch is one transaction on a pooled connection:
 A concurrent writer may insert a colliding row between classification and insert: a unique
 violation (or fewer inserted rows than classified new) rolls the transaction back and the batch is
 retried, a bounded number of times, so the next classification sees that row.
+
+A batch that the caller expects to be new (``write_prepared(..., direct=True)``: events captured
+by this process and never sent before) first takes the direct path: step 2 copies the rows
+straight into ``agentcap.events``, with no staging and no classification. It is all or nothing:
+if any row collides with anything (a stored event, a model call stored under another id, an
+event type the table refuses), the COPY fails, the transaction is rolled back, and the batch goes
+the staging path above, which files each row as new, duplicate or conflict. So the direct path
+changes the cost, never the outcome.
 """
 
 from __future__ import annotations
@@ -26,12 +34,14 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Iterable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import psycopg
 from psycopg import sql
-from psycopg_pool import ConnectionPool, PoolTimeout
+from psycopg_pool import PoolTimeout
 
 from otel_agentcap.model import EVENT_TYPES, Batch
 
@@ -177,6 +187,11 @@ _CONTENT: Final = (
 )
 
 _SPAN_TYPES: Final = [pgtype for _, pgtype in _SPAN_COLUMNS]
+# The direct path copies envelopes straight into agentcap.spans: a span stored already makes the
+# COPY fail, and the batch goes the staging path, whose insert lets the first writer win.
+_DIRECT_SPANS_COPY: Final = sql.SQL("COPY agentcap.spans ({}) FROM STDIN (FORMAT BINARY)").format(
+    sql.SQL(", ").join(sql.Identifier(n) for n, _ in _SPAN_COLUMNS)
+)
 
 # Each staged row is probed with index lookups (LATERAL ... LIMIT 1 and scalar subqueries keep
 # the planner from hashing the whole events table, since the staging table has no statistics).
@@ -286,6 +301,21 @@ _RETRYABLE_DB_ERRORS: Final = (
 )
 
 
+_DIRECT_COPY: Final = sql.SQL("COPY agentcap.events ({}) FROM STDIN (FORMAT BINARY)").format(
+    sql.SQL(", ").join(sql.Identifier(n) for n in _EVENT_COLUMNS)
+)
+_DIRECT_TYPES: Final = _COPY_TYPES[: len(_EVENT_COLUMNS)]
+
+
+class ConnectionSource(Protocol):
+    """Where a writer gets its connection: a ``psycopg_pool.ConnectionPool`` or a
+    ``connection.DedicatedConnection``."""
+
+    def connection(
+        self, timeout: float | None = None
+    ) -> AbstractContextManager[psycopg.Connection[Any]]: ...
+
+
 @dataclass(frozen=True, slots=True)
 class WriteResult:
     """What one ``EventWriter.write`` did: rows stored, repeats dropped, collisions recorded,
@@ -370,7 +400,7 @@ class EventWriter:
 
     def __init__(
         self,
-        pool: ConnectionPool[Any],
+        pool: ConnectionSource,
         *,
         staging_name: str | None = None,
         max_attempts: int = 5,
@@ -501,26 +531,34 @@ class EventWriter:
             if not conn.closed:
                 conn.rollback()
 
+    def _upsert_runs_and_agents(self, conn: psycopg.Connection[Any], batch: PreparedBatch) -> None:
+        if batch.runs:
+            conn.execute(_RUNS_UPSERT, [[r[i] for r in batch.runs] for i in range(5)])
+        if batch.agents:
+            conn.execute(_AGENTS_UPSERT, [[a[i] for a in batch.agents] for i in range(6)])
+
+    def _record_conflicts(self, conn: psycopg.Connection[Any], batch: PreparedBatch) -> int:
+        """File the batch's run and agent records that differ from the stored rows (after the
+        upserts, and after the spans: a separate statement sees rows others committed)."""
+        if not (batch.run_offers or batch.agent_offers):
+            return 0
+        row = conn.execute(
+            _RECORD_CONFLICTS,
+            [
+                *([r[i] for r in batch.run_offers] for i in range(2)),
+                *([a[i] for a in batch.agent_offers] for i in range(6)),
+            ],
+        ).fetchone()
+        return int(row[0]) if row else 0
+
     def _write_once(
         self, conn: psycopg.Connection[Any], batch: PreparedBatch, *, full: bool
     ) -> tuple[int, int, int, int]:
         with conn.transaction():
-            if batch.runs:
-                conn.execute(_RUNS_UPSERT, [[r[i] for r in batch.runs] for i in range(5)])
-            if batch.agents:
-                conn.execute(_AGENTS_UPSERT, [[a[i] for a in batch.agents] for i in range(6)])
+            self._upsert_runs_and_agents(conn, batch)
             if batch.spans:
                 self._write_spans(conn, batch.spans)
-            records = 0
-            if batch.run_offers or batch.agent_offers:
-                row = conn.execute(
-                    _RECORD_CONFLICTS,
-                    [
-                        *([r[i] for r in batch.run_offers] for i in range(2)),
-                        *([a[i] for a in batch.agent_offers] for i in range(6)),
-                    ],
-                ).fetchone()
-                records = int(row[0]) if row else 0
+            records = self._record_conflicts(conn, batch)
             if not batch.events:
                 return 0, 0, 0, records
             conn.execute(self._prepare_staging)
@@ -540,6 +578,26 @@ class EventWriter:
                 copy.write_row(row)
         conn.execute(self._insert_spans)
 
+    def _write_direct(
+        self, conn: psycopg.Connection[Any], batch: PreparedBatch
+    ) -> tuple[int, int, int, int]:
+        with conn.transaction():
+            self._upsert_runs_and_agents(conn, batch)
+            if batch.spans:
+                with conn.cursor() as cur, cur.copy(_DIRECT_SPANS_COPY) as copy:
+                    copy.set_types(_SPAN_TYPES)
+                    for span_row in batch.spans:
+                        copy.write_row(span_row)
+            records = self._record_conflicts(conn, batch)
+            with conn.cursor() as cur:
+                register_raw_uuid_dumpers(cur.adapters)
+                with cur.copy(_DIRECT_COPY) as copy:
+                    copy.set_types(_DIRECT_TYPES)
+                    write_row = copy.write_row
+                    for row in batch.events:
+                        write_row(row[:11])
+        return len(batch.events), 0, 0, records
+
     def _copy_rows(self, conn: psycopg.Connection[Any], rows: list[EventRow]) -> None:
         with conn.cursor() as cur:
             register_raw_uuid_dumpers(cur.adapters)
@@ -555,19 +613,36 @@ class EventWriter:
         Every record is checked against ``otel_agentcap.validation`` first (those that break a
         rule are left out and counted), unless ``validated`` says the caller did it with the same
         rules."""
-        prepared = prepare(batch, self._max_payload_chars, validated=validated)
+        return self.write_prepared(
+            prepare(batch, self._max_payload_chars, validated=validated)
+        )
+
+    def write_prepared(self, prepared: PreparedBatch, *, direct: bool = False) -> WriteResult:
+        """Store a prepared batch atomically (see :meth:`write`). With ``direct`` the rows are
+        first copied straight into the events table (see the module doc); the outcome is the
+        same, only cheaper when no row collides."""
         last: Exception | None = None
         full = False
+        direct = direct and _direct_candidate(prepared.events)
         for attempt in range(1, self._max_attempts + 1):
             try:
                 with self._pool.connection(timeout=self._connect_timeout) as conn:
-                    if not self._staging_ready:
-                        self._ensure_staging(conn)
-                    inserted, duplicates, conflicts, records = self._write_once(
-                        conn, prepared, full=full
-                    )
+                    if direct:
+                        inserted, duplicates, conflicts, records = self._write_direct(
+                            conn, prepared
+                        )
+                    else:
+                        if not self._staging_ready:
+                            self._ensure_staging(conn)
+                        inserted, duplicates, conflicts, records = self._write_once(
+                            conn, prepared, full=full
+                        )
             except (_ConcurrentInsert, *_RETRYABLE_DB_ERRORS) as exc:
                 last = exc
+                if direct and isinstance(exc, psycopg.errors.UniqueViolation):
+                    direct = False  # something in the batch collides: classify row by row
+                    full = True
+                    continue
                 if isinstance(exc, psycopg.errors.UniqueViolation) and not full:
                     full = True  # a collision on (run, agent, seq|key): classify with all probes
                     continue
@@ -593,7 +668,14 @@ class EventWriter:
                 continue
             except psycopg.errors.InvalidTextRepresentation as exc:
                 raise InvalidPayload(f"batch rejected and rolled back: {exc}") from exc
-            except (psycopg.DataError, psycopg.IntegrityError) as exc:
+            except psycopg.errors.IntegrityError as exc:
+                if not direct:
+                    raise DataRejected(f"batch rejected and rolled back: {exc}") from exc
+                direct = False  # e.g. a CHECK the staging path files as a conflict instead
+                full = True
+                last = exc
+                continue
+            except psycopg.DataError as exc:
                 raise DataRejected(f"batch rejected and rolled back: {exc}") from exc
             except psycopg.Error as exc:
                 raise WriteFailed(f"batch rejected and rolled back: {exc}") from exc
@@ -628,15 +710,30 @@ class EventWriter:
         ) from last
 
     def close(self) -> None:
-        """Drop this writer's staging table (best effort)."""
+        """Drop this writer's staging table, if it made one (best effort)."""
+        if not self._staging_ready:
+            return
         try:
             with self._pool.connection(timeout=self._connect_timeout) as conn:
                 conn.execute(
                     sql.SQL("DROP TABLE IF EXISTS {}, {}").format(self._staging, self._span_staging)
                 )
-        except (psycopg.Error, PoolTimeout) as exc:
+                conn.commit()
+        except (psycopg.Error, PoolTimeout, AgentCapStorageError) as exc:
             _log.info("agentcap: could not drop staging table %s: %s", self.staging_table, exc)
         self._staging_ready = False
 
 
-__all__ = ["AgentCapStorageError", "EventWriter", "WriteResult", "default_staging_name"]
+def _direct_candidate(rows: Iterable[EventRow]) -> bool:
+    """Whether the direct path can store ``rows`` as they are: no row collides with another row
+    of the batch, and every event type is one the table takes."""
+    return all(r.batch_reason is None and r.event_type in EVENT_TYPES for r in rows)
+
+
+__all__ = [
+    "AgentCapStorageError",
+    "ConnectionSource",
+    "EventWriter",
+    "WriteResult",
+    "default_staging_name",
+]

@@ -1,0 +1,86 @@
+"""``DedicatedConnection``: one connection for one writer thread, opened on first use and again
+after it breaks, with no pool (and no pool's reconnect loop logging each failed attempt)."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import threading
+from collections.abc import Iterator
+from typing import Any, Final
+
+import psycopg
+from psycopg import pq
+from psycopg.conninfo import make_conninfo
+
+from .errors import ConnectionFailed
+
+#: TCP keepalives, so a writer notices a server that vanished (host down, cable cut) within about
+#: a minute instead of waiting on a dead socket for the kernel's default two hours.
+KEEPALIVES: Final = "keepalives=1 keepalives_idle=30 keepalives_interval=10 keepalives_count=3"
+
+
+class DedicatedConnection:
+    """A connection source with the pool's ``connection(timeout=...)`` shape, for one thread.
+
+    Failing to connect raises :class:`ConnectionFailed` at once (the caller decides when to try
+    again); a connection that broke is discarded and the next use connects again.
+    """
+
+    def __init__(
+        self, dsn: str, *, connect_timeout: float = 5.0, application_name: str = "otel-agentcap"
+    ) -> None:
+        self._dsn = dsn
+        self._connect_timeout = connect_timeout
+        self._application_name = application_name
+        self._conn: psycopg.Connection[Any] | None = None
+        self._lock = threading.Lock()
+
+    def _connect(self, timeout: float | None) -> psycopg.Connection[Any]:
+        seconds = self._connect_timeout if timeout is None else timeout
+        try:
+            conninfo = make_conninfo(
+                self._dsn,
+                connect_timeout=max(2, math.ceil(seconds)),  # libpq: whole seconds, at least 2
+                application_name=self._application_name,
+            )
+            return psycopg.connect(f"{conninfo} {KEEPALIVES}", autocommit=False)
+        except psycopg.Error as exc:
+            raise ConnectionFailed(f"cannot connect to PostgreSQL: {first_line(exc)}") from exc
+
+    @contextlib.contextmanager
+    def connection(self, timeout: float | None = None) -> Iterator[psycopg.Connection[Any]]:
+        with self._lock:
+            conn = self._conn
+            if conn is None or conn.closed or conn.broken:
+                conn = self._conn = self._connect(timeout)
+            try:
+                yield conn
+            except psycopg.OperationalError:
+                self._discard()
+                raise
+            finally:
+                if self._conn is not None and not self._conn.closed:
+                    status = self._conn.info.transaction_status
+                    if status != pq.TransactionStatus.IDLE:
+                        try:
+                            self._conn.rollback()
+                        except psycopg.Error:
+                            self._discard()
+
+    def _discard(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.close()
+
+    def close(self) -> None:
+        """Close the connection (waits for a statement another thread is running on it)."""
+        with self._lock:
+            self._discard()
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an error's message (libpq's messages run over several lines)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
