@@ -111,13 +111,13 @@ def _connect(dsn: str) -> psycopg.Connection[Any]:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from otel_agentcap.configure import configure, exporter_of
+    from otel_agentcap.configure import configure
     from otel_agentcap.demo import run_demo
 
     dsn = _dsn(args)
     with _connect(dsn) as conn:
         migrate(conn)
-    provider = configure(dsn, announce=False)
+    agentcap = configure(dsn, announce=False)
     started = time.monotonic()
     console = _console()
     # A spinner on a terminal; nothing on a pipe or with --json.
@@ -130,17 +130,16 @@ def cmd_demo(args: argparse.Namespace) -> int:
         try:
             result = run_demo(args.run_id, live=args.live)
         except RunExistsError as exc:
-            provider.shutdown()
+            agentcap.shutdown()
             raise CliError(f"{exc} (or leave out --run-id)") from None
-        provider.force_flush()
+        agentcap.force_flush()
     elapsed = time.monotonic() - started
-    exporter = exporter_of(provider)
-    stats = exporter.stats() if exporter is not None else None
+    stats = agentcap.stats()
     with _connect(dsn) as conn:
         runs = {r.run_id: r for r in store.list_runs(conn, limit=1000)}
         conflicts = store.conflicts_count(conn, result.run_id)
         by_type = Counter(e.event_type for e in store.run_events(conn, result.run_id))
-    provider.shutdown()
+    agentcap.shutdown()
     stored = runs.get(result.run_id)
     data = {
         "run_id": result.run_id,
@@ -152,7 +151,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         "timed_out_agents": result.timed_out_agents,
         "failed_tools": result.failed_tools,
         "events_by_type": dict(sorted(by_type.items())),
-        "export": asdict(stats) if stats else None,
+        "export": asdict(stats),
     }
     if args.json:
         _print_json(data)

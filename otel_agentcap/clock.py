@@ -13,6 +13,7 @@ this process only.
 from __future__ import annotations
 
 import logging
+import random
 import threading
 import time
 from collections import OrderedDict
@@ -42,6 +43,7 @@ class LamportClock:
         "_block_size",
         "_last",
         "_limit",
+        "_local",
         "_lock",
         "_registry",
         "_released",
@@ -67,6 +69,8 @@ class LamportClock:
         self._last = 0
         # Exclusive end of the block reserved from the source; 0 means none reserved yet.
         self._limit = 0
+        # The current block is a local one (the source failed): the source is asked every tick.
+        self._local = False
         # Set by a ClockRegistry that released this clock's run (see ClockRegistry.adopt).
         self._registry: ClockRegistry | None = None
         self._released = False
@@ -82,7 +86,7 @@ class LamportClock:
             if not self._released:
                 last = self._last
                 candidate = (last if last > after else after) + 1
-                if self._source is not None and candidate >= self._limit:
+                if self._source is not None and (candidate >= self._limit or self._local):
                     candidate = self._reserve(candidate)
                 self._last = candidate
                 return candidate
@@ -131,22 +135,57 @@ class LamportClock:
                 raise RuntimeError(
                     f"sequence source returned {start} below the requested {at_least}"
                 )
-        except Exception:
-            # The store is unreachable. Capture must not fail, so continue locally, jumping to a
-            # wall-clock floor (microseconds) so that another process doing the same is very
-            # unlikely to collide; a collision that still happens is caught and kept by the
-            # exporter's conflict handling instead of being lost.
-            _logger.warning(
-                "agentcap: could not reserve a sequence block for %s/%s; continuing locally",
-                self.run_id,
-                self.agent_id,
-                exc_info=True,
-            )
-            start = max(at_least, time.time_ns() // 1000)
-            self._limit = 0  # try the source again on the next tick
+        except Exception as exc:
+            # Neither the source nor its own fallback gave a block (with configure(), the host's
+            # offline blocks, see exporters.durable.host_sequences, failed too). Capture must
+            # not fail: continue in a local block at a random distance above, so another process
+            # doing the same is unlikely to meet it (a collision that still happens is kept by
+            # the log's conflict handling, not lost), asking the source again on every tick.
+            # The distance is bounded, so sequences stay near the agent's high-water mark.
+            _local_fallback(self._source, self, exc)
+            if self._local and at_least < self._limit:
+                return at_least
+            start = at_least + self._block_size * random.randrange(LOCAL_JUMP // self._block_size)
+            self._limit = start + self._block_size
+            self._local = True
             return start
+        if self._local or _failing_sources:
+            _local_fallback_over(self._source)
+        self._local = False
         self._limit = start + self._block_size
         return start
+
+
+#: The largest random distance of a local block (the last resort of ``LamportClock``) above
+#: the sequence the clock needed.
+LOCAL_JUMP: Final = 2**30
+#: Sources whose failure is logged and not yet over (by id): one line per outage, not per tick.
+_failing_sources: dict[int, float] = {}
+
+
+def _local_fallback(source: object, clock: LamportClock, exc: Exception) -> None:
+    """Log once per source, until a reservation from it succeeds again, that clocks continue on
+    local blocks."""
+    if id(source) in _failing_sources:
+        return
+    _failing_sources[id(source)] = time.monotonic()
+    text = str(exc).strip()
+    _logger.warning(
+        "agentcap: could not reserve a sequence block (%s/%s: %s); clocks continue on local "
+        "blocks until the sequence source answers again",
+        clock.run_id,
+        clock.agent_id,
+        text.splitlines()[0] if text else type(exc).__name__,
+    )
+
+
+def _local_fallback_over(source: object) -> None:
+    since = _failing_sources.pop(id(source), None)
+    if since is not None:
+        _logger.warning(
+            "agentcap: sequence blocks are reserved from the source again after %.1f s",
+            time.monotonic() - since,
+        )
 
 
 class ClockRegistry:
@@ -176,6 +215,11 @@ class ClockRegistry:
         with self._lock:
             self._source = source
             self._block_size = block_size
+
+    def configuration(self) -> tuple[SequenceSource | None, int]:
+        """The source and block size clocks created from now on use."""
+        with self._lock:
+            return self._source, self._block_size
 
     def get(self, run_id: str, agent_id: str) -> LamportClock:
         key = (run_id, agent_id)

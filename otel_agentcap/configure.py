@@ -1,32 +1,291 @@
-"""One call that sets up capture into the PostgreSQL event log."""
+"""One call that sets up capture into the PostgreSQL event log, and the handle it returns."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import logging
+import os
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Final
 
+import psycopg
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 from otel_agentcap.capture import _telemetry
-from otel_agentcap.capture.agents import set_spawn_registry
+from otel_agentcap.capture.agents import set_spawn_registry, spawn_registry
 from otel_agentcap.capture.ledger import set_tool_ledger
-from otel_agentcap.capture.runs import set_run_registry
-from otel_agentcap.clock import clocks
+from otel_agentcap.capture.ledger import tool_ledger as current_tool_ledger
+from otel_agentcap.capture.runs import run_registry, set_run_registry
+from otel_agentcap.clock import SequenceSource, clocks
+from otel_agentcap.errors import ConfigurationError
+from otel_agentcap.exporters import metrics
+from otel_agentcap.exporters.durable.directory import (
+    QueueDirectory,
+    default_base_dir,
+    target_of,
+)
+from otel_agentcap.exporters.durable.host_sequences import (
+    HostAwareSequenceSource,
+    HostSequenceStore,
+)
+from otel_agentcap.exporters.durable.processor import (
+    DEFAULT_SHUTDOWN_TIMEOUT,
+    DurableSpanProcessor,
+    QueueSettings,
+    ShutdownReport,
+)
+from otel_agentcap.exporters.durable.queue import DEFAULT_MAX_BYTES, FsyncPolicy
+from otel_agentcap.exporters.faults import FaultLog
 from otel_agentcap.exporters.postgres import (
     Database,
     PostgresSequenceSource,
     PostgresSpanExporter,
     resolve_dsn,
 )
+from otel_agentcap.exporters.postgres.connection import first_line
+from otel_agentcap.exporters.postgres.errors import AgentCapStorageError
+from otel_agentcap.exporters.postgres.exporter import DATABASE_CONDITION, ExportStats
 from otel_agentcap.exporters.postgres.ledger import PostgresToolLedger
-from otel_agentcap.exporters.postgres.memory import set_default_database
+from otel_agentcap.exporters.postgres.memory import default_database, set_default_database
+from otel_agentcap.exporters.postgres.migrate import migrate
 from otel_agentcap.exporters.postgres.recovery import PostgresRunRegistry, PostgresSpawnRegistry
 from otel_agentcap.exporters.queue import EventLogSpanProcessor, Overflow
 from otel_agentcap.instrumentation import instrument_installed
 from otel_agentcap.processor import AgentCapSpanProcessor
+from otel_agentcap.tool_uses import sdk_tools_exactly_once as current_sdk_tools_exactly_once
 from otel_agentcap.tool_uses import set_sdk_tools_exactly_once
+
+_logger = logging.getLogger(__name__)
+
+#: Messages of connection failures that are the user's to fix, not a server that is down.
+_USER_ERRORS: Final = (
+    "does not exist",
+    "authentication failed",
+    "no pg_hba.conf entry",
+    "no password supplied",
+    "permission denied",
+    "is not permitted to log in",
+    "invalid connection option",
+)
+
+
+@dataclass(frozen=True)
+class _Installed:
+    """A process-wide setting :func:`configure` installed, and what it replaced."""
+
+    current: Callable[[], Any]
+    setter: Callable[[Any], None]
+    value: Any
+    previous: Any
+
+    @classmethod
+    def install(
+        cls, current: Callable[[], Any], setter: Callable[[Any], None], value: Any
+    ) -> _Installed:
+        previous = current()
+        setter(value)
+        return cls(current, setter, value, previous)
+
+    def restore(self) -> None:
+        """Put the previous value back, unless something else replaced ours meanwhile."""
+        if self.current() is self.value:
+            self.setter(self.previous)
+
+
+class AgentCap:
+    """What :func:`configure` set up: the TracerProvider, the PostgreSQL exporter, the durable
+    queue, and their figures. Use it to flush, to shut down, and to read :meth:`stats`.
+
+    It owns what it installed: :meth:`shutdown` flushes and stops its processors, closes the
+    tool ledger (writing the outcomes it still holds), the host's sequence store and the
+    database with its pools, and takes its sequence source, spawn and run registries, tool
+    ledger, default memory database and SDK tool setting out of the process-wide settings,
+    restoring what they were (so what runs later does not use a closed database). Usable as a
+    context manager.
+
+    For code written against earlier versions, where ``configure()`` returned the
+    ``TracerProvider``, the handle also answers ``get_tracer``, ``force_flush``, ``shutdown``
+    and any other attribute of the provider; new code uses :attr:`provider`.
+    """
+
+    def __init__(
+        self,
+        provider: TracerProvider,
+        exporter: PostgresSpanExporter,
+        database: Database,
+        *,
+        queue: DurableSpanProcessor | None,
+        export_processor: SpanProcessor,
+        faults: FaultLog,
+        installed_source: SequenceSource | None,
+        previous_source: tuple[SequenceSource | None, int] | None,
+        installed: list[_Installed],
+        ledger: PostgresToolLedger | None,
+        host_sequences: HostSequenceStore | None,
+        shutdown_timeout: float,
+    ) -> None:
+        self.provider = provider
+        self.exporter = exporter
+        self.database = database
+        self.queue = queue
+        self.export_processor = export_processor
+        self.faults = faults
+        self.shutdown_timeout = shutdown_timeout
+        self._installed_source = installed_source
+        self._previous_source = previous_source
+        self._installed = installed
+        self.ledger = ledger
+        self._host_sequences = host_sequences
+        self._lock = threading.Lock()
+        self._shut_down = False
+        self.report: ShutdownReport | None = None
+
+    # --- figures -----------------------------------------------------------------------------
+
+    def stats(self) -> ExportStats:
+        """What the export path did: the exporter's counters and the durable queue's figures
+        (see ``ExportStats``); the same numbers the ``agentcap.*`` metrics report."""
+        stats = self.exporter.stats()
+        if self.queue is not None:
+            for name, value in self.queue.stats().items():
+                setattr(stats, name, value)
+        return stats
+
+    # --- lifecycle --------------------------------------------------------------------------
+
+    def force_flush(
+        self, timeout: float | None = None, *, timeout_millis: int | None = None
+    ) -> bool:
+        """Store everything captured so far, waiting at most ``timeout`` seconds (default
+        ``shutdown_timeout``; ``timeout_millis`` as the SDK's ``force_flush`` takes it). Returns
+        whether everything was stored; what was not stays queued and is delivered later."""
+        seconds = self._seconds(timeout, timeout_millis)
+        deadline = time.monotonic() + seconds
+        if self.queue is not None:
+            done = self.queue.flush(seconds)
+        else:
+            done = self.export_processor.force_flush(int(seconds * 1000))
+        # The other processors (a collector's, say) get what is left of the time.
+        others = self.provider.force_flush(max(0, int((deadline - time.monotonic()) * 1000)))
+        return bool(done and others)
+
+    def shutdown(
+        self, timeout: float | None = None, *, timeout_millis: int | None = None
+    ) -> ShutdownReport | None:
+        """Flush for at most ``timeout`` seconds (default ``shutdown_timeout``), then stop.
+
+        Whatever is not stored by then stays in the queue directory, is counted
+        (``stats().spans_left``) and reported in one log line; the next process that uses the
+        directory delivers it. Other span processors are given the rest of the time. Idempotent.
+        """
+        with self._lock:
+            if self._shut_down:
+                return self.report
+            self._shut_down = True
+        seconds = self._seconds(timeout, timeout_millis)
+        deadline = time.monotonic() + seconds
+        if self.queue is not None:
+            self.report = self.queue.close(seconds)
+        self._run_with_deadline(self.provider.shutdown, deadline, "span processors")
+        self._uninstall()
+        if self._host_sequences is not None:
+            self._host_sequences.close()
+        self.database.close()
+        return self.report
+
+    def _seconds(self, timeout: float | None, timeout_millis: int | None) -> float:
+        if timeout is None and timeout_millis is not None:
+            timeout = timeout_millis / 1000
+        return self.shutdown_timeout if timeout is None else max(0.0, float(timeout))
+
+    @staticmethod
+    def _run_with_deadline(fn: Any, deadline: float, what: str) -> None:
+        done = threading.Event()
+
+        def run() -> None:
+            try:
+                fn()
+            except Exception:
+                _logger.exception("agentcap: shutting down %s failed", what)
+            finally:
+                done.set()
+
+        thread = threading.Thread(target=run, name="agentcap-shutdown", daemon=True)
+        thread.start()
+        if not done.wait(max(0.05, deadline - time.monotonic())):
+            _logger.warning(
+                "agentcap: %s did not shut down within the timeout; left to finish alone", what
+            )
+
+    def _uninstall(self) -> None:
+        if self._installed_source is not None and self._previous_source is not None:
+            current, _ = clocks.configuration()
+            if current is self._installed_source:
+                clocks.configure(*self._previous_source)
+        for setting in reversed(self._installed):
+            setting.restore()
+        if self.ledger is not None:
+            # Its pending outcomes are written while the database is still open.
+            self.ledger.close()
+
+    def __enter__(self) -> AgentCap:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.shutdown()
+
+    # --- the provider, for code written against earlier versions -------------------------
+
+    def get_tracer(self, *args: Any, **kwargs: Any) -> trace.Tracer:
+        return self.provider.get_tracer(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self.provider, name)
+
+    def __repr__(self) -> str:
+        where = self.queue.directory.path if self.queue is not None else "no durable queue"
+        return f"<AgentCap {target_of(self.database.dsn)} queue={where}>"
+
+
+#: Handles by provider, for ``exporter_of(provider)`` (earlier versions' way to the exporter).
+_handles: weakref.WeakKeyDictionary[TracerProvider, AgentCap] = weakref.WeakKeyDictionary()
+
+
+def _check_database(dsn: str, timeout: float) -> str | None:
+    """Raise ConfigurationError for what the user must fix; migrate if the server answers.
+    Returns why the server cannot be reached (it is then treated as down), or None."""
+    try:
+        psycopg.conninfo.conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError as exc:
+        raise ConfigurationError(f"invalid PostgreSQL DSN: {first_line(exc)}") from None
+    try:
+        with psycopg.connect(dsn, connect_timeout=max(2, round(timeout)), autocommit=True) as conn:
+            migrate(conn)
+    except psycopg.OperationalError as exc:
+        text = first_line(exc)
+        if any(marker in text for marker in _USER_ERRORS):
+            raise ConfigurationError(f"cannot use PostgreSQL: {text}") from None
+        return text
+    except AgentCapStorageError as exc:  # e.g. a migration this role may not run
+        raise ConfigurationError(f"cannot prepare the agentcap schema: {exc}") from None
+    except psycopg.Error as exc:
+        raise ConfigurationError(f"cannot use PostgreSQL: {first_line(exc)}") from None
+    return None
 
 
 def configure(
@@ -37,31 +296,53 @@ def configure(
     resource: Resource | None = None,
     set_global: bool = True,
     batch: bool = True,
+    durable: bool = True,
+    queue_dir: str | os.PathLike[str] | None = None,
+    fsync: FsyncPolicy = "interval",
+    max_queue_bytes: int = DEFAULT_MAX_BYTES,
     queue_size: int | None = None,
     overflow: Overflow = "block",
+    block_timeout: float = 2.0,
+    writers: int = 2,
+    shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT,
+    connect_timeout: float = 5.0,
     sequence_blocks: bool = True,
     tool_ledger: bool = True,
     sdk_tools_exactly_once: bool | None = None,
+    metrics_enabled: bool = True,
     announce: bool = True,
     instrument: bool = True,
-) -> TracerProvider:
-    """Build a TracerProvider that records agents into the PostgreSQL event log.
+) -> AgentCap:
+    """Set up capture into the PostgreSQL event log; returns the :class:`AgentCap` handle.
 
     * ``dsn``: the database; default ``AGENTCAP_DSN``, else an embedded PostgreSQL (started or
       reused, data under the user's data directory; its location is printed to stderr).
     * ``span_processors``: further processors, e.g.
       ``BatchSpanProcessor(OTLPSpanExporter())`` for a collector; they see agentcap's stamps.
-    * ``batch``: export in batches from a queue (default) or synchronously.
-    * ``queue_size``, ``overflow``: the export queue's size (default ``OTEL_BSP_MAX_QUEUE_SIZE``,
-      else 2,048) and what a full queue does: ``"block"`` (wait up to 2 s for room, then drop) or
-      ``"drop"``; drops are counted in ``stats().events_dropped`` (see ``exporters.queue``).
-    * ``sequence_blocks``: reserve sequence blocks in the database so that several processes
-      serving one agent, or an agent resumed after a restart, never repeat a sequence.
+    * ``durable`` (default): ended spans go to a durable queue on local disk, in
+      ``queue_dir`` (default ``AGENTCAP_QUEUE_DIR``, else ``/var/lib/otel-agentcap/queue`` for
+      root, else the user's state directory), delivered to PostgreSQL in the background; what a
+      crashed or stopped process leaves there is delivered by the next one. ``fsync``: when
+      appended spans are flushed to the disk (``"interval"``: every second; ``"always"``;
+      ``"never"``). ``max_queue_bytes``: the queue's bound on disk (1 GiB).
+    * ``overflow``, ``block_timeout``: what a full queue does: ``"block"`` (wait up to
+      ``block_timeout`` seconds for room, then drop) or ``"drop"``; drops are counted.
+    * ``queue_size``: spans held in memory: without the durable queue (``durable=False``), the
+      export queue (default ``OTEL_BSP_MAX_QUEUE_SIZE``, else 2,048); with it, the fallback used
+      while the disk refuses writes (10,000).
+    * ``batch=False``: export synchronously on the thread that ends each span (no queue).
+    * ``writers``: parallel connections that store events (split by agent).
+    * ``shutdown_timeout``: the default time ``shutdown()`` and ``force_flush()`` wait.
+    * ``sequence_blocks``: reserve sequence blocks in the database (through this host's
+      ``sequences.sqlite3`` in the queue directory, which gives blocks while the database is
+      down), so several processes serving one agent never repeat a sequence.
     * ``tool_ledger``: protect ``Tool.invoke`` calls with the PostgreSQL tool ledger, so an
       invocation runs once across every process serving the run (see the README, Tools).
     * ``sdk_tools_exactly_once``: True makes the anthropic SDK's tool runners and toolsets run each
       tool_use exactly once (like ``Tool.invoke``); False (their default) records every execution
       the SDK makes, as it makes it; None leaves the setting as it is.
+    * ``metrics_enabled``: report the export path's figures as ``agentcap.*`` metrics on the
+      global MeterProvider (no-op when none is set).
     * ``set_global``: install the provider as the global one (capture uses the global provider).
     * ``instrument``: instrument the libraries installed that need it for a full record (see
       :func:`otel_agentcap.instrumentation.instrument_installed`: the anthropic SDK's causal
@@ -70,49 +351,128 @@ def configure(
     Spawns are registered in the database when they happen, so a spawn retried in any process
     gets the same child and spawn event; ``PostgresMemory`` uses this database by default; a run id
     is claimed in the database when its run opens (``run(run_id)`` on a stored run needs
-    ``resume=True`` or a carried context, see ``otel_agentcap.capture.runs``).
+    ``resume=True`` or a carried context, see ``otel_agentcap.capture.runs``). The handle owns
+    all of it: its ``shutdown()`` closes the tool ledger and the database and restores what these
+    settings were before.
 
-    Raises only for configuration errors (e.g. the embedded server cannot start); a database that
-    is down is waited for in the background.
+    Raises :class:`~otel_agentcap.errors.ConfigurationError` at once for what the user must fix:
+    a DSN that does not parse, a failed authentication, a database or role that does not exist,
+    a schema this role cannot create. A server that is down (or still starting) is not an error:
+    its events wait in the durable queue, and one line says so.
     """
-    database = Database(resolve_dsn(dsn, announce=announce))
-    exporter = PostgresSpanExporter(database=database, owns_database=True)
+    if writers < 1:
+        raise ValueError("writers must be at least 1")
+    resolved = resolve_dsn(dsn, announce=announce)
+    unreachable = _check_database(resolved, connect_timeout)
+    faults = FaultLog()
+    database = Database(resolved)
+    exporter = PostgresSpanExporter(
+        database=database, owns_database=False, writers=writers, faults=faults
+    )
+    directory = QueueDirectory(
+        Path(queue_dir) if queue_dir is not None else default_base_dir(), target_of(resolved)
+    )
+    queue: DurableSpanProcessor | None = None
+    export_processor: SpanProcessor
+    if batch and durable:
+        queue = DurableSpanProcessor(
+            exporter,
+            directory,
+            QueueSettings(
+                fsync=fsync,
+                max_bytes=max_queue_bytes,
+                overflow=overflow,
+                block_timeout=block_timeout,
+                memory_limit=queue_size or QueueSettings.memory_limit,
+                shutdown_timeout=shutdown_timeout,
+            ),
+            faults=faults,
+        )
+        export_processor = queue
+    elif batch:
+        export_processor = EventLogSpanProcessor(
+            exporter,
+            max_queue_size=queue_size,
+            overflow=overflow,
+            block_timeout=block_timeout,
+            on_drop=exporter.count_dropped,
+        )
+    else:
+        export_processor = SimpleSpanProcessor(exporter)
+    if unreachable is not None:
+        faults.fault(
+            DATABASE_CONDITION,
+            f"not reachable at start ({unreachable})",
+            consequence=(
+                f"events wait in the queue {directory.path} until it is"
+                if queue is not None
+                else "events wait in memory and are retried"
+            ),
+        )
     provider = TracerProvider(
         resource=resource
         if resource is not None
         else Resource.create({"service.name": service_name})
     )
     provider.add_span_processor(AgentCapSpanProcessor())
-    provider.add_span_processor(
-        EventLogSpanProcessor(
-            exporter,
-            max_queue_size=queue_size,
-            overflow=overflow,
-            on_drop=exporter.count_dropped,
-        )
-        if batch
-        else SimpleSpanProcessor(exporter)
-    )
+    provider.add_span_processor(export_processor)
     for processor in span_processors:
         provider.add_span_processor(processor)
+    installed_source: SequenceSource | None = None
+    previous_source = clocks.configuration()
+    host_sequences: HostSequenceStore | None = None
     if sequence_blocks:
-        clocks.configure(PostgresSequenceSource(database))
-    set_spawn_registry(PostgresSpawnRegistry(database))
-    set_run_registry(PostgresRunRegistry(database))
-    set_tool_ledger(PostgresToolLedger(database) if tool_ledger else None)
-    set_default_database(database)
+        remote = PostgresSequenceSource(database)
+        if durable:
+            host_sequences = HostSequenceStore(directory.sequences)
+            installed_source = HostAwareSequenceSource(remote, host_sequences, faults=faults)
+        else:
+            installed_source = remote
+        clocks.configure(installed_source)
+    ledger = PostgresToolLedger(database) if tool_ledger else None
+    installed = [
+        _Installed.install(spawn_registry, set_spawn_registry, PostgresSpawnRegistry(database)),
+        _Installed.install(run_registry, set_run_registry, PostgresRunRegistry(database)),
+        _Installed.install(current_tool_ledger, set_tool_ledger, ledger),
+        _Installed.install(default_database, set_default_database, database),
+    ]
     if sdk_tools_exactly_once is not None:
-        set_sdk_tools_exactly_once(sdk_tools_exactly_once)
+        installed.append(
+            _Installed.install(
+                current_sdk_tools_exactly_once, set_sdk_tools_exactly_once, sdk_tools_exactly_once
+            )
+        )
     _telemetry.refresh_content_capture()
     if set_global:
         trace.set_tracer_provider(provider)
-    provider.agentcap_exporter = exporter  # type: ignore[attr-defined]
+    handle = AgentCap(
+        provider,
+        exporter,
+        database,
+        queue=queue,
+        export_processor=export_processor,
+        faults=faults,
+        installed_source=installed_source,
+        previous_source=previous_source,
+        installed=installed,
+        ledger=ledger,
+        host_sequences=host_sequences,
+        shutdown_timeout=shutdown_timeout,
+    )
+    _handles[provider] = handle
+    if metrics_enabled:
+        metrics.register(handle, AgentCap.stats)
     if instrument:
         instrument_installed()
-    return provider
+    return handle
 
 
-def exporter_of(provider: TracerProvider) -> PostgresSpanExporter | None:
-    """The PostgreSQL exporter that :func:`configure` attached to ``provider``."""
-    exporter = getattr(provider, "agentcap_exporter", None)
-    return exporter if isinstance(exporter, PostgresSpanExporter) else None
+def exporter_of(configured: AgentCap | TracerProvider) -> PostgresSpanExporter | None:
+    """The PostgreSQL exporter of a :func:`configure` handle (or of its provider)."""
+    if isinstance(configured, AgentCap):
+        return configured.exporter
+    handle = _handles.get(configured)
+    return handle.exporter if handle is not None else None
+
+
+__all__ = ["AgentCap", "ConfigurationError", "ShutdownReport", "configure", "exporter_of"]

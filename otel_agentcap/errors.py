@@ -65,3 +65,8 @@ class RunExistsError(AgentCapError, ValueError):
     """``run(run_id)`` named a run that already exists (in the event log, or opened before in this
     process) without ``resume=True`` or a context carried from the run: merging a new run into a
     stored one silently would mix their events."""
+
+
+class ConfigurationError(AgentCapError, ValueError):
+    """A setting the user must fix, found when capture is configured: a DSN that does not parse,
+    a failed authentication, a database that does not exist."""

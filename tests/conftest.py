@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import os
+import tempfile
 from collections.abc import Iterator
 
 import pytest
@@ -30,6 +32,11 @@ _NEEDS_ANTHROPIC: dict[str, tuple[int, ...]] = {
     "test_anthropic_toolsets.py": (2, 14),
 }
 collect_ignore = [name for name, needed in _NEEDS_ANTHROPIC.items() if needed > ANTHROPIC_RELEASE]
+
+# The durable queue of everything configure() sets up in tests (and in the processes tests
+# start, which inherit the environment) lives in a directory of this session, not in the
+# user's state directory.
+os.environ.setdefault("AGENTCAP_QUEUE_DIR", tempfile.mkdtemp(prefix="agentcap-test-queue-"))
 
 
 @pytest.fixture(autouse=True)

@@ -479,6 +479,36 @@ def set_spawn_registry(registry: SpawnRegistry | None) -> None:
     _spawn_registry = registry
 
 
+def spawn_registry() -> SpawnRegistry | None:
+    """The installed registry, if any."""
+    return _spawn_registry
+
+
+_registry_failing = False
+
+
+def _registry_failed(action: str, child_id: str, exc: Exception) -> None:
+    """Log a registry that does not answer once per outage of the store, not once per spawn."""
+    global _registry_failing
+    if not _registry_failing:
+        _registry_failing = True
+        text = str(exc).strip()
+        _logger.warning(
+            "agentcap: could not %s the spawn of %s (%s); spawns are recorded in this process "
+            "only until the spawn registry answers again",
+            action,
+            child_id,
+            text.splitlines()[0] if text else type(exc).__name__,
+        )
+
+
+def _registry_answered() -> None:
+    global _registry_failing
+    if _registry_failing:
+        _registry_failing = False
+        _logger.warning("agentcap: the spawn registry answers again")
+
+
 class _LookupRegistry:
     """A registry over a lookup of exported spawns: it finds earlier spawns, and otherwise the
     caller's spawn wins (nothing is registered)."""
@@ -623,9 +653,11 @@ def _register_spawn(parent: AgentContext, name: str, key: str | None, child_id: 
         # A retry (the child is registered already) starts no span and records nothing.
         try:
             found = registry.find(parent.run_id, child_id)
-        except Exception:
-            _logger.warning("agentcap: could not look up the spawn of %s", child_id, exc_info=True)
+        except Exception as exc:
+            _registry_failed("look up", child_id, exc)
             found = None
+        else:
+            _registry_answered()
         if found is not None:
             return _registered(parent, name, child_id, found)
     spawn_stamp = stamp(parent, EventType.AGENT_SPAWN, key=f"spawn:{child_id}")
@@ -656,12 +688,10 @@ def _register_spawn(parent: AgentContext, name: str, key: str | None, child_id: 
         )
         try:
             record = registry.register(claim)
-        except Exception:
-            _logger.warning(
-                "agentcap: could not register the spawn of %s; recording it in this process only",
-                child_id,
-                exc_info=True,
-            )
+        except Exception as exc:
+            _registry_failed("register", child_id, exc)
+        else:
+            _registry_answered()
         if record is None or record.won:
             tel.stamp_span(span, spawn_stamp, payload)
     if record is None or record.won:

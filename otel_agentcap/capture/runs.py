@@ -174,6 +174,11 @@ def set_run_registry(registry: RunRegistry | None) -> None:
     _registry = registry
 
 
+def run_registry() -> RunRegistry | None:
+    """The installed run registry, if any."""
+    return _registry
+
+
 class _Missing:
     __slots__ = ()
 

@@ -80,6 +80,86 @@ class DedicatedConnection:
             self._discard()
 
 
+class SmallPool:
+    """At most ``size`` connections, opened on demand and kept while they work, for the short
+    queries of the capture path (many threads, rare queries). Unlike ``psycopg_pool`` it has no
+    background threads and logs nothing: a failure is raised to the caller, who reports it.
+    ``options`` are server settings for every connection (e.g. ``-c statement_timeout=2000``)."""
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        size: int = 4,
+        options: str | None = None,
+        application_name: str = "otel-agentcap",
+    ) -> None:
+        self._dsn = dsn
+        self._options = options
+        self._application_name = application_name
+        self._slots = threading.BoundedSemaphore(size)
+        self._idle: list[psycopg.Connection[Any]] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def _connect(self, timeout: float) -> psycopg.Connection[Any]:
+        extra: dict[str, Any] = {"application_name": self._application_name}
+        if self._options:
+            extra["options"] = self._options
+        conninfo = make_conninfo(self._dsn, connect_timeout=max(2, math.ceil(timeout)), **extra)
+        try:
+            return psycopg.connect(f"{conninfo} {KEEPALIVES}", autocommit=False)
+        except psycopg.Error as exc:
+            raise ConnectionFailed(f"cannot connect to PostgreSQL: {first_line(exc)}") from exc
+
+    @contextlib.contextmanager
+    def connection(self, timeout: float | None = None) -> Iterator[psycopg.Connection[Any]]:
+        seconds = 5.0 if timeout is None else timeout
+        if self._closed:
+            raise ConnectionFailed("the connection pool is closed")
+        if not self._slots.acquire(timeout=seconds):
+            raise ConnectionFailed(f"no database connection free within {seconds:.1f} s")
+        conn: psycopg.Connection[Any] | None = None
+        try:
+            with self._lock:
+                while self._idle and conn is None:
+                    candidate = self._idle.pop()
+                    if not (candidate.closed or candidate.broken):
+                        conn = candidate
+            if conn is None:
+                conn = self._connect(seconds)
+            yield conn
+            if conn.info.transaction_status != pq.TransactionStatus.IDLE:
+                conn.rollback()
+        except BaseException:
+            if conn is not None:
+                with contextlib.suppress(Exception):
+                    conn.close()
+                conn = None
+            raise
+        finally:
+            if conn is not None:
+                with self._lock:
+                    if self._closed:
+                        conn.close()
+                    else:
+                        self._idle.append(conn)
+            self._slots.release()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            with contextlib.suppress(Exception):
+                conn.close()
+
+    def forget(self) -> None:
+        """Drop the connections without closing them (a forked child's: they are the parent's)."""
+        with self._lock:
+            self._idle = []
+
+
 def first_line(exc: BaseException) -> str:
     """The first line of an error's message (libpq's messages run over several lines)."""
     text = str(exc).strip()

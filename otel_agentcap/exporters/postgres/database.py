@@ -21,7 +21,7 @@ from psycopg.pq import TransactionStatus
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from otel_agentcap.exporters.postgres import embedded
-from otel_agentcap.exporters.postgres.connection import first_line
+from otel_agentcap.exporters.postgres.connection import SmallPool, first_line
 from otel_agentcap.exporters.postgres.errors import ConnectionFailed
 from otel_agentcap.exporters.postgres.migrate import migrate
 
@@ -67,7 +67,8 @@ class _OwnPoolFailures(logging.Filter):
         return not (
             isinstance(name, str)
             and name.startswith(_POOL_PREFIX)
-            and record.msg in ("error connecting in %r: %s",)
+            and record.msg
+            in ("error connecting in %r: %s", "reconnection attempt in pool %r failed after %s sec")
         )
 
 
@@ -92,7 +93,8 @@ class Database:
     :attr:`pool` serves general use (the OTLP ingest's writer) and :meth:`coordination` (the
     tool ledger, spawn registry and shared memory); the exporter's writers have connections of
     their own, so neither waits for the other. :meth:`quick_connection` serves
-    the short queries on the capture path (sequence blocks, spawn lookups) from a pool of its own
+    the short queries on the capture path (sequence blocks, spawn lookups) from a small pool of
+    its own (``connection.SmallPool``: no background threads, nothing logged per failed attempt)
     whose statements time out after ``quick_timeout`` seconds, so a hung server or a lock never
     holds an agent's thread longer than that.
     """
@@ -110,7 +112,7 @@ class Database:
         self._name = name
         self._quick_timeout = quick_timeout
         self._pool: ConnectionPool[Any] | None = None
-        self._quick_pool: ConnectionPool[Any] | None = None
+        self._quick_pool: SmallPool | None = None
         self._schema_ready = False
         self._lock = threading.Lock()
         self._pool_lock = threading.Lock()
@@ -130,22 +132,23 @@ class Database:
     def _after_fork_in_child(self) -> None:
         """A forked child must not use its parent's pools (their threads are gone, their
         connections are the parent's): it opens its own on first use."""
-        _left_in_parent.extend(p for p in (self._pool, self._quick_pool) if p is not None)
+        if self._pool is not None:
+            _left_in_parent.append(self._pool)
+        if self._quick_pool is not None:
+            self._quick_pool.forget()
+            _left_in_parent.append(self._quick_pool)
         self._pool = self._quick_pool = None
         self._lock = threading.Lock()
         self._pool_lock = threading.Lock()
 
-    def _open_pool(self, name: str, options: str | None = None) -> ConnectionPool[Any]:
-        kwargs: dict[str, Any] = {"autocommit": False}
-        if options:
-            kwargs["options"] = options
+    def _open_pool(self, name: str) -> ConnectionPool[Any]:
         pool: ConnectionPool[Any] = ConnectionPool(
             self.dsn,
             min_size=1,
             max_size=self._max_size,
             open=False,
             name=name,
-            kwargs=kwargs,
+            kwargs={"autocommit": False},
             reconnect_timeout=0,  # a failed connection attempt is not retried in the background
         )
         pool.open(wait=False)
@@ -162,14 +165,17 @@ class Database:
                 pool = self._pool
         return pool
 
-    def _quick(self) -> ConnectionPool[Any]:
+    def _quick(self) -> SmallPool:
         pool = self._quick_pool
         if pool is None:
             with self._pool_lock:
                 if self._quick_pool is None:
                     ms = max(1, int(self._quick_timeout * 1000))
-                    self._quick_pool = self._open_pool(
-                        f"{self._name}-capture", f"-c statement_timeout={ms}"
+                    self._quick_pool = SmallPool(
+                        self.dsn,
+                        size=self._max_size,
+                        options=f"-c statement_timeout={ms}",
+                        application_name="otel-agentcap-capture",
                     )
                 pool = self._quick_pool
         return pool
@@ -265,7 +271,9 @@ class Database:
     def close(self) -> None:
         self._closed = True
         with self._pool_lock:
-            pools = [p for p in (self._pool, self._quick_pool) if p is not None]
+            pool, quick = self._pool, self._quick_pool
             self._pool = self._quick_pool = None
-        for pool in pools:
+        if quick is not None:
+            quick.close()
+        if pool is not None:
             pool.close(timeout=1.0)

@@ -50,7 +50,7 @@ _logger = logging.getLogger(__name__)
 _left_in_parent: list[object] = []
 
 #: Longest wait between two attempts at a part the server could not take.
-MAX_RETRY_DELAY = 5.0
+MAX_RETRY_DELAY = 2.0
 DATABASE_CONDITION = "PostgreSQL"
 
 
@@ -193,6 +193,28 @@ class PartOutcome:
         self.record_conflicts += other.record_conflicts
 
 
+def _map(spans: Sequence[SpanLike], *, raw_payloads: bool) -> Batch:
+    """``batch_from_spans``, leaving out the own event of spans that say it was sent already
+    (``own_event_queued``: the durable queue sends an agent's ``agent_start`` when it starts)."""
+    batch = batch_from_spans(spans, raw_payloads=raw_payloads)
+    sent = {
+        attributes_of(span).get(attr.EVENT_ID)
+        for span in spans
+        if getattr(span, "own_event_queued", False)
+    }
+    if not sent:
+        return batch
+    # Unless the record that sent it is in this very batch.
+    sent.difference_update(
+        attributes_of(span).get(attr.EVENT_ID)
+        for span in spans
+        if not getattr(span, "own_event_queued", False)
+    )
+    if not sent:
+        return batch
+    return batch._replace(events=tuple(e for e in batch.events if e.event_id not in sent))
+
+
 class PostgresSpanExporter(SpanExporter):
     """Writes agentcap events to PostgreSQL, deduplicated, one transaction per part (the events
     of one batch that one writer stores; ``writers`` writers in parallel, split by agent).
@@ -304,7 +326,7 @@ class PostgresSpanExporter(SpanExporter):
     def _part(self, index: int, spans: list[SpanLike], records: list[bytes] | None) -> Part:
         part = Part(index, spans, records)
         try:
-            part.batch = batch_from_spans(spans, raw_payloads=True)
+            part.batch = _map(spans, raw_payloads=True)
             part.prepared = prepare(part.batch)
         except InvalidBatch as exc:
             part.error = exc
@@ -398,7 +420,7 @@ class PostgresSpanExporter(SpanExporter):
                 reparsed = True
                 part = Part(part.writer, part.spans, part.records, part.batch)
                 try:
-                    part.batch = batch_from_spans(part.spans)
+                    part.batch = _map(part.spans, raw_payloads=False)
                     part.prepared = prepare(part.batch)
                 except InvalidBatch as exc:
                     part.error = exc

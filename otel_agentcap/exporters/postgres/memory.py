@@ -72,6 +72,11 @@ def set_default_database(database: Database | None) -> None:
     _default_database = database
 
 
+def default_database() -> Database | None:
+    """The database a ``PostgresMemory`` created without one uses, if any."""
+    return _default_database
+
+
 class PostgresMemory(MemoryBase):
     """Memory ``name`` of a run, in PostgreSQL (see the module documentation).
 

@@ -1,0 +1,309 @@
+"""``DurableSpanProcessor``: the span processor that puts ended spans in the durable queue.
+
+``on_end`` runs on the thread that ends the span: for a span that carries agentcap events it
+encodes the span's record (``records.encode_span``, a few microseconds) and appends it to this
+process's queue on disk (one ``write()``), and returns. Spans without agentcap events are not
+queued (nothing of them goes to the event log). Everything else (flushing to the disk, mapping
+to rows, writing to PostgreSQL, retrying) happens on background threads (``queue``,
+``delivery``).
+
+``force_flush(timeout)`` waits until every span queued before the call is stored;
+``shutdown()`` (also run at interpreter exit by the TracerProvider) flushes for at most
+``shutdown_timeout`` seconds, then stops: what is not stored by then stays on disk, is counted
+(``stats().spans_left``) and reported in one log line, and the next process that uses the same
+queue directory delivers it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import time
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+from opentelemetry.context import Context
+from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
+
+from otel_agentcap import attributes as attr
+from otel_agentcap.exporters.faults import FaultLog
+from otel_agentcap.exporters.postgres.exporter import PostgresSpanExporter
+from otel_agentcap.model import EventType
+from otel_agentcap.span_attributes import attributes_of
+
+from .delivery import (
+    DEFAULT_ADOPT_INTERVAL,
+    DEFAULT_BATCH_BYTES,
+    DEFAULT_BATCH_SPANS,
+    DEFAULT_SCHEDULE_DELAY,
+    Delivery,
+)
+from .directory import QueueDirectory
+from .frames import encode_frame
+from .queue import (
+    DEFAULT_MAX_BYTES,
+    DEFAULT_MEMORY_LIMIT,
+    DiskQueue,
+    FsyncPolicy,
+    Overflow,
+)
+from .records import OWN_EVENT_QUEUED, encode_span
+
+_logger = logging.getLogger(__name__)
+
+_EVENT_ID = attr.EVENT_ID
+_EVENT_TYPE = attr.EVENT_TYPE
+_OUTCOME = attr.OUTCOME
+_AGENT_START = EventType.AGENT_START.value
+#: Agent executions whose agent_start is queued and whose span has not ended, at most.
+_MAX_STARTED = 100_000
+DEFAULT_SHUTDOWN_TIMEOUT = 10.0
+
+
+@dataclass(frozen=True)
+class QueueSettings:
+    """How the durable queue behaves (see ``queue`` and ``delivery`` for each)."""
+
+    fsync: FsyncPolicy = "interval"
+    fsync_interval: float = 1.0
+    max_bytes: int = DEFAULT_MAX_BYTES
+    segment_bytes: int | None = None
+    overflow: Overflow = "block"
+    block_timeout: float = 2.0
+    memory_limit: int = DEFAULT_MEMORY_LIMIT
+    batch_spans: int = DEFAULT_BATCH_SPANS
+    batch_bytes: int = DEFAULT_BATCH_BYTES
+    schedule_delay: float = DEFAULT_SCHEDULE_DELAY
+    adopt_interval: float = DEFAULT_ADOPT_INTERVAL
+    shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT
+
+
+@dataclass(frozen=True)
+class ShutdownReport:
+    """What a shutdown left: this process's spans not stored, and those of adopted queues
+    that were read and not stored (both stay on disk), and spans lost because neither the
+    database nor the disk took them (kept only in memory)."""
+
+    seconds: float
+    spans_left: int
+    adopted_left: int
+    spans_lost: int
+
+
+class DurableSpanProcessor(SpanProcessor):
+    """Queues the spans that carry agentcap events on disk and delivers them to PostgreSQL
+    through ``exporter`` (see the module doc). Add it after ``AgentCapSpanProcessor``."""
+
+    def __init__(
+        self,
+        exporter: PostgresSpanExporter,
+        directory: QueueDirectory,
+        settings: QueueSettings | None = None,
+        *,
+        faults: FaultLog | None = None,
+    ) -> None:
+        self.exporter = exporter
+        self.directory = directory
+        self.settings = settings or QueueSettings()
+        self.faults = faults if faults is not None else exporter.faults
+        self._closed = False
+        self._close_lock = threading.Lock()
+        self._started: dict[int, None] = {}
+        self._started_lock = threading.Lock()
+        self.report: ShutdownReport | None = None
+        self._start()
+        ref = weakref.ref(self)
+
+        def after_fork() -> None:  # pragma: no cover - exercised in a forked child
+            processor = ref()
+            if processor is not None:
+                processor._after_fork_in_child()
+
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=after_fork)
+
+    def _start(self) -> None:
+        settings = self.settings
+        self.queue = DiskQueue(
+            self.directory,
+            faults=self.faults,
+            fsync=settings.fsync,
+            fsync_interval=settings.fsync_interval,
+            max_bytes=settings.max_bytes,
+            segment_bytes=settings.segment_bytes,
+            overflow=settings.overflow,
+            block_timeout=settings.block_timeout,
+            memory_limit=settings.memory_limit,
+            on_drop=self._count_drop,
+        )
+        self.delivery = Delivery(
+            self.queue,
+            self.exporter,
+            batch_spans=settings.batch_spans,
+            batch_bytes=settings.batch_bytes,
+            schedule_delay=settings.schedule_delay,
+            adopt_interval=settings.adopt_interval,
+            max_in_flight=2,
+        )
+        self.faults.waiting = self._waiting_text
+
+    def _after_fork_in_child(self) -> None:
+        """The child of a fork must not write to its parent's queue, whose lock, descriptors
+        and threads belong to the parent: it starts a queue (and writers) of its own."""
+        if self._closed:
+            return
+        self._start()
+
+    def _count_drop(self, events: int) -> None:
+        self.exporter.count_dropped(None, events)
+
+    def _waiting_text(self) -> str:
+        try:
+            waiting = self.delivery.waiting_spans()
+            path = self.queue.path or self.directory.path
+        except Exception:
+            return ""
+        return f"{waiting:,} spans waiting in {path}"
+
+    # --- SpanProcessor ------------------------------------------------------------------------
+
+    def on_start(self, span: Span, parent_context: Context | None = None) -> None:
+        # An agent execution may run for long: its agent_start is queued now, so a process that
+        # dies while the agent runs still delivers it (see records: OWN_EVENT_QUEUED).
+        try:
+            attributes = attributes_of(span)
+            if attributes.get(_EVENT_TYPE) != _AGENT_START or _EVENT_ID not in attributes:
+                return
+            if self.queue.put(encode_span(span, attributes), 1) == "disk":
+                with self._started_lock:
+                    started = self._started
+                    started[span.get_span_context().span_id] = None
+                    if len(started) > _MAX_STARTED:
+                        del started[next(iter(started))]
+        except Exception:
+            _logger.exception("agentcap: could not queue the start of %r", span.name)
+
+    def on_end(self, span: ReadableSpan) -> None:
+        try:
+            attributes = attributes_of(span)
+            if _EVENT_ID not in attributes:
+                return
+            flags = 0
+            if self._started and attributes.get(_EVENT_TYPE) == _AGENT_START:
+                context = span.context
+                with self._started_lock:
+                    if context is not None and context.span_id in self._started:
+                        del self._started[context.span_id]
+                        flags = OWN_EVENT_QUEUED
+            self.queue.put(
+                encode_span(span, attributes, flags=flags),
+                1 + (_OUTCOME in attributes) - (flags & OWN_EVENT_QUEUED),
+            )
+        except Exception:
+            _logger.exception("agentcap: could not queue span %r", getattr(span, "name", "?"))
+            with contextlib.suppress(Exception):
+                self.exporter.count_dropped(span)
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self.flush(timeout_millis / 1000)
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every span queued before the call is stored (at most ``timeout`` seconds,
+        default ``shutdown_timeout``); whether it was."""
+        if self._closed:
+            return False
+        if timeout is None:
+            timeout = self.settings.shutdown_timeout
+        started = time.monotonic()
+        if self.settings.fsync != "never":
+            self.queue.sync()
+        done = self.delivery.flush(timeout)
+        if not done:
+            own, _ = self.delivery.leftovers()
+            _logger.warning(
+                "agentcap: flush gave up after %.1f s; %d spans are not stored yet and wait in %s",
+                time.monotonic() - started,
+                own,
+                self.queue.path or self.directory.path,
+            )
+        return done
+
+    def shutdown(self) -> None:
+        self.close()
+
+    def close(self, timeout: float | None = None) -> ShutdownReport:
+        """Flush for at most ``timeout`` seconds (default ``shutdown_timeout``), then stop; the
+        report says what is left on disk. Idempotent."""
+        with self._close_lock:
+            if self.report is not None:
+                return self.report
+            self._closed = True
+            if timeout is None:
+                timeout = self.settings.shutdown_timeout
+            started = time.monotonic()
+            deadline = started + max(0.0, timeout)
+            self.queue.stop_accepting()
+            flushed = self.delivery.flush(max(0.0, deadline - time.monotonic()))
+            if flushed:
+                self.delivery.drain_adopted(deadline)
+            unstored = self.delivery.stop(max(0.05, deadline - time.monotonic()))
+            lost = self._keep(unstored)
+            own, adopted = self.delivery.leftovers()
+            own += len(unstored) - lost
+            self.queue.close(remove_if_empty=own == 0)
+            self.exporter.shutdown(max(0.05, deadline - time.monotonic()))
+            seconds = time.monotonic() - started
+            self.report = ShutdownReport(seconds, own, adopted, lost)
+            self.delivery.counters.spans_left = own + adopted
+            if own or adopted or lost:
+                _logger.warning(
+                    "agentcap: shut down after %.1f s with %d spans of this process%s not yet "
+                    "stored; they stay in %s and the next process using it delivers them%s",
+                    seconds,
+                    own,
+                    f" and {adopted} of ended processes" if adopted else "",
+                    self.directory.path,
+                    f"; {lost} spans held only in memory are lost" if lost else "",
+                )
+            return self.report
+
+    def _keep(self, records: list[bytes]) -> int:
+        """Put records that were only in memory on disk; how many could not be."""
+        own = self.queue.own
+        if not records:
+            return 0
+        if own is None:
+            for _ in records:
+                self.exporter.count_dropped(None, 1)
+            return len(records)
+        for i, record in enumerate(records):
+            try:
+                own.log.append(encode_frame(record))
+            except OSError:
+                lost = len(records) - i
+                for _ in range(lost):
+                    self.exporter.count_dropped(None, 1)
+                return lost
+        return 0
+
+    # --- figures -------------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        """The queue's figures, named as in ``ExportStats``."""
+        queue = self.queue
+        delivery = self.delivery
+        own_records = queue.own.log.records if queue.own is not None else 0
+        return {
+            "spans_queued": max(0, delivery.waiting_spans()),
+            "bytes_queued": queue.waiting_bytes(),
+            "spans_enqueued": own_records + queue.memory.put_count,
+            "spans_adopted": delivery.counters.spans_adopted,
+            "spans_in_memory": queue.memory.put_count,
+            "disk_errors": queue.counters.disk_errors,
+            "spans_rejected": delivery.counters.spans_rejected,
+            "bytes_corrupt": delivery.counters.bytes_corrupt,
+            "spans_left": delivery.counters.spans_left,
+        }

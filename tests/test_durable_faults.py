@@ -1,0 +1,216 @@
+"""The durable queue under faults, with real processes and a real PostgreSQL: a killed process,
+a database restarted under load, a shutdown while it is down, a torn queue, a disk that refuses
+writes, a database that hangs. Nothing captured is lost, nothing is stored twice."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from durable_support import (
+    Server,
+    finish,
+    log_summary,
+    read_counter,
+    restartable_server,
+    start_worker,
+    wait_for_counter,
+)
+
+from otel_agentcap.exporters.durable.records import decode_span
+from otel_agentcap.exporters.durable.segments import (
+    Position,
+    SegmentReader,
+    segment_indexes,
+    segment_path,
+)
+
+pytestmark = [pytest.mark.storage, pytest.mark.fault, pytest.mark.multiprocess]
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Server]:
+    """A PostgreSQL of this module's own, which tests stop and start."""
+    with restartable_server() as started:
+        yield started
+
+
+def _queues(queue_dir: Path) -> list[Path]:
+    return [p for p in queue_dir.glob("*/p-*") if p.is_dir()]
+
+
+def _kill_mid_batch(pg_dsn: str, run_id: str, queue_dir: Path, tmp_path: Path) -> int:
+    """Start a worker, SIGKILL it while it captures and delivers; the events it handed over."""
+    counter = tmp_path / f"{run_id}.counter"
+    proc = start_worker(pg_dsn, run_id, "a", ops=200_000, queue_dir=queue_dir, counter=counter)
+    wait_for_counter(counter, 3000 + random.randrange(2000))
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(30)
+    _, events = read_counter(counter)
+    return events
+
+
+def test_sigkill_mid_batch_then_restart_loses_nothing_and_doubles_nothing(pg_dsn, tmp_path):
+    """A process killed with SIGKILL while it captures and delivers: the next process on the same
+    queue directory delivers what it left; every event whose operation returned is stored, once."""
+    queue_dir = tmp_path / "queue"
+    handed_over = _kill_mid_batch(pg_dsn, "run-kill", queue_dir, tmp_path)
+    assert _queues(queue_dir), "the killed process left its queue"
+    result, err = finish(start_worker(pg_dsn, "run-other", "b", ops=10, queue_dir=queue_dir))
+    summary = log_summary(pg_dsn, "run-kill")
+    # Every operation that returned is stored; one more may have ended its span before the
+    # counter was written. Nothing is stored twice, nothing collided.
+    assert handed_over <= summary["events"] <= handed_over + 2
+    assert summary["distinct_seqs"] == summary["events"]
+    assert summary["conflicts"] == 0
+    assert summary["dangling"] == 0
+    assert result["stats"]["spans_adopted"] > 0
+    assert not _queues(queue_dir), "the adopted queue was removed once delivered"
+    assert "Traceback" not in err
+
+
+def test_a_torn_queue_is_delivered_up_to_its_last_complete_record(pg_dsn, tmp_path):
+    """A killed process's last segment cut inside a record (as a crash in the middle of a write
+    leaves it): every complete record is delivered, the cut one is counted and logged."""
+    queue_dir = tmp_path / "queue"
+    _kill_mid_batch(pg_dsn, "run-torn", queue_dir, tmp_path)
+    (queue,) = _queues(queue_dir)
+    last = segment_path(queue, max(segment_indexes(queue)))
+    size = last.stat().st_size
+    os.truncate(last, size - random.randrange(1, min(size - 16, 400)))
+    reader = SegmentReader(queue, Position(0, 0))
+    complete: set[str] = set()
+    while batch := reader.read(1000, 1 << 24):
+        complete.update(f"{decode_span(r).context.span_id:016x}" for r in batch)
+    reader.close()
+    assert reader.scan.torn > 0 and complete
+    result, err = finish(start_worker(pg_dsn, "run-other", "b", ops=10, queue_dir=queue_dir))
+    with psycopg.connect(pg_dsn) as conn:
+        stored = {
+            r[0]
+            for r in conn.execute(
+                "SELECT DISTINCT span_id FROM agentcap.events WHERE run_id = 'run-torn'"
+            )
+        }
+    assert complete <= stored
+    assert result["stats"]["bytes_corrupt"] > 0
+    assert "damaged or cut" in err
+    assert log_summary(pg_dsn, "run-torn")["conflicts"] == 0
+
+
+def test_postgres_restart_under_load_from_two_processes(server, tmp_path):
+    """Two processes capture for one shared agent at a steady rate while PostgreSQL is stopped
+    for several seconds and started again: every captured event is stored once, no sequence is
+    handed out twice, no causal parent dangles, and the outage is logged once per change."""
+    dsn = server.new_database()
+    queue_dir = tmp_path / "queue"
+    workers = [
+        start_worker(dsn, "run-restart", name, ops=9000, rate=1000, queue_dir=queue_dir)
+        for name in ("p1", "p2")
+    ]
+    time.sleep(2.5)
+    server.stop()
+    time.sleep(4)
+    server.start()
+    results = [finish(w) for w in workers]
+    captured = sum(r["events"] for r, _ in results)
+    summary = log_summary(dsn, "run-restart")
+    assert summary == {
+        "events": captured,
+        "distinct_seqs": captured,
+        "conflicts": 0,
+        "dangling": 0,
+    }
+    for result, err in results:
+        assert result["stats"]["events_dropped"] == 0
+        assert result["stats"]["spans_left"] == 0
+        assert "Traceback" not in err
+        assert err.count("agentcap: PostgreSQL") <= 4, err
+
+
+def test_shutdown_while_postgres_is_down_then_a_later_process_delivers(server, tmp_path):
+    """Shut down while the database is down: shutdown returns within its timeout, reports what it
+    left in one line, and a later process with the database up delivers all of it."""
+    dsn = server.new_database()
+    queue_dir = tmp_path / "queue"
+    server.stop()
+    try:
+        result, err = finish(
+            start_worker(dsn, "run-down", "a", ops=600, queue_dir=queue_dir, shutdown_timeout=2)
+        )
+    finally:
+        server.start()
+    assert result["shutdown_s"] < 4
+    assert result["stats"]["spans_left"] > 0
+    assert err.count("not yet stored") == 1
+    assert "Traceback" not in err
+    later, _ = finish(start_worker(dsn, "run-later", "b", ops=3, queue_dir=queue_dir))
+    summary = log_summary(dsn, "run-down")
+    assert summary["events"] == result["events"]
+    assert summary["conflicts"] == summary["dangling"] == 0
+    assert later["stats"]["spans_adopted"] >= result["stats"]["spans_left"]
+
+
+def test_a_directory_that_cannot_be_created_falls_back_to_memory(pg_dsn, tmp_path):
+    """A queue directory that cannot be created: one clear line, a counter, and the program runs
+    on with its events delivered from memory."""
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    result, err = finish(
+        start_worker(pg_dsn, "run-nodir", "a", ops=300, queue_dir=blocker / "queue")
+    )
+    assert result["stats"]["disk_errors"] >= 1
+    assert result["stats"]["spans_in_memory"] > 0
+    assert err.count("agentcap: disk queue") == 1, err
+    assert log_summary(pg_dsn, "run-nodir")["events"] == result["events"]
+
+
+def test_a_disk_that_fills_up_falls_back_to_memory(pg_dsn, tmp_path):
+    """Writes that start failing mid-run (the file size limit stands in for a full disk): one
+    clear line, a counter, and every event is still stored."""
+    result, err = finish(
+        start_worker(
+            pg_dsn,
+            "run-full",
+            "a",
+            ops=3000,
+            queue_dir=tmp_path / "queue",
+            extra=("--fsize-limit", str(256 * 1024)),
+        )
+    )
+    assert result["stats"]["disk_errors"] >= 1
+    assert result["stats"]["spans_in_memory"] > 0
+    assert err.count("agentcap: disk queue") <= 2, err
+    assert "Traceback" not in err
+    assert log_summary(pg_dsn, "run-full")["events"] == result["events"]
+
+
+def test_a_database_that_hangs_does_not_hold_up_the_agent(pg_dsn, tmp_path):
+    """While a transaction holds a lock every write and every sequence reservation waits on,
+    capture goes on: at most two operations wait (the capture-path timeout, once per cool-down)
+    and none longer than that timeout; once the lock goes, every event is stored."""
+    locker = psycopg.connect(pg_dsn)
+    locker.execute("LOCK TABLE agentcap.events, agentcap.agent_sequences IN ACCESS EXCLUSIVE MODE")
+    proc = start_worker(
+        pg_dsn,
+        "run-hang",
+        "a",
+        ops=4000,
+        rate=800,
+        queue_dir=tmp_path / "queue",
+        extra=("--latencies",),
+    )
+    time.sleep(6)
+    locker.rollback()
+    locker.close()
+    result, err = finish(proc)
+    assert result["over_50ms"] <= 2, result["slowest"]
+    assert max(result["slowest"]) < 3.0, result["slowest"]
+    assert log_summary(pg_dsn, "run-hang")["events"] == result["events"]
+    assert "Traceback" not in err
