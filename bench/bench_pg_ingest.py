@@ -7,6 +7,9 @@ same, freshly truncated events table; rounds alternate and the medians are repor
     .venv/bin/python bench/bench_pg_ingest.py [--events 60000] [--batch 2000] [--rounds 5]
         [--call-ids]
 
+The durable queue is measured twice on the same spans: delivery alone (records already on disk)
+and end to end (on_end of every span while delivery runs, in one process).
+
 ``--call-ids`` gives every model_call payload a response id and a request id, as real calls
 have, so both methods also maintain the log's model-call indexes and the writer probes them.
 """
@@ -190,6 +193,53 @@ def run_exporter(dsn: str, spans: list[object], batch_size: int) -> float:
     return inserted / elapsed
 
 
+def run_durable(dsn: str, spans: list[object], batch_size: int, root: Path) -> tuple[float, float]:
+    """Through the durable queue: (delivery rate, end-to-end rate) in events/s.
+
+    Delivery: the spans' records are first appended to a queue on disk (what on_end does, not
+    timed), then timed from the start of delivery until every event is stored: reading the
+    segments, decoding, mapping, writing. End to end: a DurableSpanProcessor whose on_end gets
+    every span while delivery runs, timed until everything is stored (one process does both, as
+    an application does)."""
+    from otel_agentcap.exporters.durable.delivery import Delivery
+    from otel_agentcap.exporters.durable.directory import QueueDirectory
+    from otel_agentcap.exporters.durable.processor import DurableSpanProcessor, QueueSettings
+    from otel_agentcap.exporters.durable.queue import DiskQueue
+    from otel_agentcap.exporters.durable.records import encode_span
+    from otel_agentcap.exporters.faults import FaultLog
+    from otel_agentcap.exporters.postgres import PostgresSpanExporter
+
+    exporter = PostgresSpanExporter(dsn)
+    exporter.export([])
+    queue = DiskQueue(QueueDirectory(root / "delivery", dsn), faults=FaultLog())
+    for span in spans:
+        queue.put(encode_span(span))
+    queue.sync()
+    t0 = time.perf_counter()
+    delivery = Delivery(queue, exporter, batch_spans=batch_size, schedule_delay=0.01)
+    assert delivery.flush(600)
+    delivery_rate = exporter.stats().events_inserted / (time.perf_counter() - t0)
+    delivery.stop(5)
+    queue.close(remove_if_empty=True)
+    exporter.shutdown()
+
+    reset(dsn)
+    exporter = PostgresSpanExporter(dsn)
+    exporter.export([])
+    processor = DurableSpanProcessor(
+        exporter,
+        QueueDirectory(root / "end-to-end", dsn),
+        QueueSettings(batch_spans=batch_size, schedule_delay=0.01),
+    )
+    t0 = time.perf_counter()
+    for span in spans:
+        processor.on_end(span)  # type: ignore[arg-type]
+    assert processor.flush(600)
+    end_to_end = exporter.stats().events_inserted / (time.perf_counter() - t0)
+    processor.close(5)
+    return delivery_rate, end_to_end
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=60_000)
@@ -222,7 +272,9 @@ def main() -> None:
             writer_rates: list[float] = []
             span_copy_rates: list[float] = []
             exporter_rates: list[float] = []
-            for _ in range(args.rounds):
+            delivery_rates: list[float] = []
+            end_to_end_rates: list[float] = []
+            for round_number in range(args.rounds):
                 reset(dsn)
                 copy_rates.append(run_copy(pool, copy_batches))
                 reset(dsn)
@@ -231,6 +283,12 @@ def main() -> None:
                 span_copy_rates.append(run_copy(pool, [_uuid_batch(b) for b in span_batches]))
                 reset(dsn)
                 exporter_rates.append(run_exporter(dsn, spans, args.batch))
+                reset(dsn)
+                delivery, end_to_end = run_durable(
+                    dsn, spans, args.batch, root / f"queue-{round_number}"
+                )
+                delivery_rates.append(delivery)
+                end_to_end_rates.append(end_to_end)
         copy_rate = statistics.median(copy_rates)
         writer_rate = statistics.median(writer_rates)
         print(
@@ -255,6 +313,22 @@ def main() -> None:
         )
         print(
             f"ratio exporter (mapping + write)/ceiling: {exporter_rate / span_copy:.2f}  (target >= 0.5)"
+        )
+        delivery_rate = statistics.median(delivery_rates)
+        end_to_end_rate = statistics.median(end_to_end_rates)
+        print(
+            f"durable queue, delivery:        {delivery_rate:>10,.0f} events/s  samples={[round(r) for r in delivery_rates]}"
+        )
+        print(
+            f"durable queue, end to end:      {end_to_end_rate:>10,.0f} events/s  samples={[round(r) for r in end_to_end_rates]}"
+        )
+        print(
+            f"ratio durable delivery (read + decode + mapping + write)/ceiling: "
+            f"{delivery_rate / span_copy:.2f}  (target >= 0.8)"
+        )
+        print(
+            f"ratio durable end to end (on_end + delivery, one process)/ceiling: "
+            f"{end_to_end_rate / span_copy:.2f}"
         )
     finally:
         embedded.destroy(root / "pg")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import marshal
 import math
 
 import pytest
@@ -130,11 +131,14 @@ attribute_values = st.one_of(
 
 
 @settings(max_examples=200)
-@given(st.dictionaries(st.text(min_size=1), attribute_values, max_size=8))
-def test_attribute_values_survive(extra):
+@given(
+    st.dictionaries(st.text(min_size=1), attribute_values, max_size=8),
+    st.dictionaries(st.sampled_from([attr.EVENT_PAYLOAD, attr.OUTCOME]), st.text(), max_size=2),
+)
+def test_attribute_values_survive(extra, texts):
     """Any attribute value OpenTelemetry allows (text with lone surrogates, 64-bit ints, NaN and
-    infinities, tuples) reads back equal (tuples as lists)."""
-    attributes = {attr.EVENT_ID: "x", **extra}
+    infinities, tuples) reads back equal (tuples as lists), also in the record's text part."""
+    attributes = {attr.EVENT_ID: "x", **extra, **texts}
     span = ReadableSpan(
         name="s",
         context=SpanContext(1, 2, False),
@@ -173,11 +177,47 @@ def test_a_later_version_may_append_fields():
     payload = encode_span(
         ReadableSpan(name="s", context=SpanContext(1, 2, False), attributes={"a": 1}, start_time=1)
     )
-    extended = payload[:-1] + b', "future", {"x": 1}]'
+    size = int.from_bytes(payload[1:5], "little")
+    fields = marshal.loads(payload[5 : 5 + size])
+    header = marshal.dumps((*fields, "future", {"x": 1}), 4)
+    extended = payload[:1] + len(header).to_bytes(4, "little") + header + payload[5 + size :]
     assert decode_span(extended).attributes == {"a": 1}
 
 
-@pytest.mark.parametrize("payload", [b"Z{}", b"S[1, 2", b"S[]", b""])
+def test_a_value_marshal_refuses_falls_back_to_a_json_header():
+    """An attribute of a str subclass (marshal writes exact types only) makes a JSON record,
+    which reads back the same."""
+
+    class Tag(str):
+        pass
+
+    span = ReadableSpan(
+        name="s",
+        context=SpanContext(1, 2, False),
+        attributes={attr.EVENT_ID: "x", "tag": Tag("t"), "seq": (1, 2)},
+        start_time=1,
+    )
+    payload = encode_span(span)
+    assert payload[:1] == b"S"
+    assert decode_span(payload).attributes == {attr.EVENT_ID: "x", "tag": "t", "seq": [1, 2]}
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b"Z{}",
+        b"M\x03\x00\x00\x00abc",
+        b"M\x01\x00\x00\x00N",
+        b"S\x06\x00\x00\x00[1, 2",
+        b"S\x02\x00\x00\x00[]",
+        b"S\x01",
+        b"",
+        # A header that names more text than the record holds (cut short).
+        b"S\x5c\x00\x00\x00"
+        b'["s", 1, 2, null, 1, 2, null, null, 0, null, {}, [], [], 0, 0, [["agentcap.x", 9]]]'
+        b"abc",
+    ],
+)
 def test_unknown_or_broken_records_are_refused(payload):
     """A record of an unknown kind, or one that is not a whole span record, raises UnknownRecord."""
     with pytest.raises(UnknownRecord):

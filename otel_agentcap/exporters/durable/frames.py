@@ -24,7 +24,7 @@ import struct
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, NamedTuple
 
 #: The 16 bytes every segment file starts with: the format's name, NUL, its version (1).
 SEGMENT_HEADER: Final = b"agentcap-queue\x00\x01"
@@ -47,8 +47,7 @@ def encode_frame(payload: bytes) -> bytes:
     return _pack(FRAME_MAGIC, size, _crc32(payload, _crc32(_LENGTH.pack(size)))) + payload
 
 
-@dataclass(frozen=True, slots=True)
-class Record:
+class Record(NamedTuple):
     """A complete record found by :func:`scan`: its payload and where its frame lies."""
 
     start: int
