@@ -269,3 +269,31 @@ def test_registry_configure_applies_source_to_new_clocks():
     source.next_free = 1000
     registry.configure(source, block_size=3)
     assert registry.get("r", "a").tick() == 1000
+
+
+def test_local_fallback_stays_near_and_logs_once_per_outage(caplog):
+    """While the source fails, every clock continues in a local block at most LOCAL_JUMP above
+    what it needed, without a gap inside the block and without a new jump per tick; the outage
+    is logged once for all clocks, and its end once."""
+    import logging
+
+    from otel_agentcap.clock import LOCAL_JUMP
+
+    source = FlakySource()
+    clocks_ = [LamportClock("r", agent, source, block_size=4) for agent in ("a", "b", "c")]
+    for clock in clocks_:
+        for _ in range(4):  # use up the block the source gave
+            clock.tick()
+    source.down = True
+    with caplog.at_level(logging.WARNING):
+        for clock in clocks_:
+            before = clock.last
+            ticks = [clock.tick() for _ in range(4)]
+            assert before < ticks[0] <= before + 1 + LOCAL_JUMP
+            assert ticks == list(range(ticks[0], ticks[0] + 4))
+        source.down = False
+        for clock in clocks_:
+            assert source.owns(clock.tick())
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum("could not reserve" in m for m in messages) == 1
+    assert sum("from the source again" in m for m in messages) == 1

@@ -1,16 +1,27 @@
-"""configure(): one call gives the full record, including the edges only instrumentation sees."""
+"""configure(): one call gives the full record, including the edges only instrumentation sees;
+what the user must fix fails at once, a server that is down does not; the AgentCap handle owns
+what it set up, reports one set of figures, and keeps the old ways working."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
 import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 from anthropic_support import expected_tool_use_ids, needs_sdk_tracing, stored_events
+from opentelemetry.sdk.trace import TracerProvider
 
+from otel_agentcap.capture.agents import spawn_lookup
+from otel_agentcap.clock import clocks
+from otel_agentcap.configure import AgentCap, configure, exporter_of
+from otel_agentcap.errors import ConfigurationError
+from otel_agentcap.exporters.postgres import embedded
 from otel_agentcap.testing.messages_server import (
     MessagesServer,
     ToolCall,
@@ -99,3 +110,142 @@ def test_configure_instrument_false_leaves_the_sdk_alone(pg_dsn):
     calls = sorted((e for e in events if e["event_type"] == "model_call"), key=lambda e: e["seq"])
     assert len(calls) == 2
     assert calls[1]["parents"] == []
+
+
+def test_a_dsn_that_does_not_parse_fails_at_once(tmp_path):
+    """An unparsable DSN is one clear ConfigurationError, raised before anything is set up."""
+    started = time.monotonic()
+    with pytest.raises(ConfigurationError, match="invalid PostgreSQL DSN"):
+        configure("postgresql://u@[bad/db", queue_dir=tmp_path, set_global=False)
+    with pytest.raises(ConfigurationError, match="invalid"):
+        configure("host=x bogus_option=1", queue_dir=tmp_path, set_global=False)
+    assert time.monotonic() - started < 2
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.storage
+@pytest.mark.parametrize("what", ["database", "role"])
+def test_a_database_or_role_that_does_not_exist_fails_at_once(pg_server_dsn, tmp_path, what):
+    """A database or a role that does not exist is the user's to fix: ConfigurationError."""
+    dsn = (
+        embedded.dsn_for(pg_server_dsn, "no_such_database")
+        if what == "database"
+        else pg_server_dsn + " user=no_such_role"
+    )
+    with pytest.raises(ConfigurationError, match="does not exist"):
+        configure(dsn, queue_dir=tmp_path, set_global=False)
+
+
+@pytest.mark.fault
+def test_a_server_that_is_down_is_absorbed_with_one_line(tmp_path, caplog):
+    """No server listening: configure returns (the queue absorbs the outage), says so in one
+    line, and the handle shuts down within its timeout."""
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING):
+        agentcap = configure("postgresql://u@127.0.0.1:1/db", queue_dir=tmp_path, set_global=False)
+        took = time.monotonic() - started
+        agentcap.shutdown(timeout=1)
+    assert took < 8
+    assert caplog.text.count("not reachable at start") == 1
+    assert "Traceback" not in caplog.text
+
+
+@pytest.mark.storage
+def test_the_handle_owns_what_it_set_up(pg_dsn, tmp_path):
+    """The handle holds the provider, exporter and queue; exporter_of finds the exporter from the
+    handle or its provider; shutdown restores the clocks' source and the spawn lookup it
+    replaced, and is idempotent."""
+    before_source = clocks.configuration()
+    before_lookup = spawn_lookup()
+    with configure(pg_dsn, queue_dir=tmp_path, set_global=False, announce=False) as agentcap:
+        assert isinstance(agentcap, AgentCap)
+        assert isinstance(agentcap.provider, TracerProvider)
+        assert exporter_of(agentcap) is agentcap.exporter
+        assert exporter_of(agentcap.provider) is agentcap.exporter
+        assert agentcap.queue is not None and agentcap.queue.directory.path.is_dir()
+        assert clocks.configuration()[0] is not before_source[0]
+        # The provider's own API, for code written when configure() returned it.
+        assert agentcap.get_tracer("t") is not None
+        assert agentcap.resource is agentcap.provider.resource
+        assert agentcap.force_flush(timeout=5) is True
+        assert agentcap.force_flush(timeout_millis=5000) is True
+    assert clocks.configuration() == before_source
+    assert spawn_lookup() is before_lookup
+    assert agentcap.shutdown() is agentcap.report
+
+
+_PROGRAM = textwrap.dedent(
+    """
+    import dataclasses, json, sys
+    from opentelemetry import metrics
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    import otel_agentcap as ac
+    from otel_agentcap.configure import configure
+
+    reader = InMemoryMetricReader()
+    metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+    agentcap = configure(sys.argv[1], queue_dir=sys.argv[2], announce=False)
+    memory = ac.Memory("m")
+
+    @ac.tool
+    def double(x):
+        return 2 * x
+
+    with ac.run("run-metrics"), ac.agent("a"):
+        for i in range(30):
+            memory[f"k{i}"] = i
+            double.invoke(f"c{i}", i)
+    assert agentcap.force_flush(timeout=30)
+    stats = dataclasses.asdict(agentcap.stats())
+    seen = {}
+    for resource in reader.get_metrics_data().resource_metrics:
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                for point in metric.data.data_points:
+                    result = dict(point.attributes or {}).get("agentcap.result")
+                    seen[metric.name + (f"[{result}]" if result else "")] = point.value
+    agentcap.shutdown(timeout=10)
+    print(json.dumps({"stats": stats, "metrics": seen}))
+    """
+)
+
+
+@pytest.mark.storage
+@pytest.mark.multiprocess
+def test_metrics_report_the_same_figures_as_stats(pg_dsn, tmp_path):
+    """With an SDK MeterProvider set, the agentcap.* instruments report what stats() says:
+    events inserted, retries, queue size, drops."""
+    done = subprocess.run(
+        [sys.executable, "-c", _PROGRAM, pg_dsn, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    stats, seen = out["stats"], out["metrics"]
+    assert stats["events_inserted"] == 30 * 3 + 2
+    assert seen["agentcap.export.events[inserted]"] == stats["events_inserted"]
+    assert seen["agentcap.export.events[duplicate]"] == stats["duplicates"]
+    assert seen["agentcap.export.retries"] == stats["failed_attempts"]
+    assert seen["agentcap.queue.spans"] == stats["spans_queued"] == 0
+    assert seen["agentcap.queue.spans.dropped"] == stats["spans_dropped"] == 0
+    assert "agentcap.queue.size" in seen
+
+
+def test_stats_has_every_figure_the_issue_names():
+    """queued on disk, exported, retried, duplicates, conflicts, dropped: all in ExportStats."""
+    from otel_agentcap.exporters.postgres.exporter import ExportStats
+
+    names = {f.name for f in dataclasses.fields(ExportStats)}
+    assert {
+        "spans_queued",
+        "bytes_queued",
+        "events_inserted",
+        "failed_attempts",
+        "duplicates",
+        "conflicts",
+        "spans_dropped",
+        "events_dropped",
+    } <= names

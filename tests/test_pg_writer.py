@@ -16,8 +16,9 @@ from hypothesis import strategies as st
 from psycopg_pool import ConnectionPool
 
 from otel_agentcap.exporters.postgres.errors import ConnectionFailed, WriteFailed
+from otel_agentcap.exporters.postgres.rows import prepare
 from otel_agentcap.exporters.postgres.store import conflicts_count, run_agents, run_events
-from otel_agentcap.exporters.postgres.writer import EventWriter
+from otel_agentcap.exporters.postgres.writer import EventWriter, WriteResult
 from otel_agentcap.model import AgentRecord, Batch, Event, RunRecord, event_id_for, validate_id
 
 pytestmark = pytest.mark.storage
@@ -433,18 +434,27 @@ event_strategy = st.builds(
 )
 
 
+def _write(writer: EventWriter, batch: Batch, direct: bool) -> WriteResult:
+    """Write ``batch`` by the staging path, or try the direct COPY first."""
+    return writer.write_prepared(prepare(batch), direct=direct)
+
+
 @settings(
     max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
-@given(st.lists(st.lists(event_strategy, max_size=12), min_size=1, max_size=5))
-def test_dedup_invariant(pool: ConnectionPool[Any], batches: list[list[Event]]) -> None:
+@pytest.mark.parametrize("direct", [False, True])
+@given(batches=st.lists(st.lists(event_strategy, max_size=12), min_size=1, max_size=5))
+def test_dedup_invariant(
+    pool: ConnectionPool[Any], direct: bool, batches: list[list[Event]]
+) -> None:
     """Any sequence of batches with repeats stores exactly the first copy of each distinct event;
-    every other distinct row is either a counted duplicate or a recorded conflict."""
+    every other distinct row is either a counted duplicate or a recorded conflict; the same
+    whether each batch first tries the direct COPY or not."""
     with pool.connection() as conn:
         conn.execute("TRUNCATE agentcap.events, agentcap.conflicts, agentcap.agents, agentcap.runs")
     writer = EventWriter(pool, staging_name="staging_hypothesis")
     for batch in batches + batches[:2]:
-        writer.write(Batch(tuple(batch)))
+        _write(writer, Batch(tuple(batch)), direct)
     # Expected: the first event to claim each (agent, seq) wins; ids derive from (agent, key=seq),
     # so a later event with the same id but another payload is a conflict, never a second row.
     expected: dict[tuple[str, int], Event] = {}
@@ -631,15 +641,19 @@ call_strategy = st.builds(
 @settings(
     max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
-@given(st.lists(st.lists(call_strategy, max_size=8), min_size=1, max_size=4))
-def test_model_call_dedup_invariant(pool: ConnectionPool[Any], batches: list[list[Event]]) -> None:
+@pytest.mark.parametrize("direct", [False, True])
+@given(batches=st.lists(st.lists(call_strategy, max_size=8), min_size=1, max_size=4))
+def test_model_call_dedup_invariant(
+    pool: ConnectionPool[Any], direct: bool, batches: list[list[Event]]
+) -> None:
     """Any batches of model calls: every write succeeds, no two stored events of a run share a
-    response id or a request id, and every distinct event is stored, a conflict or a duplicate."""
+    response id or a request id, and every distinct event is stored, a conflict or a duplicate;
+    the same whether each batch first tries the direct COPY or not."""
     with pool.connection() as conn:
         conn.execute("TRUNCATE agentcap.events, agentcap.conflicts, agentcap.agents, agentcap.runs")
     writer = EventWriter(pool, staging_name="staging_hypothesis_calls")
     for batch in batches + batches[:1]:
-        writer.write(Batch(tuple(batch)))
+        _write(writer, Batch(tuple(batch)), direct)
     with pool.connection() as conn:
         stored = conn.execute(
             "SELECT run_id, payload->>'response_id', payload->>'request_id' FROM agentcap.events"
@@ -684,3 +698,48 @@ def test_reason_of_a_conflict_does_not_depend_on_the_classifying_variant(pool):
             "SELECT reason FROM agentcap.conflicts WHERE event_id = %s", (twin.event_id,)
         ).fetchall()
     assert filed == [("model_call_response_id",)]
+
+
+def test_direct_copy_of_new_rows_stores_them_without_staging(pool):
+    """A batch of new rows written with direct=True lands in one attempt, with its runs and
+    agents, and this writer never creates a staging table."""
+    writer = EventWriter(pool)
+    batch = Batch(
+        tuple(ev("r", "a", i) for i in range(20)),
+        (AgentRecord("r", "a", name="A"),),
+        (RunRecord("r", T0, {"k": 1}),),
+    )
+    result = _write(writer, batch, True)
+    assert (result.inserted, result.duplicates, result.conflicts, result.attempts) == (20, 0, 0, 1)
+    with pool.connection() as conn:
+        staging = conn.execute(
+            "SELECT count(*) FROM pg_tables WHERE tablename = %s", (writer.staging_table[9:],)
+        ).fetchone()
+        run = conn.execute("SELECT attributes FROM agentcap.runs").fetchone()
+        agents = [a.name for a in run_agents(conn, "r")]
+    assert staging == (0,)
+    assert run == ({"k": 1},)
+    assert agents == ["A"]
+
+
+@pytest.mark.parametrize(
+    "second",
+    [
+        lambda: ev("r", "a", 3, key="other"),  # same (run, agent, seq), another event
+        lambda: ev("r", "a", 30, key="k3"),  # same idempotency key, another seq
+        lambda: ev("r", "a", 3),  # an exact repeat
+        lambda: ev("r", "a", 31, event_type="not_a_type"),  # refused by the table's CHECK
+    ],
+)
+def test_direct_copy_that_collides_is_classified_row_by_row(pool, second):
+    """A direct COPY that meets a stored row (or a row the table refuses) stores nothing by
+    itself: the batch is classified as on the staging path, so a different event is kept in
+    conflicts, a repeat counted as a duplicate, and the batch's new rows still land."""
+    writer = EventWriter(pool)
+    _write(writer, Batch((ev("r", "a", 3),)), True)
+    fresh = ev("r", "b", 1)
+    result = _write(writer, Batch((fresh, second())), True)
+    assert result.inserted == 1
+    assert result.duplicates + result.conflicts == 1
+    assert count(pool, "events") == 2
+    assert count(pool, "conflicts") == result.conflicts

@@ -122,7 +122,8 @@ class HostSequenceStore:
         """A block of ``size`` sequences for the agent: from ``remote`` above this host's floor
         when it answers, else an offline one (see the module doc). Returns its start and the
         remote's error when the block is an offline one. Raises ``sqlite3.Error`` when the
-        file cannot be used (the remote is not asked then)."""
+        file cannot be used, ``OSError`` when its directory cannot be created (the remote is not
+        asked then)."""
         with self._lock:
             conn = self._connection()
             conn.execute("BEGIN IMMEDIATE")
@@ -184,7 +185,7 @@ class HostAwareSequenceSource:
             start, failure = self._store.reserve(
                 run_id, agent_id, at_least=at_least, size=size, remote=self._remote
             )
-        except sqlite3.Error as exc:
+        except (sqlite3.Error, OSError) as exc:
             self._faults.fault(
                 SEQUENCES_CONDITION,
                 f"cannot use {self._store.path} ({exc})",

@@ -195,7 +195,8 @@ class PartOutcome:
 
 def _map(spans: Sequence[SpanLike], *, raw_payloads: bool) -> Batch:
     """``batch_from_spans``, leaving out the own event of spans that say it was sent already
-    (``own_event_queued``: the durable queue sends an agent's ``agent_start`` when it starts)."""
+    (``own_event_queued``: the durable queue sends an agent's ``agent_start`` when it starts),
+    except once when the record that sent it is in this very batch."""
     batch = batch_from_spans(spans, raw_payloads=raw_payloads)
     sent = {
         attributes_of(span).get(attr.EVENT_ID)
@@ -204,15 +205,20 @@ def _map(spans: Sequence[SpanLike], *, raw_payloads: bool) -> Batch:
     }
     if not sent:
         return batch
-    # Unless the record that sent it is in this very batch.
-    sent.difference_update(
+    here = {
         attributes_of(span).get(attr.EVENT_ID)
         for span in spans
         if not getattr(span, "own_event_queued", False)
-    )
-    if not sent:
-        return batch
-    return batch._replace(events=tuple(e for e in batch.events if e.event_id not in sent))
+    }
+    kept: set[object] = set()
+    events = []
+    for event in batch.events:
+        if event.event_id in sent:
+            if event.event_id not in here or event.event_id in kept:
+                continue
+            kept.add(event.event_id)
+        events.append(event)
+    return batch._replace(events=tuple(events))
 
 
 class PostgresSpanExporter(SpanExporter):

@@ -1,0 +1,208 @@
+"""DurableSpanProcessor: what on_end has queued survives a SIGKILL, a full queue drops with a
+count (or blocks, bounded), an agent's start is queued when it starts, and shutdown and flush
+keep to their timeouts while the database is unreachable."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import struct
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import SpanProcessor
+
+import otel_agentcap as ac
+from otel_agentcap.exporters.durable.directory import QueueDirectory
+from otel_agentcap.exporters.durable.processor import DurableSpanProcessor, QueueSettings
+from otel_agentcap.exporters.durable.records import decode_span
+from otel_agentcap.exporters.durable.segments import Position, SegmentReader
+from otel_agentcap.exporters.postgres import PostgresSpanExporter
+from otel_agentcap.exporters.postgres.exporter import _map
+from otel_agentcap.testing import capture_events
+
+UNREACHABLE = "postgresql://agentcap@127.0.0.1:1/none?connect_timeout=2"
+
+
+class _Forward(SpanProcessor):
+    """Added once to the global provider (which the capture API uses): forwards to the
+    processor under test."""
+
+    target: SpanProcessor | None = None
+
+    def on_start(self, span, parent_context=None):
+        if self.target is not None:
+            self.target.on_start(span, parent_context)
+
+    def on_end(self, span):
+        if self.target is not None:
+            self.target.on_end(span)
+
+
+_forward = _Forward()
+
+
+@pytest.fixture()
+def durable(tmp_path) -> Iterator[Callable[..., DurableSpanProcessor]]:
+    """Makes a DurableSpanProcessor on an unreachable database that sees every span the
+    capture API (the global provider) starts and ends while the test runs."""
+    with capture_events():  # installs an SDK provider with the agentcap processor if need be
+        pass
+    provider = trace.get_tracer_provider()
+    if not getattr(_forward, "installed", False):
+        provider.add_span_processor(_forward)  # type: ignore[attr-defined]
+        _forward.installed = True  # type: ignore[attr-defined]
+    made: list[DurableSpanProcessor] = []
+
+    def make(**settings: object) -> DurableSpanProcessor:
+        exporter = PostgresSpanExporter(UNREACHABLE, writers=1)
+        processor = DurableSpanProcessor(
+            exporter,
+            QueueDirectory(tmp_path, UNREACHABLE),
+            QueueSettings(**settings),  # type: ignore[arg-type]
+        )
+        _forward.target = processor
+        made.append(processor)
+        return processor
+
+    try:
+        yield make
+    finally:
+        _forward.target = None
+        for processor in made:
+            processor.close(0.2)
+
+
+def _records(queue_dir: Path) -> list[bytes]:
+    out: list[bytes] = []
+    for queue in sorted(queue_dir.glob("*/p-*")):
+        reader = SegmentReader(queue, Position(0, 0))
+        while batch := reader.read(1000, 1 << 24):
+            out.extend(batch)
+        reader.close()
+    return out
+
+
+_ENDER = textwrap.dedent(
+    """
+    import mmap, os, struct, sys
+    from pathlib import Path
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry import trace
+    from otel_agentcap.exporters.durable.directory import QueueDirectory
+    from otel_agentcap.exporters.durable.processor import DurableSpanProcessor
+    from otel_agentcap.exporters.postgres import PostgresSpanExporter
+    from otel_agentcap import attributes as attr
+
+    dsn = "postgresql://agentcap@127.0.0.1:1/none?connect_timeout=2"
+    processor = DurableSpanProcessor(
+        PostgresSpanExporter(dsn, writers=1), QueueDirectory(Path(sys.argv[1]), dsn)
+    )
+    fd = os.open(sys.argv[2], os.O_RDWR | os.O_CREAT, 0o600)
+    os.ftruncate(fd, 8)
+    counter = mmap.mmap(fd, 8)
+    tracer = TracerProvider().get_tracer("t")
+    i = 0
+    while True:
+        span = tracer.start_span("s", attributes={attr.EVENT_ID: f"e{i}", "n": i, "pad": "x" * (i % 3000)})
+        span.end()
+        processor.on_end(span)
+        i += 1
+        counter[0:8] = struct.pack("<Q", i)
+    """
+)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.fault
+def test_a_sigkill_after_on_end_returns_loses_nothing(tmp_path):
+    """A process killed at a random moment while it ends spans: every span whose on_end had
+    returned is in its queue, complete (at most the one being ended may be missing)."""
+    counter = tmp_path / "counter"
+    proc = subprocess.Popen([sys.executable, "-c", _ENDER, str(tmp_path / "q"), str(counter)])
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        ready = counter.exists() and counter.stat().st_size == 8
+        if ready and struct.unpack("<Q", counter.read_bytes())[0] > 2000:
+            break
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(10)
+    ended = struct.unpack("<Q", counter.read_bytes())[0]
+    found = [decode_span(r).attributes["n"] for r in _records(tmp_path / "q")]
+    assert ended > 2000
+    assert found[:ended] == list(range(ended))
+    assert len(found) <= ended + 1
+
+
+def test_a_full_queue_drops_with_a_count_under_drop(durable, tmp_path, caplog):
+    """With the database down and the queue at its bound, overflow="drop" drops every further
+    span at once, counts it and its events, and logs the condition once."""
+    processor = durable(max_bytes=64 * 1024, overflow="drop")
+    memory = ac.Memory("m")
+    with caplog.at_level(logging.WARNING), ac.run("r"), ac.agent("a"):
+        for i in range(400):
+            memory[f"k{i}"] = "x" * 1000
+    stats = processor.stats()
+    exported = processor.exporter.stats()
+    assert exported.spans_dropped > 0 and exported.events_dropped == exported.spans_dropped
+    assert stats["bytes_queued"] <= 64 * 1024
+    assert stats["spans_enqueued"] + exported.spans_dropped == 400 + 2
+    assert caplog.text.count("queue full") == 1
+
+
+def test_a_full_queue_blocks_once_then_drops_at_once_under_block(durable, tmp_path):
+    """overflow="block" waits up to block_timeout for room once, then drops at once for a
+    while, so a long outage does not stall every captured operation."""
+    processor = durable(max_bytes=64 * 1024, overflow="block", block_timeout=0.5)
+    memory = ac.Memory("m")
+    slow = 0
+    with ac.run("r"), ac.agent("a"):
+        for i in range(300):
+            started = time.monotonic()
+            memory[f"k{i}"] = "x" * 1000
+            slow += time.monotonic() - started > 0.3
+    assert slow == 1
+    assert processor.exporter.stats().spans_dropped > 0
+
+
+def test_an_agents_start_is_queued_when_it_starts_and_sent_once(durable, tmp_path):
+    """While an agent runs its agent_start is already on disk; the record of its ended span says
+    so, and mapping both records yields agent_start once, in one batch or in two."""
+    durable()
+    tracer = trace.get_tracer("t")
+    with ac.run("r"), ac.agent("a"):
+        tracer.start_span("inner").end()
+        running = [decode_span(r) for r in _records(tmp_path)]
+    ended = [decode_span(r) for r in _records(tmp_path)]
+    assert [s.attributes["agentcap.event.type"] for s in running] == ["agent_start"]
+    assert ended[-1].own_event_queued
+    together = [e.event_type for e in _map(ended, raw_payloads=True).events]
+    apart = [e.event_type for e in _map(ended[-1:], raw_payloads=True).events]
+    assert sorted(together) == ["agent_end", "agent_start"]
+    assert apart == ["agent_end"]
+
+
+def test_shutdown_keeps_to_its_timeout_and_reports_what_it_left(durable, tmp_path, caplog):
+    """With the database unreachable, close(timeout) returns within about the timeout, says in
+    one line how many spans stay on disk, and leaves them there for a later process."""
+    processor = durable()
+    memory = ac.Memory("m")
+    with ac.run("r"), ac.agent("a"):
+        for i in range(50):
+            memory[f"k{i}"] = i
+    assert processor.flush(0.5) is False
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING):
+        report = processor.close(1.0)
+    assert time.monotonic() - started < 2.5
+    assert report.spans_left == 50 + 2 and report.spans_lost == 0
+    assert caplog.text.count("not yet stored") == 1
+    assert len(_records(tmp_path)) == 50 + 2
+    assert processor.close(1.0) is report
