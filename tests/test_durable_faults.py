@@ -193,8 +193,8 @@ def test_a_disk_that_fills_up_falls_back_to_memory(pg_dsn, tmp_path):
 
 def test_a_database_that_hangs_does_not_hold_up_the_agent(pg_dsn, tmp_path):
     """While a transaction holds a lock every write and every sequence reservation waits on,
-    capture goes on: at most two operations wait (the capture-path timeout, once per cool-down)
-    and none longer than that timeout; once the lock goes, every event is stored."""
+    capture goes on: at most two operations (entering the agent included) wait, none longer than
+    the capture path's 2 s statement timeout; once the lock goes, every event is stored."""
     locker = psycopg.connect(pg_dsn)
     locker.execute("LOCK TABLE agentcap.events, agentcap.agent_sequences IN ACCESS EXCLUSIVE MODE")
     proc = start_worker(

@@ -1,0 +1,258 @@
+"""Sustained load from several processes through configure() and the durable queue, optionally
+with a fault in the middle, and an account of every event: captured, stored, duplicates, lost.
+
+Each worker process captures operations at a given rate for a given time, all in one run and one
+shared agent (so their sequences must never collide): a memory write, a memory read naming it as
+causal parent, a tool call (two events), in turn. After each operation returns it writes how many
+events it has captured into a counter file in shared memory, which survives a SIGKILL, so the
+account is exact even for a killed worker.
+
+Faults (``--fault``):
+
+* ``pg-restart``: PostgreSQL is stopped at ``--fault-at`` seconds for ``--fault-for`` seconds
+  (only with the embedded server this script starts, the default);
+* ``sigkill``: the first worker is killed with SIGKILL at ``--fault-at`` and a new worker takes
+  its place for the rest of the time, on the same queue directory (it delivers what the killed
+  one left).
+
+At the end it prints, per worker and in all: captured, stored, duplicates (re-sent events the log
+recognised), conflicts, causal parents that name no stored event, lost counted (dropped or
+refused, in the workers' stats) and lost uncounted (captured, neither stored nor counted), and the
+sustained rate (stored events over the load time).
+
+    .venv/bin/python bench/bench_load.py [--processes 2] [--rate 1000] [--seconds 20]
+        [--fault none|pg-restart|sigkill] [--fault-at 6] [--fault-for 5] [--dsn DSN]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import mmap
+import os
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+RUN = "bench-load"
+
+
+def worker(args: argparse.Namespace) -> None:
+    import dataclasses
+
+    import otel_agentcap as ac
+    from otel_agentcap.configure import configure
+
+    fd = os.open(args.counter, os.O_RDWR | os.O_CREAT, 0o600)
+    os.ftruncate(fd, 8)
+    counter = mmap.mmap(fd, 8)
+    agentcap = configure(args.dsn, queue_dir=args.queue_dir, announce=False, shutdown_timeout=60)
+    memory = ac.Memory("m")
+
+    @ac.tool
+    def tool(x: int) -> int:
+        return x + 1
+
+    events = 0
+    started = time.monotonic()
+    deadline = started + args.seconds
+    i = 0
+    with ac.run(RUN), ac.agent("shared"):
+        events += 1  # agent_start (queued when the agent starts)
+        counter[0:8] = struct.pack("<Q", events)
+        while time.monotonic() < deadline:
+            pause = started + i / args.rate - time.monotonic()
+            if pause > 0:
+                time.sleep(pause)
+            kind = i % 3
+            if kind == 0:
+                memory[f"{args.name}-{i % 10}"] = {"op": i, "note": "x" * 200}
+                events += 1
+            elif kind == 1:
+                memory.get(f"{args.name}-{(i - 1) % 10}")
+                events += 1
+            else:
+                tool.invoke(f"{args.name}-{i}", i)
+                events += 2
+            i += 1
+            counter[0:8] = struct.pack("<Q", events)
+    events += 1  # agent_end
+    counter[0:8] = struct.pack("<Q", events)
+    agentcap.shutdown(60)
+    print(json.dumps({"events": events, "stats": dataclasses.asdict(agentcap.stats())}), flush=True)
+
+
+@dataclass
+class Worker:
+    name: str
+    counter: Path
+    proc: subprocess.Popen[str]
+    killed: bool = False
+    result: dict[str, Any] = field(default_factory=dict)
+
+    def captured(self) -> int:
+        data = self.counter.read_bytes()
+        return struct.unpack("<Q", data[:8])[0] if len(data) >= 8 else 0
+
+
+def start_worker(args: argparse.Namespace, name: str, seconds: float, root: Path) -> Worker:
+    counter = root / f"{name}.counter"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            __file__,
+            "--worker",
+            "--name",
+            name,
+            "--dsn",
+            args.dsn,
+            "--queue-dir",
+            str(root / "queue"),
+            "--counter",
+            str(counter),
+            "--rate",
+            str(args.rate),
+            "--seconds",
+            str(seconds),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    return Worker(name, counter, proc)
+
+
+def query(dsn: str, sql: str) -> Any:
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(sql).fetchone()
+    return row[0] if row else None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--name", default="w")
+    parser.add_argument("--counter")
+    parser.add_argument("--queue-dir")
+    parser.add_argument("--dsn")
+    parser.add_argument("--processes", type=int, default=2)
+    parser.add_argument("--rate", type=float, default=1000.0, help="operations/s per process")
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--fault", choices=["none", "pg-restart", "sigkill"], default="none")
+    parser.add_argument("--fault-at", type=float, default=6.0)
+    parser.add_argument("--fault-for", type=float, default=5.0)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args)
+        return
+
+    from otel_agentcap.exporters.postgres import embedded
+    from otel_agentcap.exporters.postgres.migrate import migrate
+
+    root = Path(tempfile.mkdtemp(prefix="agentcap-bench-load-"))
+    pg_dir = root / "pg"
+    own_server = args.dsn is None
+    if args.fault == "pg-restart" and not own_server:
+        parser.error("pg-restart needs the embedded server this script starts (no --dsn)")
+    try:
+        if own_server:
+            admin = embedded.start(pg_dir, database="postgres")
+            name = f"load_{uuid.uuid4().hex[:8]}"
+            with psycopg.connect(admin, autocommit=True) as conn:
+                conn.execute(f'CREATE DATABASE "{name}"')
+            args.dsn = embedded.dsn_for(admin, name)
+        migrate(args.dsn)
+        with psycopg.connect(args.dsn, autocommit=True) as conn:
+            conn.execute("DELETE FROM agentcap.events WHERE run_id = %s", (RUN,))
+        workers = [start_worker(args, f"p{i}", args.seconds, root) for i in range(args.processes)]
+        began = time.monotonic()
+        if args.fault != "none":
+            time.sleep(max(0.0, began + args.fault_at - time.monotonic()))
+            if args.fault == "pg-restart":
+                embedded.stop(pg_dir)
+                print(f"t={time.monotonic() - began:5.1f}s  PostgreSQL stopped", flush=True)
+                time.sleep(args.fault_for)
+                embedded.start(pg_dir, database="postgres")
+                print(f"t={time.monotonic() - began:5.1f}s  PostgreSQL started", flush=True)
+            else:
+                victim = workers[0]
+                victim.proc.send_signal(signal.SIGKILL)
+                victim.proc.wait(30)
+                victim.killed = True
+                print(
+                    f"t={time.monotonic() - began:5.1f}s  {victim.name} killed with SIGKILL "
+                    f"after capturing {victim.captured()} events",
+                    flush=True,
+                )
+                rest = max(1.0, args.seconds - (time.monotonic() - began))
+                workers.append(start_worker(args, f"{victim.name}-restarted", rest, root))
+        for w in workers:
+            if w.killed:
+                continue
+            out, err = w.proc.communicate(timeout=600)
+            if w.proc.returncode != 0:
+                print(err[-3000:], file=sys.stderr)
+                raise SystemExit(f"worker {w.name} failed")
+            w.result = json.loads(out.strip().splitlines()[-1])
+        load_seconds = args.seconds
+
+        stored = query(args.dsn, f"SELECT count(*) FROM agentcap.events WHERE run_id = '{RUN}'")
+        distinct = query(
+            args.dsn,
+            "SELECT count(DISTINCT (agent_id, logical_seq)) FROM agentcap.events "
+            f"WHERE run_id = '{RUN}'",
+        )
+        conflicts = query(
+            args.dsn, f"SELECT count(*) FROM agentcap.conflicts WHERE run_id = '{RUN}'"
+        )
+        dangling = query(
+            args.dsn,
+            "SELECT count(*) FROM agentcap.events e, unnest(e.causal_parent_ids) p "
+            f"WHERE e.run_id = '{RUN}' AND NOT EXISTS "
+            "(SELECT 1 FROM agentcap.events x WHERE x.event_id = p)",
+        )
+        captured = sum(w.captured() for w in workers)
+        stats = [w.result.get("stats", {}) for w in workers]
+        duplicates = sum(s.get("duplicates", 0) for s in stats)
+        counted = sum(s.get("events_dropped", 0) + s.get("events_failed", 0) for s in stats)
+        print(
+            f"processes={args.processes} rate={args.rate:,.0f} ops/s each seconds={args.seconds} "
+            f"fault={args.fault}"
+        )
+        for w in workers:
+            s = w.result.get("stats", {})
+            print(
+                f"  {w.name:14s} captured={w.captured():>7,} "
+                + (
+                    "(killed)"
+                    if w.killed
+                    else f"stored by it={s.get('events_inserted', 0):>7,} "
+                    f"adopted spans={s.get('spans_adopted', 0):,} retries={s.get('failed_attempts', 0)}"
+                )
+            )
+        print(f"captured:          {captured:>9,}")
+        print(f"stored:            {stored:>9,}  (distinct agent/sequence pairs: {distinct:,})")
+        print(f"duplicates:        {duplicates:>9,}  (re-sent, recognised, stored once)")
+        print(f"conflicts:         {conflicts:>9,}")
+        print(f"dangling parents:  {dangling:>9,}")
+        print(f"lost, counted:     {counted:>9,}")
+        print(f"lost, uncounted:   {captured - stored - counted:>9,}")
+        print(f"sustained rate:    {stored / load_seconds:>9,.0f} events/s stored over the load")
+    finally:
+        if own_server:
+            embedded.destroy(pg_dir)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
