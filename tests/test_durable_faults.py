@@ -210,7 +210,7 @@ def test_a_database_that_hangs_does_not_hold_up_the_agent(pg_dsn, tmp_path):
     locker.rollback()
     locker.close()
     result, err = finish(proc)
-    assert result["over_50ms"] <= 2, result["slowest"]
+    assert result["over_250ms"] <= 2, result["slowest"]
     assert max(result["slowest"]) < 3.0, result["slowest"]
     assert log_summary(pg_dsn, "run-hang")["events"] == result["events"]
     assert "Traceback" not in err

@@ -110,6 +110,6 @@ out = {
 }
 if args.latencies:
     out["slowest"] = sorted(slowest)[-5:]
-    out["over_50ms"] = sum(1 for s in slowest if s > 0.05)
+    out["over_250ms"] = sum(1 for s in slowest if s > 0.25)
 print(json.dumps(out), flush=True)
 sys.exit(0)

@@ -25,13 +25,13 @@ from collections import deque
 from concurrent.futures import Future
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Any, Final
 
 from otel_agentcap.exporters.postgres.exporter import Part, PartOutcome, PostgresSpanExporter
 
 from .frames import SEGMENT_HEADER, encode_frame
 from .queue import AdoptedSource, Chunk, DiskQueue, MemorySource, OwnSource, Source
-from .records import StoredSpan, UnknownRecord, decode_span
+from .records import UnknownRecord, decode_span, encode_span
 from .segments import UnknownFormat
 
 _logger = logging.getLogger(__name__)
@@ -184,22 +184,24 @@ class Delivery:
                 self._own_handed += len(chunk.records)
             elif isinstance(source, AdoptedSource):
                 self.counters.spans_adopted += len(chunk.records)
-            spans: list[StoredSpan] = []
-            records: list[bytes] = []
+            spans: list[Any] = []
+            records: list[Any] = []
             undecodable: list[bytes] = []
             for record in chunk.records:
-                try:
-                    spans.append(decode_span(record))
-                except UnknownRecord:
-                    undecodable.append(record)
-                    continue
+                if type(record) is bytes:
+                    try:
+                        spans.append(decode_span(record))
+                    except UnknownRecord:
+                        undecodable.append(record)
+                        continue
+                else:
+                    spans.append(record)  # the ended span itself, kept in memory for it
                 records.append(record)
             parts = self._exporter.prepare_parts(spans, records)
             futures = self._exporter.submit(parts, direct=source.fresh, stop=self._abandon)
             self._in_flight.append(_InFlight(chunk, parts, futures, undecodable))
-            return (
-                len(chunk.records) >= self.batch_spans
-                or sum(map(len, chunk.records)) >= self.batch_bytes
+            return len(chunk.records) >= self.batch_spans or (
+                sum(len(r) for r in chunk.records if type(r) is bytes) >= self.batch_bytes
             )
         return None
 
@@ -236,7 +238,11 @@ class Delivery:
                 # Given up at shutdown: this chunk and every later one stay unacknowledged.
                 self._in_flight.appendleft(head)
                 return
-            rejected = [r for o in outcomes for r in o.rejected_records] + head.undecodable
+            rejected = [
+                r if type(r) is bytes else encode_span(r)
+                for o in outcomes
+                for r in o.rejected_records
+            ] + head.undecodable
             if rejected:
                 reason = next((o.rejected_reason for o in outcomes if o.rejected_reason), "")
                 self._keep_rejected(rejected, reason or "records this version cannot read")

@@ -45,6 +45,7 @@ from .directory import QueueDirectory
 from .frames import encode_frame
 from .queue import (
     DEFAULT_MAX_BYTES,
+    DEFAULT_MEMO_LIMIT,
     DEFAULT_MEMORY_LIMIT,
     DiskQueue,
     FsyncPolicy,
@@ -74,6 +75,7 @@ class QueueSettings:
     overflow: Overflow = "block"
     block_timeout: float = 2.0
     memory_limit: int = DEFAULT_MEMORY_LIMIT
+    memo_limit: int = DEFAULT_MEMO_LIMIT
     batch_spans: int = DEFAULT_BATCH_SPANS
     batch_bytes: int = DEFAULT_BATCH_BYTES
     schedule_delay: float = DEFAULT_SCHEDULE_DELAY
@@ -137,6 +139,7 @@ class DurableSpanProcessor(SpanProcessor):
             overflow=settings.overflow,
             block_timeout=settings.block_timeout,
             memory_limit=settings.memory_limit,
+            memo_limit=settings.memo_limit,
             on_drop=self._count_drop,
         )
         self.delivery = Delivery(
@@ -177,7 +180,9 @@ class DurableSpanProcessor(SpanProcessor):
             attributes = attributes_of(span)
             if attributes.get(_EVENT_TYPE) != _AGENT_START or _EVENT_ID not in attributes:
                 return
-            if self.queue.put(encode_span(span, attributes), 1) == "disk":
+            payload = encode_span(span, attributes)
+            # The span is still running: its record (a snapshot) stands for it, not the span.
+            if self.queue.put(payload, 1, payload) == "disk":
                 with self._started_lock:
                     started = self._started
                     started[span.get_span_context().span_id] = None
@@ -198,9 +203,13 @@ class DurableSpanProcessor(SpanProcessor):
                     if context is not None and context.span_id in self._started:
                         del self._started[context.span_id]
                         flags = OWN_EVENT_QUEUED
+            payload = encode_span(span, attributes, flags=flags)
             self.queue.put(
-                encode_span(span, attributes, flags=flags),
+                payload,
                 1 + (_OUTCOME in attributes) - (flags & OWN_EVENT_QUEUED),
+                # Delivery takes the ended span from memory rather than reading it back; a
+                # flagged record is taken as its record, which carries the flag.
+                payload if flags else span,
             )
         except Exception:
             _logger.exception("agentcap: could not queue span %r", getattr(span, "name", "?"))

@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 from otel_agentcap.exporters.faults import FaultLog
 
@@ -64,6 +64,8 @@ OVERFLOW_POLICIES: Final = ("block", "drop")
 
 DEFAULT_MAX_BYTES: Final = 1024 * 1024 * 1024
 DEFAULT_MEMORY_LIMIT: Final = 10_000
+#: Ended spans kept in memory next to their records, so delivery need not read them back.
+DEFAULT_MEMO_LIMIT: Final = 8_192
 DISK_CONDITION: Final = "disk queue"
 FULL_CONDITION: Final = "queue full"
 _DISK_RETRY_S: Final = 5.0
@@ -71,10 +73,12 @@ _DISK_RETRY_S: Final = 5.0
 
 @dataclass
 class Chunk:
-    """Records a source handed out, and what acknowledges them."""
+    """Records a source handed out, and what acknowledges them. An item of ``records`` is the
+    record's payload, or what its writer left for it in memory (the ended span itself, see
+    ``OwnSource``), which stands for the same record."""
 
     source: Source
-    records: list[bytes]
+    records: list[Any]
     marker: Position | int
 
 
@@ -99,21 +103,41 @@ class Source:
 
 
 class OwnSource(Source):
-    """This process's segment log."""
+    """This process's segment log.
 
-    def __init__(self, locked: LockedQueue, log: SegmentLog) -> None:
+    The disk is the source of truth; memory is a cache in front of it. A record whose writer
+    left a memo (the ended span, see ``SegmentLog.append``) is taken from memory when it is the
+    next one to read, so delivery neither reads nor decodes it; any other record (memos are
+    bounded, ``memo_limit``) is read from disk. Either way records are handed out once each, in
+    the order they were appended, and positions advance the same."""
+
+    def __init__(self, locked: LockedQueue, log: SegmentLog, memo_limit: int = 0) -> None:
         self.name = locked.name
         self.locked = locked
         self.log = log
+        log.memo_limit = memo_limit
         self._reader = SegmentReader(locked.path, Position(0, 0), log)
         self._acks = AckFile(locked.path)
+        self._read = 0  # ordinal of the last record handed out
         self.acked = Position(0, 0)
         self.fresh = True
 
     def read(self, max_records: int, max_bytes: int) -> Chunk | None:
+        memos = self.log.memos
+        while memos and memos[0][0] <= self._read:
+            memos.popleft()  # read from disk already
+        if memos and memos[0][0] == self._read + 1:
+            out: list[Any] = []
+            end = self._reader.position
+            while memos and len(out) < max_records and memos[0][0] == self._read + 1:
+                self._read, end, memo = memos.popleft()
+                out.append(memo)
+            self._reader.position = end
+            return Chunk(self, out, end)
         records = self._reader.read(max_records, max_bytes)
         if not records:
             return None
+        self._read += len(records)
         return Chunk(self, records, self._reader.position)
 
     def ack(self, chunk: Chunk) -> None:
@@ -268,6 +292,7 @@ class DiskQueue:
         overflow: Overflow = "block",
         block_timeout: float = 2.0,
         memory_limit: int = DEFAULT_MEMORY_LIMIT,
+        memo_limit: int = DEFAULT_MEMO_LIMIT,
         on_drop: Callable[[int], None] | None = None,
     ) -> None:
         if fsync not in FSYNC_POLICIES:
@@ -291,6 +316,7 @@ class DiskQueue:
         self.overflow: Overflow = overflow
         self.block_timeout = block_timeout
         self.memory_limit = memory_limit
+        self.memo_limit = memo_limit
         self._on_drop = on_drop
         self.counters = QueueCounters()
         self._lock = threading.Lock()
@@ -327,7 +353,7 @@ class DiskQueue:
             locked.remove()
             self._disk_failed(exc, f"cannot create a segment in {locked.path}")
             return False
-        self.own = OwnSource(locked, log)
+        self.own = OwnSource(locked, log, self.memo_limit)
         return True
 
     def _disk_failed(self, exc: OSError, what: str) -> None:
@@ -353,9 +379,10 @@ class DiskQueue:
         own = self.own.log.size if self.own is not None else 0
         return own + self.adopted_bytes + self.memory.bytes
 
-    def put(self, payload: bytes, events: int = 1) -> Placed:
+    def put(self, payload: bytes, events: int = 1, memo: object = None) -> Placed:
         """Queue one record (see the module doc): where it went (``"disk"`` or ``"memory"``),
-        or None when it was dropped (and counted)."""
+        or None when it was dropped (and counted). ``memo`` stands for the record in memory
+        (see ``OwnSource``)."""
         frame = encode_frame(payload)
         if not self._accepting:
             self._drop(events, "the queue is shut down")
@@ -368,7 +395,7 @@ class DiskQueue:
         own = self.own
         if own is not None and time.monotonic() >= self._disk_retry_at:
             try:
-                end = own.log.append(frame)
+                end = own.log.append(frame, memo)
             except OSError as exc:
                 self._disk_failed(exc, f"cannot write to {own.locked.path}")
             else:
@@ -384,7 +411,7 @@ class DiskQueue:
                 if self.own is None and time.monotonic() >= self._disk_retry_at:
                     self._open_own()
             if self.own is not None:
-                return self.put(payload, events)
+                return self.put(payload, events, memo)
         if len(self.memory) >= self.memory_limit:
             self._drop(events, f"the disk queue is unusable and memory holds {self.memory_limit:,}")
             return None

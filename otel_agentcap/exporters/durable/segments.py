@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import errno
 import os
@@ -124,6 +125,9 @@ class SegmentLog:
         self._bytes = 0
         #: Records appended in all.
         self.records = 0
+        #: ``(ordinal, end position, memo)`` of recent records (see :meth:`append`).
+        self.memos: collections.deque[tuple[int, Position, object]] = collections.deque()
+        self.memo_limit = 0
         self._dir_dirty = False
         self._closed = False
         existing = segment_indexes(directory)
@@ -178,8 +182,13 @@ class SegmentLog:
             raise
         segment.size += written
 
-    def append(self, frame: bytes) -> Position:
-        """Append one frame; returns the position just after it. Raises OSError."""
+    def append(self, frame: bytes, memo: object = None) -> Position:
+        """Append one frame; returns the position just after it. Raises OSError.
+
+        ``memo`` (anything that stands for the record, e.g. the span it was made from) is kept
+        in :attr:`memos` with the record's ordinal (1 for the first record) and end position,
+        while fewer than ``memo_limit`` are kept, so that a reader in this process can take the
+        record from memory instead of reading and decoding it (see ``queue.OwnSource``)."""
         with self._lock:
             if self._closed:
                 raise OSError(errno.EBADF, "the queue is closed")
@@ -192,7 +201,10 @@ class SegmentLog:
             self._write(segment, frame)
             self._bytes += len(frame)
             self.records += 1
-            return Position(segment.index, segment.size)
+            end = Position(segment.index, segment.size)
+            if memo is not None and len(self.memos) < self.memo_limit:
+                self.memos.append((self.records, end, memo))
+            return end
 
     def rotate_if_drained(self, position: Position, min_size: int) -> bool:
         """Seal the active segment and start the next one when everything in it is read up to

@@ -150,7 +150,8 @@ class Part:
 
     writer: int
     spans: list[SpanLike]
-    records: list[bytes] | None = None
+    #: What the caller gave for each span (its queue record, say), handed back if rejected.
+    records: list[object] | None = None
     batch: Batch = field(default_factory=Batch)
     prepared: PreparedBatch | None = None
     error: AgentCapStorageError | None = None
@@ -170,7 +171,7 @@ class PartOutcome:
     duplicates: int = 0
     conflicts: int = 0
     failed_events: int = 0
-    rejected_records: list[bytes] = field(default_factory=list)
+    rejected_records: list[object] = field(default_factory=list)
     rejected_reason: str = ""
     pending_events: int = 0
     #: Left out by validation (``otel_agentcap.validation``), and run or agent records that
@@ -305,14 +306,15 @@ class PostgresSpanExporter(SpanExporter):
     # --- the parts of a batch ---------------------------------------------------------------
 
     def prepare_parts(
-        self, spans: Sequence[SpanLike], records: Sequence[bytes] | None = None
+        self, spans: Sequence[SpanLike], records: Sequence[object] | None = None
     ) -> list[Part]:
         """Split ``spans`` by writer and map each share to rows (CPU work, on the caller's
-        thread). ``records`` are the queue records the spans were read from, in the same order:
-        a span the server rejects for good is handed back as its record."""
+        thread). ``records`` stand for the spans in the caller's terms (their queue records,
+        say), in the same order: a span the server rejects for good is handed back as its
+        record."""
         count = self._writers.count
         shares: list[list[SpanLike]] = [[] for _ in range(count)]
-        record_shares: list[list[bytes]] | None = (
+        record_shares: list[list[object]] | None = (
             [[] for _ in range(count)] if records is not None else None
         )
         for i, span in enumerate(spans):
@@ -329,7 +331,7 @@ class PostgresSpanExporter(SpanExporter):
                 )
         return parts
 
-    def _part(self, index: int, spans: list[SpanLike], records: list[bytes] | None) -> Part:
+    def _part(self, index: int, spans: list[SpanLike], records: list[object] | None) -> Part:
         part = Part(index, spans, records)
         try:
             part.batch = _map(spans, raw_payloads=True)
