@@ -743,3 +743,68 @@ def test_direct_copy_that_collides_is_classified_row_by_row(pool, second):
     assert result.duplicates + result.conflicts == 1
     assert count(pool, "events") == 2
     assert count(pool, "conflicts") == result.conflicts
+
+
+def test_copy_data_built_for_one_path_serves_the_path_the_batch_takes(pool):
+    """COPY data the caller built for the direct path, for a batch that cannot take it (two of
+    its rows collide), is not fed to the staging table: the batch is stored, the collision
+    kept as a conflict."""
+    from otel_agentcap.exporters.postgres.rows import copy_data
+
+    prepared = prepare(Batch((ev("r", "a", 1), ev("r", "a", 1, key="other"))))
+    data = copy_data(prepared.events, staging=False)
+    result = EventWriter(pool).write_prepared(prepared, direct=True, data=data)
+    assert (result.inserted, result.conflicts) == (1, 1)
+
+
+@pytest.mark.parametrize("staging", [False, True])
+def test_copy_data_round_trips_every_column(pool, staging):
+    """Rows sent as prebuilt binary COPY data read back with every value as it was: ids, text
+    with non-ASCII characters, a sequence near the bigint limit, time to the microsecond, parent
+    ids, trace and span ids, NULLs, and the JSON payload."""
+    from otel_agentcap.exporters.postgres.rows import copy_data
+
+    when = datetime(2031, 7, 9, 13, 14, 15, 123456, tzinfo=UTC)
+    parent = event_id_for("r", "a", "p")
+    event = Event(
+        event_id=event_id_for("r", "\u00e9-agent", "k"),
+        run_id="r",
+        agent_id="\u00e9-agent",
+        seq=2**62,
+        event_type="tool_result",
+        idempotency_key="k \U0001f600",
+        wall_time=when,
+        causal_parent_ids=(parent,),
+        payload={"x": [1, "\u00e9"], "none": None},
+        trace_id="0af7651916cd43dd8448eb211c80319c",
+        span_id=None,
+    )
+    prepared = prepare(Batch((event,)))
+    writer = EventWriter(pool)
+    if staging:
+        result = writer.write_prepared(
+            prepared, direct=False, data=copy_data(prepared.events, staging=True)
+        )
+    else:
+        result = writer.write_prepared(
+            prepared, direct=True, data=copy_data(prepared.events, staging=False)
+        )
+    assert result.inserted == 1
+    with pool.connection() as conn:
+        row = conn.execute(
+            "SELECT event_id::text, agent_id, logical_seq, wall_time, event_type,"
+            " causal_parent_ids::text[], idempotency_key, trace_id, span_id, payload"
+            " FROM agentcap.events"
+        ).fetchone()
+    assert row == (
+        event.event_id,
+        "\u00e9-agent",
+        2**62,
+        when,
+        "tool_result",
+        [parent],
+        "k \U0001f600",
+        "0af7651916cd43dd8448eb211c80319c",
+        None,
+        {"x": [1, "\u00e9"], "none": None},
+    )

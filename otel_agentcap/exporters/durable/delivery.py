@@ -197,7 +197,7 @@ class Delivery:
                 else:
                     spans.append(record)  # the ended span itself, kept in memory for it
                 records.append(record)
-            parts = self._exporter.prepare_parts(spans, records)
+            parts = self._exporter.prepare_parts(spans, records, direct=source.fresh)
             futures = self._exporter.submit(parts, direct=source.fresh, stop=self._abandon)
             self._in_flight.append(_InFlight(chunk, parts, futures, undecodable))
             return len(chunk.records) >= self.batch_spans or (

@@ -38,7 +38,7 @@ from otel_agentcap.exporters.postgres.errors import (
     WriteFailed,
 )
 from otel_agentcap.exporters.postgres.parallel import DEFAULT_WRITERS, WriterThreads, partition_of
-from otel_agentcap.exporters.postgres.rows import PreparedBatch, prepare
+from otel_agentcap.exporters.postgres.rows import PreparedBatch, copy_data, prepare
 from otel_agentcap.exporters.postgres.writer import EventWriter, WriteResult
 from otel_agentcap.mapping import SpanLike, batch_from_spans
 from otel_agentcap.model import Batch
@@ -154,6 +154,10 @@ class Part:
     records: list[object] | None = None
     batch: Batch = field(default_factory=Batch)
     prepared: PreparedBatch | None = None
+    #: The rows' COPY data for the path ``direct`` names (built with the rows, on the caller's
+    #: thread, so the writer's thread only sends it).
+    data: bytes | None = None
+    direct: bool = False
     error: AgentCapStorageError | None = None
 
     @property
@@ -306,7 +310,11 @@ class PostgresSpanExporter(SpanExporter):
     # --- the parts of a batch ---------------------------------------------------------------
 
     def prepare_parts(
-        self, spans: Sequence[SpanLike], records: Sequence[object] | None = None
+        self,
+        spans: Sequence[SpanLike],
+        records: Sequence[object] | None = None,
+        *,
+        direct: bool = False,
     ) -> list[Part]:
         """Split ``spans`` by writer and map each share to rows (CPU work, on the caller's
         thread). ``records`` stand for the spans in the caller's terms (their queue records,
@@ -327,15 +335,25 @@ class PostgresSpanExporter(SpanExporter):
         for index, share in enumerate(shares):
             if share:
                 parts.append(
-                    self._part(index, share, record_shares[index] if record_shares else None)
+                    self._part(
+                        index, share, record_shares[index] if record_shares else None, direct
+                    )
                 )
         return parts
 
-    def _part(self, index: int, spans: list[SpanLike], records: list[object] | None) -> Part:
-        part = Part(index, spans, records)
+    def _part(
+        self,
+        index: int,
+        spans: list[SpanLike],
+        records: list[object] | None,
+        direct: bool = False,
+    ) -> Part:
+        part = Part(index, spans, records, direct=direct)
         try:
             part.batch = _map(spans, raw_payloads=True)
             part.prepared = prepare(part.batch)
+            if part.prepared.events:
+                part.data = copy_data(part.prepared.events, staging=not direct)
         except InvalidBatch as exc:
             part.error = exc
         except Exception as exc:  # a bug of ours must not stop delivery: treat as rejected
@@ -419,14 +437,18 @@ class PostgresSpanExporter(SpanExporter):
                 assert part.prepared is not None
                 with instrumentation_suppressed():
                     self._database.ensure_schema()
-                    result = writer.write_prepared(part.prepared, direct=direct)
+                    result = writer.write_prepared(
+                        part.prepared,
+                        direct=direct,
+                        data=part.data if part.direct == direct else None,
+                    )
             except InvalidPayload:
                 if reparsed:
                     return self._rejected(writer, part, direct, deadline, stop, "invalid payload")
                 # Payload text the server refuses as JSON (cut by a length limit, say): map again
                 # with every payload parsed and made safe.
                 reparsed = True
-                part = Part(part.writer, part.spans, part.records, part.batch)
+                part = Part(part.writer, part.spans, part.records, part.batch, direct=direct)
                 try:
                     part.batch = _map(part.spans, raw_payloads=False)
                     part.prepared = prepare(part.batch)
@@ -519,7 +541,7 @@ class PostgresSpanExporter(SpanExporter):
             return SpanExportResult.FAILURE
 
     def _export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        parts = self.prepare_parts(spans)
+        parts = self.prepare_parts(spans, direct=True)
         if not parts:
             return SpanExportResult.SUCCESS
         deadline = time.monotonic() + self._retry_timeout

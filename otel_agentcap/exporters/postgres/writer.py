@@ -60,14 +60,13 @@ from .rows import (
     EventRow,
     PreparedBatch,
     SpanRow,
+    copy_data,
     prepare,
-    register_raw_uuid_dumpers,
 )
 
 _log = logging.getLogger(__name__)
 
 _EVENT_COLUMNS: Final = tuple(name for name, _ in STAGING_COLUMNS[:11])
-_COPY_TYPES: Final = [pgtype for _, pgtype in STAGING_COLUMNS]
 _STAGING_NAME_RE: Final = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
 # Runs and agents: first writer wins. A new row is inserted as offered; a stored row only gets
@@ -304,7 +303,6 @@ _RETRYABLE_DB_ERRORS: Final = (
 _DIRECT_COPY: Final = sql.SQL("COPY agentcap.events ({}) FROM STDIN (FORMAT BINARY)").format(
     sql.SQL(", ").join(sql.Identifier(n) for n in _EVENT_COLUMNS)
 )
-_DIRECT_TYPES: Final = _COPY_TYPES[: len(_EVENT_COLUMNS)]
 
 
 class ConnectionSource(Protocol):
@@ -552,7 +550,7 @@ class EventWriter:
         return int(row[0]) if row else 0
 
     def _write_once(
-        self, conn: psycopg.Connection[Any], batch: PreparedBatch, *, full: bool
+        self, conn: psycopg.Connection[Any], batch: PreparedBatch, data: bytes, *, full: bool
     ) -> tuple[int, int, int, int]:
         with conn.transaction():
             self._upsert_runs_and_agents(conn, batch)
@@ -562,7 +560,7 @@ class EventWriter:
             if not batch.events:
                 return 0, 0, 0, records
             conn.execute(self._prepare_staging)
-            self._copy_rows(conn, batch.events)
+            self._copy_rows(conn, data)
             row = conn.execute(self._classify_full if full else self._classify_fast).fetchone()
             assert row is not None
             inserted, new, duplicates, conflicts = (int(v) for v in row)
@@ -579,8 +577,10 @@ class EventWriter:
         conn.execute(self._insert_spans)
 
     def _write_direct(
-        self, conn: psycopg.Connection[Any], batch: PreparedBatch
+        self, conn: psycopg.Connection[Any], batch: PreparedBatch, data: bytes | None
     ) -> tuple[int, int, int, int]:
+        if data is None:
+            data = copy_data(batch.events, staging=False)
         with conn.transaction():
             self._upsert_runs_and_agents(conn, batch)
             if batch.spans:
@@ -589,22 +589,13 @@ class EventWriter:
                     for span_row in batch.spans:
                         copy.write_row(span_row)
             records = self._record_conflicts(conn, batch)
-            with conn.cursor() as cur:
-                register_raw_uuid_dumpers(cur.adapters)
-                with cur.copy(_DIRECT_COPY) as copy:
-                    copy.set_types(_DIRECT_TYPES)
-                    write_row = copy.write_row
-                    for row in batch.events:
-                        write_row(row[:11])
+            with conn.cursor() as cur, cur.copy(_DIRECT_COPY) as copy:
+                copy.write(data)
         return len(batch.events), 0, 0, records
 
-    def _copy_rows(self, conn: psycopg.Connection[Any], rows: list[EventRow]) -> None:
-        with conn.cursor() as cur:
-            register_raw_uuid_dumpers(cur.adapters)
-            with cur.copy(self._copy) as copy:
-                copy.set_types(_COPY_TYPES)
-                for row in rows:
-                    copy.write_row(row)
+    def _copy_rows(self, conn: psycopg.Connection[Any], data: bytes) -> None:
+        with conn.cursor() as cur, cur.copy(self._copy) as copy:
+            copy.write(data)
 
     def write(self, batch: Batch, *, validated: bool = False) -> WriteResult:
         """Store ``batch`` atomically. Raises an ``AgentCapStorageError`` subclass on failure,
@@ -613,29 +604,39 @@ class EventWriter:
         Every record is checked against ``otel_agentcap.validation`` first (those that break a
         rule are left out and counted), unless ``validated`` says the caller did it with the same
         rules."""
-        return self.write_prepared(
-            prepare(batch, self._max_payload_chars, validated=validated)
-        )
+        return self.write_prepared(prepare(batch, self._max_payload_chars, validated=validated))
 
-    def write_prepared(self, prepared: PreparedBatch, *, direct: bool = False) -> WriteResult:
+    def write_prepared(
+        self,
+        prepared: PreparedBatch,
+        *,
+        direct: bool = False,
+        data: bytes | None = None,
+    ) -> WriteResult:
         """Store a prepared batch atomically (see :meth:`write`). With ``direct`` the rows are
         first copied straight into the events table (see the module doc); the outcome is the
-        same, only cheaper when no row collides."""
+        same, only cheaper when no row collides. ``data`` is the rows' COPY data
+        (``rows.copy_data``) for the path ``direct`` names, when the caller built it already."""
         last: Exception | None = None
         full = False
+        # ``data`` is for the path the caller asked for, whichever this batch can take.
+        staging_data = None if direct else data
         direct = direct and _direct_candidate(prepared.events)
+        direct_data = data if direct else None
         for attempt in range(1, self._max_attempts + 1):
             try:
                 with self._pool.connection(timeout=self._connect_timeout) as conn:
                     if direct:
                         inserted, duplicates, conflicts, records = self._write_direct(
-                            conn, prepared
+                            conn, prepared, direct_data
                         )
                     else:
                         if not self._staging_ready:
                             self._ensure_staging(conn)
+                        if staging_data is None:
+                            staging_data = copy_data(prepared.events, staging=True)
                         inserted, duplicates, conflicts, records = self._write_once(
-                            conn, prepared, full=full
+                            conn, prepared, staging_data, full=full
                         )
             except (_ConcurrentInsert, *_RETRYABLE_DB_ERRORS) as exc:
                 last = exc
