@@ -14,6 +14,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from datetime import datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import psycopg
@@ -590,6 +591,72 @@ def _server_security_options(parser: argparse.ArgumentParser, use: str, variable
     )
 
 
+def _queue_directory(args: argparse.Namespace) -> Any:
+    from otel_agentcap.exporters.durable.directory import (
+        QueueDirectory,
+        default_base_dir,
+        target_of,
+    )
+
+    base = Path(args.queue_dir) if args.queue_dir else default_base_dir()
+    dsn = _dsn(args)
+    return dsn, QueueDirectory(base, target_of(dsn))
+
+
+def cmd_queue(args: argparse.Namespace) -> int:
+    from otel_agentcap.exporters.durable.inspect import queue_report
+
+    dsn, directory = _queue_directory(args)
+    if args.action == "status":
+        report = queue_report(directory)
+        if args.json:
+            _print_json(report)
+            return 0
+        print(f"queue directory: {report['path']}  (database {report['target']})")
+        for queue in report["queues"]:
+            state = "its process runs" if queue["locked"] else "left by an ended process"
+            print(
+                f"  {queue['name']}: {queue['bytes']:,} bytes in {queue['segments']} segment(s), "
+                f"{state}"
+            )
+        if not report["queues"]:
+            print("  no queues")
+        if report["rejected_files"]:
+            print(
+                f"  rejected: {report['rejected_files']} file(s) of records the database refused "
+                f"in {report['rejected']}"
+            )
+        return 0
+    from otel_agentcap.exporters.durable.processor import DurableSpanProcessor
+    from otel_agentcap.exporters.postgres import Database, PostgresSpanExporter
+
+    with _connect(dsn) as conn:  # a bad DSN or a server that is down: one line, exit 1
+        migrate(conn)
+    database = Database(dsn)
+    exporter = PostgresSpanExporter(database=database, owns_database=True)
+    processor = DurableSpanProcessor(exporter, directory)
+    drained = processor.drain(args.timeout)
+    adopted = processor.stats()["spans_adopted"]
+    processor.close(1.0)
+    stats = exporter.stats()
+    data = {
+        "drained": drained,
+        "spans_read": adopted,
+        "events_inserted": stats.events_inserted,
+        "duplicates": stats.duplicates,
+        "conflicts": stats.conflicts,
+    }
+    if args.json:
+        _print_json(data)
+    else:
+        print(
+            f"{'delivered' if drained else 'not all delivered within the timeout:'} "
+            f"{adopted:,} spans read, {stats.events_inserted:,} events stored, "
+            f"{stats.duplicates:,} already stored, {stats.conflicts:,} conflicts"
+        )
+    return 0 if drained else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="otel-agentcap",
@@ -680,6 +747,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--jaeger-url", help="html: base address of a Jaeger UI, to link events to their spans"
     )
     export.set_defaults(func=cmd_export)
+
+    queue = sub.add_parser(
+        "queue", parents=[common], help="the durable queue: what waits, and delivering it"
+    )
+    queue.add_argument("action", choices=["status", "drain"])
+    queue.add_argument(
+        "--queue-dir", help="queue directory (default: $AGENTCAP_QUEUE_DIR, else the user's)"
+    )
+    queue.add_argument("--timeout", type=float, default=300.0, help="drain: seconds at most")
+    queue.set_defaults(func=cmd_queue)
 
     db = sub.add_parser(
         "db", parents=[common], help="the embedded PostgreSQL server, migrations, roles"

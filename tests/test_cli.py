@@ -11,6 +11,7 @@ import sys
 import urllib.error
 import urllib.request
 
+import psycopg
 import pytest
 
 
@@ -348,3 +349,41 @@ def test_hostile_run_ids_are_printed_as_text_by_every_command(pg_dsn):
     assert demo.returncode == 0, demo.stderr
     assert "[/bogus-demo]" in demo.stdout
     _plain(demo.stdout)
+
+
+@pytest.mark.storage
+@pytest.mark.fault
+@pytest.mark.multiprocess
+def test_queue_status_and_drain_deliver_what_a_killed_process_left(pg_dsn, tmp_path):
+    """`queue status` lists a queue a SIGKILLed process left (its process gone), `queue drain`
+    delivers it, and afterwards nothing waits and every event handed over is stored."""
+    import signal
+    import time
+
+    from durable_support import read_counter, start_worker
+
+    queue_dir = tmp_path / "queue"
+    counter = tmp_path / "counter"
+    worker = start_worker(
+        pg_dsn, "run-drain", "a", ops=100_000, queue_dir=queue_dir, counter=counter
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (
+        counter.exists() and read_counter(counter)[0] > 1500
+    ):
+        time.sleep(0.02)
+    worker.send_signal(signal.SIGKILL)
+    worker.wait(30)
+    handed_over = read_counter(counter)[1]
+    where = ["--dsn", pg_dsn, "--queue-dir", str(queue_dir), "--json"]
+    status = json.loads(_cli("queue", "status", *where).stdout)
+    assert [q["locked"] for q in status["queues"]] == [False]
+    done = _cli("queue", "drain", *where)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["drained"] is True
+    assert json.loads(_cli("queue", "status", *where).stdout)["queues"] == []
+    with psycopg.connect(pg_dsn) as conn:
+        stored = conn.execute(
+            "SELECT count(*) FROM agentcap.events WHERE run_id = 'run-drain'"
+        ).fetchone()
+    assert stored is not None and handed_over <= stored[0] <= handed_over + 2

@@ -15,7 +15,9 @@ For an event log that must lose nothing, this processor applies one of two polic
 Every drop is counted (:attr:`EventLogSpanProcessor.dropped` spans; ``spans_dropped`` and
 ``events_dropped`` in ``PostgresSpanExporter.stats()`` when ``configure()`` wires ``on_drop`` to
 the exporter) and logged at most every few seconds.
-A durable local queue that survives longer outages is not built yet.
+
+This is the in-memory queue (``configure(durable=False)``); by default ``configure()`` uses the
+durable queue on disk instead (``exporters.durable``), which survives outages and crashes.
 """
 
 from __future__ import annotations

@@ -90,6 +90,7 @@ class Delivery:
         self._abandon = threading.Event()
         self._progress = threading.Condition()
         self._urgent = 0
+        self._scanned = threading.Event()  # the first look for queues to adopt is done
         self._in_flight: deque[_InFlight] = deque()
         self._adopted: list[AdoptedSource] = []
         self._skip: set[str] = set()
@@ -131,6 +132,7 @@ class Delivery:
                 if self._adopt_enabled and now >= next_adopt:
                     self._finish_adopted()
                     self._adopt()
+                    self._scanned.set()
                     next_adopt = now + self.adopt_interval
                 self._settle(block=False)
                 if len(self._in_flight) >= self.max_in_flight:
@@ -383,6 +385,8 @@ class Delivery:
 
     def drain_adopted(self, deadline: float) -> bool:
         """Wait until the adopted queues are delivered, or the monotonic ``deadline``."""
+        if self._adopt_enabled:
+            self._scanned.wait(max(0.0, deadline - time.monotonic()))
         with self._lock:
             self._urgent += 1
         try:

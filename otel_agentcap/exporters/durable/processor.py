@@ -240,6 +240,11 @@ class DurableSpanProcessor(SpanProcessor):
             )
         return done
 
+    def drain(self, timeout: float) -> bool:
+        """Wait until the queues that ended processes left in the directory (found when this
+        processor started) are delivered, at most ``timeout`` seconds; whether they were."""
+        return self.delivery.drain_adopted(time.monotonic() + max(0.0, timeout))
+
     def shutdown(self) -> None:
         self.close()
 
