@@ -206,3 +206,52 @@ def test_shutdown_keeps_to_its_timeout_and_reports_what_it_left(durable, tmp_pat
     assert caplog.text.count("not yet stored") == 1
     assert len(_records(tmp_path)) == 50 + 2
     assert processor.close(1.0) is report
+
+
+_FORKER = textwrap.dedent(
+    """
+    import os, sys
+    import otel_agentcap as ac
+    from otel_agentcap.configure import configure
+
+    agentcap = configure(sys.argv[1], queue_dir=sys.argv[2], announce=False)
+    memory = ac.Memory("m")
+    with ac.run("run-fork"), ac.agent("before"):
+        memory["k"] = 0
+    pid = os.fork()
+    name = "child" if pid == 0 else "parent"
+    with ac.run("run-fork"), ac.agent(name):
+        for i in range(200):
+            memory[f"{name}-{i}"] = i
+    agentcap.shutdown(timeout=30)
+    if pid == 0:
+        os._exit(0 if agentcap.stats().spans_left == 0 else 3)
+    _, status = os.waitpid(pid, 0)
+    sys.exit(os.waitstatus_to_exitcode(status))
+    """
+)
+
+
+@pytest.mark.storage
+@pytest.mark.multiprocess
+def test_a_forked_child_queues_and_delivers_its_own_spans(pg_dsn, tmp_path):
+    """After a fork the child writes a queue of its own (never its parent's files) and both
+    processes' events are stored, once each."""
+    done = subprocess.run(
+        [sys.executable, "-c", _FORKER, pg_dsn, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    import psycopg
+
+    with psycopg.connect(pg_dsn) as conn:
+        rows = conn.execute(
+            "SELECT agent_id, count(*) FROM agentcap.events WHERE run_id = 'run-fork' "
+            "GROUP BY agent_id ORDER BY agent_id"
+        ).fetchall()
+        conflicts = conn.execute("SELECT count(*) FROM agentcap.conflicts").fetchone()
+    assert rows == [("before", 3), ("child", 202), ("parent", 202)]
+    assert conflicts == (0,)
+    assert not list(tmp_path.glob("*/p-*"))
