@@ -67,7 +67,7 @@ def worker(args: argparse.Namespace) -> None:
     started = time.monotonic()
     deadline = started + args.seconds
     i = 0
-    with ac.run(RUN), ac.agent("shared"):
+    with ac.run(RUN, resume=True), ac.agent("shared"):  # all workers share one run
         events += 1  # agent_start (queued when the agent starts)
         counter[0:8] = struct.pack("<Q", events)
         while time.monotonic() < deadline:

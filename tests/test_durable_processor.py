@@ -153,7 +153,8 @@ def test_a_full_queue_drops_with_a_count_under_drop(durable, tmp_path, caplog):
     exported = processor.exporter.stats()
     assert exported.spans_dropped > 0 and exported.events_dropped == exported.spans_dropped
     assert stats["bytes_queued"] <= 64 * 1024
-    assert stats["spans_enqueued"] + exported.spans_dropped == 400 + 2
+    # The writes, the agent's start and end records, and the run's root span.
+    assert stats["spans_enqueued"] + exported.spans_dropped == 400 + 3
     assert caplog.text.count("queue full") == 1
 
 
@@ -181,12 +182,19 @@ def test_an_agents_start_is_queued_when_it_starts_and_sent_once(durable, tmp_pat
         tracer.start_span("inner").end()
         running = [decode_span(r) for r in _records(tmp_path)]
     ended = [decode_span(r) for r in _records(tmp_path)]
-    assert [s.attributes["agentcap.event.type"] for s in running] == ["agent_start"]
-    assert ended[-1].own_event_queued
+    assert [s.attributes.get("agentcap.event.type") for s in running] == ["agent_start"]
+    # The agent's end record says its start was queued; the run's root span comes last.
+    (agent_end,) = [s for s in ended if s.own_event_queued]
+    assert ended[-1].attributes.get("agentcap.run.root") is True
     together = [e.event_type for e in _map(ended, raw_payloads=True).events]
-    apart = [e.event_type for e in _map(ended[-1:], raw_payloads=True).events]
+    apart = [e.event_type for e in _map([agent_end], raw_payloads=True).events]
     assert sorted(together) == ["agent_end", "agent_start"]
     assert apart == ["agent_end"]
+    # The start record gives no envelope of the agent's span (it would be stored first, with
+    # the span's start as its end); the end record gives it, with its end.
+    assert not [e for e in _map(running, raw_payloads=True).spans if e.name == agent_end.name]
+    (envelope,) = [e for e in _map(ended, raw_payloads=True).spans if e.name == agent_end.name]
+    assert envelope.end_time > envelope.start_time
 
 
 def test_shutdown_keeps_to_its_timeout_and_reports_what_it_left(durable, tmp_path, caplog):
@@ -202,9 +210,10 @@ def test_shutdown_keeps_to_its_timeout_and_reports_what_it_left(durable, tmp_pat
     with caplog.at_level(logging.WARNING):
         report = processor.close(1.0)
     assert time.monotonic() - started < 2.5
-    assert report.spans_left == 50 + 2 and report.spans_lost == 0
+    # The writes, the agent's start and end records, and the run's root span.
+    assert report.spans_left == 50 + 3 and report.spans_lost == 0
     assert caplog.text.count("not yet stored") == 1
-    assert len(_records(tmp_path)) == 50 + 2
+    assert len(_records(tmp_path)) == 50 + 3
     assert processor.close(1.0) is report
 
 
@@ -220,7 +229,7 @@ _FORKER = textwrap.dedent(
         memory["k"] = 0
     pid = os.fork()
     name = "child" if pid == 0 else "parent"
-    with ac.run("run-fork"), ac.agent(name):
+    with ac.run("run-fork", resume=True), ac.agent(name):
         for i in range(200):
             memory[f"{name}-{i}"] = i
     agentcap.shutdown(timeout=30)

@@ -242,9 +242,10 @@ def _claim_in_store(run_id: str, root_span: SpanContext | None, start_ns: int) -
         return None
     try:
         return registry.claim(run_id, root_span, datetime.fromtimestamp(start_ns / 1e9, tz=UTC))
-    except Exception:
+    except Exception as exc:
         # Logged at most once a minute: a process opening run after run while the database is
-        # down would otherwise log each one.
+        # down would otherwise log each one. The error's first line, no traceback: a database
+        # that is down is a fault the export path expects.
         global _unchecked_logged_at
         now = time.monotonic()
         with _unchecked_lock:
@@ -252,11 +253,12 @@ def _claim_in_store(run_id: str, root_span: SpanContext | None, start_ns: int) -
             if not quiet:
                 _unchecked_logged_at = now
         if not quiet:
+            text = str(exc).strip()
             _logger.warning(
-                "agentcap: could not check run %s in the event log; opening it (and any other "
-                "run in the next minute) unchecked",
+                "agentcap: could not check run %s in the event log (%s); opening it (and any "
+                "other run in the next minute) unchecked",
                 run_id,
-                exc_info=True,
+                text.splitlines()[0] if text else type(exc).__name__,
             )
         return None
 

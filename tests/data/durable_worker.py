@@ -71,7 +71,8 @@ events = 0
 slowest: list[float] = []
 started = time.monotonic()
 entering = time.perf_counter()
-with ac.run(args.run_id), ac.agent("shared"):
+# resume: several processes (and a restarted one) serve the same run.
+with ac.run(args.run_id, resume=True), ac.agent("shared"):
     if args.latencies:
         slowest.append(time.perf_counter() - entering)  # the agent's start is an operation too
     events += 1  # agent_start

@@ -1,9 +1,9 @@
 """``DurableSpanProcessor``: the span processor that puts ended spans in the durable queue.
 
-``on_end`` runs on the thread that ends the span: for a span that carries agentcap events it
-encodes the span's record (``records.encode_span``, a few microseconds) and appends it to this
-process's queue on disk (one ``write()``), and returns. Spans without agentcap events are not
-queued (nothing of them goes to the event log). Everything else (flushing to the disk, mapping
+``on_end`` runs on the thread that ends the span: for a span that carries agentcap events (or is
+a run's root span) it encodes the span's record (``records.encode_span``, a few microseconds)
+and appends it to this process's queue on disk (one ``write()``), and returns. Other spans are
+not queued (nothing of them goes to the event log). Everything else (flushing to the disk, mapping
 to rows, writing to PostgreSQL, retrying) happens on background threads (``queue``,
 ``delivery``).
 
@@ -58,6 +58,7 @@ _logger = logging.getLogger(__name__)
 _EVENT_ID = attr.EVENT_ID
 _EVENT_TYPE = attr.EVENT_TYPE
 _OUTCOME = attr.OUTCOME
+_RUN_ROOT = attr.RUN_ROOT
 _AGENT_START = EventType.AGENT_START.value
 #: Agent executions whose agent_start is queued and whose span has not ended, at most.
 _MAX_STARTED = 100_000
@@ -194,8 +195,8 @@ class DurableSpanProcessor(SpanProcessor):
     def on_end(self, span: ReadableSpan) -> None:
         try:
             attributes = attributes_of(span)
-            if _EVENT_ID not in attributes:
-                return
+            if _EVENT_ID not in attributes and attributes.get(_RUN_ROOT) is not True:
+                return  # nothing of it goes to the event log
             flags = 0
             if self._started and attributes.get(_EVENT_TYPE) == _AGENT_START:
                 context = span.context

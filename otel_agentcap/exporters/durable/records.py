@@ -18,6 +18,7 @@ the record kind, the length of a header, the header, then text::
         flags,                                            # 1: the span's own event was queued
                                                           #    when it started (see below)
         texts,                                            # [[attribute, bytes], ...]
+        service_name | null,                              # the resource's service.name
     ]
     text: the values of the attributes named in ``texts``, UTF-8, back to back
 
@@ -50,6 +51,7 @@ import logging
 import marshal
 import struct
 from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import Any, Final, NamedTuple
 
 from opentelemetry.trace import SpanKind, StatusCode
@@ -134,6 +136,8 @@ class StoredSpan(NamedTuple):
     kind: SpanKind = SpanKind.INTERNAL
     #: The span's own event went into the queue when the span started: not sent again.
     own_event_queued: bool = False
+    #: What the mapping reads of the span's resource (``service.name``), as for an OTLP span.
+    resource_attributes: Mapping[str, Any] = MappingProxyType({})
 
 
 _new_span = from_fields(StoredSpan)
@@ -179,6 +183,25 @@ def _jsonable(value: object) -> object:
     if isinstance(value, tuple | list | set | frozenset):
         return list(value)
     return str(value)
+
+
+#: service.name by resource object (the spans of a process share one resource). Bounded.
+_services: dict[int, tuple[object, str | None]] = {}
+
+
+def _service_name(span: Any) -> str | None:
+    resource = getattr(span, "resource", None)
+    if resource is None:
+        return None
+    cached = _services.get(id(resource))
+    if cached is not None and cached[0] is resource:
+        return cached[1]
+    value = (getattr(resource, "attributes", None) or {}).get("service.name")
+    name = value if isinstance(value, str) else None
+    if len(_services) >= 64:
+        _services.clear()
+    _services[id(resource)] = (resource, name)
+    return name
 
 
 def encode_span(
@@ -229,6 +252,7 @@ def encode_span(
         _KIND_VALUES.get(span.kind, 0),
         flags,
         texts,
+        _service_name(span),
     )
     try:
         header = _marshal_dumps(fields, MARSHAL_VERSION)
@@ -271,6 +295,7 @@ def decode_span(payload: bytes) -> StoredSpan:
             flags,
             texts,
         ) = fields[:16]
+        service_name = fields[16] if len(fields) > 16 else None
         for key, length in texts:
             attributes[key] = payload[end : end + length].decode("utf-8", "surrogatepass")
             end += length
@@ -297,5 +322,20 @@ def decode_span(payload: bytes) -> StoredSpan:
             else (),
             _KINDS.get(kind_value, SpanKind.INTERNAL),
             bool(flags & OWN_EVENT_QUEUED) if type(flags) is int else False,
+            _resource_attributes(service_name),
         )
     )
+
+
+_RESOURCES: dict[str | None, Mapping[str, Any]] = {}
+
+
+def _resource_attributes(service_name: object) -> Mapping[str, Any]:
+    """The (shared) resource attributes of a read-back span: its service name."""
+    name = service_name if isinstance(service_name, str) else None
+    found = _RESOURCES.get(name)
+    if found is None:
+        if len(_RESOURCES) >= 64:
+            _RESOURCES.clear()
+        found = _RESOURCES[name] = MappingProxyType({} if name is None else {"service.name": name})
+    return found

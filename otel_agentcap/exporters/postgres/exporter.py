@@ -199,22 +199,37 @@ class PartOutcome:
 
 
 def _map(spans: Sequence[SpanLike], *, raw_payloads: bool) -> Batch:
-    """``batch_from_spans``, leaving out the own event of spans that say it was sent already
-    (``own_event_queued``: the durable queue sends an agent's ``agent_start`` when it starts),
-    except once when the record that sent it is in this very batch."""
+    """``batch_from_spans``, for spans the durable queue may have sent in two records (an
+    agent's ``invoke_agent`` span, whose ``agent_start`` is queued when it starts): a span that
+    has not ended (``end_time`` None, a start record) gives no envelope, which would be stored
+    first and keep the span's end from the log; the own event of a span that says it was sent
+    already (``own_event_queued``) is left out, except once when the record that sent it is in
+    this very batch."""
     batch = batch_from_spans(spans, raw_payloads=raw_payloads)
-    sent = {
-        attributes_of(span).get(attr.EVENT_ID)
-        for span in spans
-        if getattr(span, "own_event_queued", False)
-    }
+    sent: set[object] = set()
+    here: set[object] = set()
+    started: set[tuple[str, str]] = set()
+    for span in spans:
+        if getattr(span, "own_event_queued", False):
+            sent.add(attributes_of(span).get(attr.EVENT_ID))
+        elif getattr(span, "end_time", 0) is None:
+            here.add(attributes_of(span).get(attr.EVENT_ID))
+            context = span.context
+            if context is not None:
+                started.add((f"{context.trace_id:032x}", f"{context.span_id:016x}"))
+        else:
+            here.add(attributes_of(span).get(attr.EVENT_ID))
+    if started:
+        # The envelope a start record gives ends where it starts; the ended span's, later.
+        batch = batch._replace(
+            spans=tuple(
+                e
+                for e in batch.spans
+                if (e.trace_id, e.span_id) not in started or e.end_time > e.start_time
+            )
+        )
     if not sent:
         return batch
-    here = {
-        attributes_of(span).get(attr.EVENT_ID)
-        for span in spans
-        if not getattr(span, "own_event_queued", False)
-    }
     kept: set[object] = set()
     events = []
     for event in batch.events:
