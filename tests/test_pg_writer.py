@@ -808,3 +808,32 @@ def test_copy_data_round_trips_every_column(pool, staging):
         None,
         {"x": [1, "\u00e9"], "none": None},
     )
+
+
+def test_span_envelopes_through_the_direct_path_keep_the_first_writer(pool):
+    """Span envelopes copied straight in with a batch of new events; the same batch again, and
+    an envelope of the same span with another end, fall back to the staging path: nothing is
+    stored twice and the first envelope stays."""
+    from otel_agentcap.model import SpanRecord
+
+    def envelope(end_seconds: int) -> SpanRecord:
+        return SpanRecord(
+            "r",
+            "0af7651916cd43dd8448eb211c80319c",
+            "00f067aa0ba902b7",
+            None,
+            "invoke_agent a",
+            0,
+            T0,
+            T0 + timedelta(seconds=end_seconds),
+        )
+
+    writer = EventWriter(pool)
+    first = Batch((ev("r", "a", 1),), spans=(envelope(5),))
+    assert _write(writer, first, True).inserted == 1
+    assert _write(writer, first, True).duplicates == 1
+    later = Batch((ev("r", "a", 2),), spans=(envelope(9),))
+    assert _write(writer, later, True).inserted == 1
+    with pool.connection() as conn:
+        rows = conn.execute("SELECT end_time FROM agentcap.spans").fetchall()
+    assert rows == [(T0 + timedelta(seconds=5),)]
