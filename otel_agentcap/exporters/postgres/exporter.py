@@ -38,7 +38,12 @@ from otel_agentcap.exporters.postgres.errors import (
     WriteFailed,
 )
 from otel_agentcap.exporters.postgres.parallel import DEFAULT_WRITERS, WriterThreads, partition_of
-from otel_agentcap.exporters.postgres.rows import PreparedBatch, copy_data, prepare
+from otel_agentcap.exporters.postgres.rows import (
+    PreparedBatch,
+    copy_data,
+    prepare,
+    span_copy_data,
+)
 from otel_agentcap.exporters.postgres.writer import EventWriter, WriteResult
 from otel_agentcap.mapping import SpanLike, batch_from_spans
 from otel_agentcap.model import Batch
@@ -157,6 +162,7 @@ class Part:
     #: The rows' COPY data for the path ``direct`` names (built with the rows, on the caller's
     #: thread, so the writer's thread only sends it).
     data: bytes | None = None
+    span_data: bytes | None = None
     direct: bool = False
     error: AgentCapStorageError | None = None
 
@@ -369,6 +375,8 @@ class PostgresSpanExporter(SpanExporter):
             part.prepared = prepare(part.batch)
             if part.prepared.events:
                 part.data = copy_data(part.prepared.events, staging=not direct)
+            if part.prepared.spans:
+                part.span_data = span_copy_data(part.prepared.spans)
         except InvalidBatch as exc:
             part.error = exc
         except Exception as exc:  # a bug of ours must not stop delivery: treat as rejected
@@ -456,6 +464,7 @@ class PostgresSpanExporter(SpanExporter):
                         part.prepared,
                         direct=direct,
                         data=part.data if part.direct == direct else None,
+                        span_data=part.span_data,
                     )
             except InvalidPayload:
                 if reparsed:

@@ -220,6 +220,47 @@ def copy_data(rows: Sequence[EventRow], *, staging: bool) -> bytes:
     return b"".join(parts)
 
 
+_SPAN_FIELDS: Final = struct.pack("!h", 12)
+_INT2_FIELD: Final = struct.Struct("!ih")
+
+
+def _micros(value: datetime) -> int:
+    delta = value - _PG_EPOCH
+    return delta.microseconds + 1_000_000 * (86_400 * delta.days + delta.seconds)
+
+
+def span_copy_data(rows: Sequence[SpanRow]) -> bytes:
+    """The binary COPY data (signature and tuples, no trailer) of span envelope rows, in the
+    column order of ``agentcap.spans`` as the writer copies it. Raises ``InvalidBatch`` for a
+    value no column can hold."""
+    parts = [_COPY_SIGNATURE]
+    append = parts.append
+    pack_int2 = _INT2_FIELD.pack
+    pack_int8 = _INT8_FIELD.pack
+    try:
+        for run_id, trace_id, span_id, parent, name, kind, start, end, code, *texts in rows:
+            append(
+                b"".join(
+                    (
+                        _SPAN_FIELDS,
+                        _text(run_id),
+                        _text(trace_id),
+                        _text(span_id),
+                        _text(parent),
+                        _text(name),
+                        pack_int2(2, kind),
+                        pack_int8(8, _micros(start)),
+                        pack_int8(8, _micros(end)),
+                        pack_int2(2, code),
+                        *map(_text, texts),
+                    )
+                )
+            )
+    except struct.error as exc:
+        raise InvalidBatch(f"a span value does not fit its column: {exc}") from exc
+    return b"".join(parts)
+
+
 def _utc(value: datetime) -> datetime:
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value
 

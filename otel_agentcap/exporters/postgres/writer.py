@@ -62,6 +62,7 @@ from .rows import (
     SpanRow,
     copy_data,
     prepare,
+    span_copy_data,
 )
 
 _log = logging.getLogger(__name__)
@@ -185,7 +186,6 @@ _CONTENT: Final = (
     "idempotency_key, trace_id, span_id, payload"
 )
 
-_SPAN_TYPES: Final = [pgtype for _, pgtype in _SPAN_COLUMNS]
 # The direct path copies envelopes straight into agentcap.spans: a span stored already makes the
 # COPY fail, and the batch goes the staging path, whose insert lets the first writer win.
 _DIRECT_SPANS_COPY: Final = sql.SQL("COPY agentcap.spans ({}) FROM STDIN (FORMAT BINARY)").format(
@@ -550,12 +550,18 @@ class EventWriter:
         return int(row[0]) if row else 0
 
     def _write_once(
-        self, conn: psycopg.Connection[Any], batch: PreparedBatch, data: bytes, *, full: bool
+        self,
+        conn: psycopg.Connection[Any],
+        batch: PreparedBatch,
+        data: bytes,
+        span_data: bytes | None,
+        *,
+        full: bool,
     ) -> tuple[int, int, int, int]:
         with conn.transaction():
             self._upsert_runs_and_agents(conn, batch)
             if batch.spans:
-                self._write_spans(conn, batch.spans)
+                self._write_spans(conn, batch.spans, span_data)
             records = self._record_conflicts(conn, batch)
             if not batch.events:
                 return 0, 0, 0, records
@@ -568,16 +574,20 @@ class EventWriter:
                 raise _ConcurrentInsert
             return inserted, duplicates, conflicts, records
 
-    def _write_spans(self, conn: psycopg.Connection[Any], rows: list[SpanRow]) -> None:
+    def _write_spans(
+        self, conn: psycopg.Connection[Any], rows: list[SpanRow], data: bytes | None
+    ) -> None:
         conn.execute(self._prepare_span_staging)
         with conn.cursor() as cur, cur.copy(self._copy_spans) as copy:
-            copy.set_types(_SPAN_TYPES)
-            for row in rows:
-                copy.write_row(row)
+            copy.write(data if data is not None else span_copy_data(rows))
         conn.execute(self._insert_spans)
 
     def _write_direct(
-        self, conn: psycopg.Connection[Any], batch: PreparedBatch, data: bytes | None
+        self,
+        conn: psycopg.Connection[Any],
+        batch: PreparedBatch,
+        data: bytes | None,
+        span_data: bytes | None,
     ) -> tuple[int, int, int, int]:
         if data is None:
             data = copy_data(batch.events, staging=False)
@@ -585,9 +595,7 @@ class EventWriter:
             self._upsert_runs_and_agents(conn, batch)
             if batch.spans:
                 with conn.cursor() as cur, cur.copy(_DIRECT_SPANS_COPY) as copy:
-                    copy.set_types(_SPAN_TYPES)
-                    for span_row in batch.spans:
-                        copy.write_row(span_row)
+                    copy.write(span_data if span_data is not None else span_copy_data(batch.spans))
             records = self._record_conflicts(conn, batch)
             with conn.cursor() as cur, cur.copy(_DIRECT_COPY) as copy:
                 copy.write(data)
@@ -612,11 +620,13 @@ class EventWriter:
         *,
         direct: bool = False,
         data: bytes | None = None,
+        span_data: bytes | None = None,
     ) -> WriteResult:
         """Store a prepared batch atomically (see :meth:`write`). With ``direct`` the rows are
         first copied straight into the events table (see the module doc); the outcome is the
         same, only cheaper when no row collides. ``data`` is the rows' COPY data
-        (``rows.copy_data``) for the path ``direct`` names, when the caller built it already."""
+        (``rows.copy_data``) for the path ``direct`` names, and ``span_data`` the span envelopes'
+        (``rows.span_copy_data``, either path), when the caller built them already."""
         last: Exception | None = None
         full = False
         # ``data`` is for the path the caller asked for, whichever this batch can take.
@@ -628,7 +638,7 @@ class EventWriter:
                 with self._pool.connection(timeout=self._connect_timeout) as conn:
                     if direct:
                         inserted, duplicates, conflicts, records = self._write_direct(
-                            conn, prepared, direct_data
+                            conn, prepared, direct_data, span_data
                         )
                     else:
                         if not self._staging_ready:
@@ -636,7 +646,7 @@ class EventWriter:
                         if staging_data is None:
                             staging_data = copy_data(prepared.events, staging=True)
                         inserted, duplicates, conflicts, records = self._write_once(
-                            conn, prepared, staging_data, full=full
+                            conn, prepared, staging_data, span_data, full=full
                         )
             except (_ConcurrentInsert, *_RETRYABLE_DB_ERRORS) as exc:
                 last = exc
