@@ -112,30 +112,26 @@ def run_copy(pool: ConnectionPool[psycopg.Connection[object]], batches: list[Bat
     count = 0
     t0 = time.perf_counter()
     for batch in batches:
-        with (
-            pool.connection() as conn,
-            conn.transaction(),
-            conn.cursor() as cur,
-            cur.copy(query) as copy,
-        ):
-            copy.set_types(types)
-            for e in batch.events:
-                copy.write_row(
-                    (
-                        e.event_id,
-                        e.run_id,
-                        e.agent_id,
-                        e.seq,
-                        e.wall_time,
-                        e.event_type,
-                        list(e.causal_parent_ids),
-                        e.idempotency_key,
-                        e.trace_id,
-                        e.span_id,
-                        Jsonb(e.payload),
+        with pool.connection() as conn, conn.transaction(), conn.cursor() as cur:
+            with cur.copy(query) as copy:
+                copy.set_types(types)
+                for e in batch.events:
+                    copy.write_row(
+                        (
+                            e.event_id,
+                            e.run_id,
+                            e.agent_id,
+                            e.seq,
+                            e.wall_time,
+                            e.event_type,
+                            list(e.causal_parent_ids),
+                            e.idempotency_key,
+                            e.trace_id,
+                            e.span_id,
+                            Jsonb(e.payload),
+                        )
                     )
-                )
-                count += 1
+                    count += 1
             if batch.spans:
                 _copy_spans(cur, batch.spans)
     return count / (time.perf_counter() - t0)
