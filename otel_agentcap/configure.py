@@ -180,7 +180,8 @@ class AgentCap:
     def shutdown(
         self, timeout: float | None = None, *, timeout_millis: int | None = None
     ) -> ShutdownReport | None:
-        """Flush for at most ``timeout`` seconds (default ``shutdown_timeout``), then stop.
+        """Flush for at most ``timeout`` seconds (default ``shutdown_timeout``, or 2 s when the
+        database is down already), then stop.
 
         Whatever is not stored by then stays in the queue directory, is counted
         (``stats().spans_left``) and reported in one log line; the next process that uses the
@@ -190,10 +191,12 @@ class AgentCap:
             if self._shut_down:
                 return self.report
             self._shut_down = True
+        explicit = timeout is not None or timeout_millis is not None
         seconds = self._seconds(timeout, timeout_millis)
         deadline = time.monotonic() + seconds
         if self.queue is not None:
-            self.report = self.queue.close(seconds)
+            self.report = self.queue.close(seconds if explicit else None)
+            deadline = max(deadline, time.monotonic())
         self._run_with_deadline(self.provider.shutdown, deadline, "span processors")
         self._uninstall()
         if self._host_sequences is not None:

@@ -30,7 +30,7 @@ from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 
 from otel_agentcap import attributes as attr
 from otel_agentcap.exporters.faults import FaultLog
-from otel_agentcap.exporters.postgres.exporter import PostgresSpanExporter
+from otel_agentcap.exporters.postgres.exporter import DATABASE_CONDITION, PostgresSpanExporter
 from otel_agentcap.model import EventType
 from otel_agentcap.span_attributes import attributes_of
 
@@ -63,6 +63,8 @@ _AGENT_START = EventType.AGENT_START.value
 #: Agent executions whose agent_start is queued and whose span has not ended, at most.
 _MAX_STARTED = 100_000
 DEFAULT_SHUTDOWN_TIMEOUT = 10.0
+#: How long a shutdown without a timeout waits for a database that is down already.
+DOWN_GRACE = 2.0
 
 
 @dataclass(frozen=True)
@@ -250,14 +252,18 @@ class DurableSpanProcessor(SpanProcessor):
         self.close()
 
     def close(self, timeout: float | None = None) -> ShutdownReport:
-        """Flush for at most ``timeout`` seconds (default ``shutdown_timeout``), then stop; the
-        report says what is left on disk. Idempotent."""
+        """Flush for at most ``timeout`` seconds, then stop; the report says what is left on
+        disk. Idempotent. Without a timeout: ``shutdown_timeout``, or at most
+        ``DOWN_GRACE`` seconds when the database is down already (waiting longer would rarely
+        help, and what is queued is safe on disk for the next process)."""
         with self._close_lock:
             if self.report is not None:
                 return self.report
             self._closed = True
             if timeout is None:
                 timeout = self.settings.shutdown_timeout
+                if self.faults.is_active(DATABASE_CONDITION):
+                    timeout = min(timeout, DOWN_GRACE)
             started = time.monotonic()
             deadline = started + max(0.0, timeout)
             self.queue.stop_accepting()
