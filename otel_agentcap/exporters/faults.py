@@ -10,8 +10,10 @@ library expects (a server that is down, a full disk). Each fault is a named *con
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
@@ -53,6 +55,15 @@ class FaultLog:
         self._lock = threading.Lock()
         self._active: dict[str, _Condition] = {}
         self.changes = 0
+        if hasattr(os, "register_at_fork"):
+            ref = weakref.ref(self)
+
+            def after_fork() -> None:  # pragma: no cover - runs in a forked child
+                log = ref()
+                if log is not None:
+                    log._lock = threading.Lock()  # another thread may have held it at the fork
+
+            os.register_at_fork(after_in_child=after_fork)
 
     def _what_waits(self) -> str:
         waiting = self.waiting

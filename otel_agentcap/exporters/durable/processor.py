@@ -161,6 +161,10 @@ class DurableSpanProcessor(SpanProcessor):
         and threads belong to the parent: it starts a queue (and writers) of its own."""
         if self._closed:
             return
+        # Other threads may have held these at the fork.
+        self._started_lock = threading.Lock()
+        self._close_lock = threading.Lock()
+        self._started = {}
         self._start()
 
     def _count_drop(self, events: int) -> None:
