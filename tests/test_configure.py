@@ -16,6 +16,7 @@ import time
 import pytest
 from anthropic_support import expected_tool_use_ids, needs_sdk_tracing, stored_events
 from opentelemetry.sdk.trace import TracerProvider
+from psycopg.conninfo import make_conninfo
 
 from otel_agentcap.capture.agents import spawn_lookup
 from otel_agentcap.clock import clocks
@@ -126,13 +127,15 @@ def test_a_dsn_that_does_not_parse_fails_at_once(tmp_path):
 @pytest.mark.storage
 @pytest.mark.parametrize("what", ["database", "role"])
 def test_a_database_or_role_that_does_not_exist_fails_at_once(pg_server_dsn, tmp_path, what):
-    """A database or a role that does not exist is the user's to fix: ConfigurationError."""
+    """A database or a role that does not exist (or a failed authentication) is the user's to
+    fix: ConfigurationError."""
     dsn = (
         embedded.dsn_for(pg_server_dsn, "no_such_database")
         if what == "database"
-        else pg_server_dsn + " user=no_such_role"
+        else make_conninfo(pg_server_dsn, user="no_such_role")
     )
-    with pytest.raises(ConfigurationError, match="does not exist"):
+    # Over a password-checked connection a role that does not exist fails authentication.
+    with pytest.raises(ConfigurationError, match="does not exist|authentication failed"):
         configure(dsn, queue_dir=tmp_path, set_global=False)
 
 
