@@ -135,7 +135,7 @@ def test_a_database_or_role_that_does_not_exist_fails_at_once(pg_server_dsn, tmp
         else make_conninfo(pg_server_dsn, user="no_such_role")
     )
     # Over a password-checked connection a role that does not exist fails authentication.
-    with pytest.raises(ConfigurationError, match="does not exist|authentication failed"):
+    with pytest.raises(ConfigurationError, match=r"does not exist|authentication failed"):
         configure(dsn, queue_dir=tmp_path, set_global=False)
 
 

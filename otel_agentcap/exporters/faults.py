@@ -10,13 +10,13 @@ library expects (a server that is down, a full disk). Each fault is a named *con
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
+
+from otel_agentcap.exporters.forks import call_in_child_after_fork
 
 _logger = logging.getLogger("otel_agentcap.export")
 
@@ -55,15 +55,10 @@ class FaultLog:
         self._lock = threading.Lock()
         self._active: dict[str, _Condition] = {}
         self.changes = 0
-        if hasattr(os, "register_at_fork"):
-            ref = weakref.ref(self)
+        call_in_child_after_fork(self._reset_after_fork)
 
-            def after_fork() -> None:  # pragma: no cover - runs in a forked child
-                log = ref()
-                if log is not None:
-                    log._lock = threading.Lock()  # another thread may have held it at the fork
-
-            os.register_at_fork(after_in_child=after_fork)
+    def _reset_after_fork(self) -> None:
+        self._lock = threading.Lock()  # another thread may have held it at the fork
 
     def _what_waits(self) -> str:
         waiting = self.waiting

@@ -25,16 +25,15 @@ the highest sequence this host knew for the agent, and far below 2^63.
 from __future__ import annotations
 
 import logging
-import os
 import secrets
 import sqlite3
 import threading
 import time
-import weakref
 from pathlib import Path
 from typing import Final, Protocol
 
 from otel_agentcap.exporters.faults import FaultLog
+from otel_agentcap.exporters.forks import call_in_child_after_fork
 
 _logger = logging.getLogger(__name__)
 #: What a forked child inherited and must neither use nor close (it is the parent's).
@@ -80,15 +79,7 @@ class HostSequenceStore:
         self._lock = threading.Lock()
         self._busy_timeout = busy_timeout
         self._conn: sqlite3.Connection | None = None
-        if hasattr(os, "register_at_fork"):
-            ref = weakref.ref(self)
-
-            def after_fork() -> None:  # pragma: no cover - runs in a forked child
-                store = ref()
-                if store is not None:
-                    store._after_fork_in_child()
-
-            os.register_at_fork(after_in_child=after_fork)
+        call_in_child_after_fork(self._after_fork_in_child)
 
     def _after_fork_in_child(self) -> None:
         """SQLite connections must not cross a fork: the child opens its own (the parent's is

@@ -18,10 +18,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import threading
 import time
-import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +28,7 @@ from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 
 from otel_agentcap import attributes as attr
 from otel_agentcap.exporters.faults import FaultLog
+from otel_agentcap.exporters.forks import call_in_child_after_fork
 from otel_agentcap.exporters.postgres.exporter import DATABASE_CONDITION, PostgresSpanExporter
 from otel_agentcap.model import EventType
 from otel_agentcap.span_attributes import attributes_of
@@ -120,15 +119,7 @@ class DurableSpanProcessor(SpanProcessor):
         self._started_lock = threading.Lock()
         self.report: ShutdownReport | None = None
         self._start()
-        ref = weakref.ref(self)
-
-        def after_fork() -> None:  # pragma: no cover - exercised in a forked child
-            processor = ref()
-            if processor is not None:
-                processor._after_fork_in_child()
-
-        if hasattr(os, "register_at_fork"):
-            os.register_at_fork(after_in_child=after_fork)
+        call_in_child_after_fork(self._after_fork_in_child)
 
     def _start(self) -> None:
         settings = self.settings

@@ -231,7 +231,7 @@ def encode_span(
     scope = span.instrumentation_scope
     status = span.status
     # The SDK's ``links`` property copies the links on every read; its list is read instead
-    # when there is one (tested with opentelemetry-sdk 1.30 to 1.45; the property otherwise).
+    # when there is one (opentelemetry-sdk 1.34 to 1.45; spans of other kinds have the property).
     links = getattr(span, "_links", None)
     if links is None:
         links = span.links

@@ -10,7 +10,6 @@ import os
 import sys
 import threading
 import time
-import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Final
@@ -20,6 +19,7 @@ from opentelemetry.instrumentation.utils import suppress_instrumentation
 from psycopg.pq import TransactionStatus
 from psycopg_pool import ConnectionPool, PoolTimeout
 
+from otel_agentcap.exporters.forks import call_in_child_after_fork
 from otel_agentcap.exporters.postgres import embedded
 from otel_agentcap.exporters.postgres.connection import SmallPool, first_line
 from otel_agentcap.exporters.postgres.errors import ConnectionFailed
@@ -119,15 +119,7 @@ class Database:
         self._down_until = 0.0
         self._closed = False
         _install_pool_filter()
-        if hasattr(os, "register_at_fork"):
-            ref = weakref.ref(self)
-
-            def after_fork() -> None:  # pragma: no cover - runs in a forked child
-                database = ref()
-                if database is not None:
-                    database._after_fork_in_child()
-
-            os.register_at_fork(after_in_child=after_fork)
+        call_in_child_after_fork(self._after_fork_in_child)
 
     def _after_fork_in_child(self) -> None:
         """A forked child must not use its parent's pools (their threads are gone, their

@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import threading
 import time
-import weakref
 from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field
@@ -25,6 +23,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from otel_agentcap import attributes as attr
 from otel_agentcap.exporters.faults import FaultLog
+from otel_agentcap.exporters.forks import call_in_child_after_fork
 from otel_agentcap.exporters.postgres.database import (
     Database,
     instrumentation_suppressed,
@@ -283,15 +282,7 @@ class PostgresSpanExporter(SpanExporter):
         self._stats = ExportStats()
         self._stats_lock = threading.Lock()
         self._shutdown = threading.Event()
-        if hasattr(os, "register_at_fork"):
-            ref = weakref.ref(self)
-
-            def after_fork() -> None:  # pragma: no cover - runs in a forked child
-                exporter = ref()
-                if exporter is not None:
-                    exporter._after_fork_in_child()
-
-            os.register_at_fork(after_in_child=after_fork)
+        call_in_child_after_fork(self._after_fork_in_child)
 
     def _after_fork_in_child(self) -> None:
         """A forked child has none of the writer threads, and must not use the parent's
