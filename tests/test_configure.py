@@ -113,13 +113,18 @@ def test_configure_instrument_false_leaves_the_sdk_alone(pg_dsn):
     assert calls[1]["parents"] == []
 
 
+#: configure() inside the test process: neither the global provider nor the anthropic SDK (which
+#: other tests expect uninstrumented) is touched.
+_IN_PROCESS: dict[str, bool] = {"set_global": False, "instrument": False}
+
+
 def test_a_dsn_that_does_not_parse_fails_at_once(tmp_path):
     """An unparsable DSN is one clear ConfigurationError, raised before anything is set up."""
     started = time.monotonic()
     with pytest.raises(ConfigurationError, match="invalid PostgreSQL DSN"):
-        configure("postgresql://u@[bad/db", queue_dir=tmp_path, set_global=False)
+        configure("postgresql://u@[bad/db", queue_dir=tmp_path, **_IN_PROCESS)
     with pytest.raises(ConfigurationError, match="invalid"):
-        configure("host=x bogus_option=1", queue_dir=tmp_path, set_global=False)
+        configure("host=x bogus_option=1", queue_dir=tmp_path, **_IN_PROCESS)
     assert time.monotonic() - started < 2
     assert not list(tmp_path.iterdir())
 
@@ -136,7 +141,7 @@ def test_a_database_or_role_that_does_not_exist_fails_at_once(pg_server_dsn, tmp
     )
     # Over a password-checked connection a role that does not exist fails authentication.
     with pytest.raises(ConfigurationError, match=r"does not exist|authentication failed"):
-        configure(dsn, queue_dir=tmp_path, set_global=False)
+        configure(dsn, queue_dir=tmp_path, **_IN_PROCESS)
 
 
 @pytest.mark.fault
@@ -145,7 +150,7 @@ def test_a_server_that_is_down_is_absorbed_with_one_line(tmp_path, caplog):
     line, and the handle shuts down within its timeout."""
     started = time.monotonic()
     with caplog.at_level(logging.WARNING):
-        agentcap = configure("postgresql://u@127.0.0.1:1/db", queue_dir=tmp_path, set_global=False)
+        agentcap = configure("postgresql://u@127.0.0.1:1/db", queue_dir=tmp_path, **_IN_PROCESS)
         took = time.monotonic() - started
         agentcap.shutdown(timeout=1)
     assert took < 8
@@ -160,7 +165,7 @@ def test_the_handle_owns_what_it_set_up(pg_dsn, tmp_path):
     replaced, and is idempotent."""
     before_source = clocks.configuration()
     before_lookup = spawn_lookup()
-    with configure(pg_dsn, queue_dir=tmp_path, set_global=False, announce=False) as agentcap:
+    with configure(pg_dsn, queue_dir=tmp_path, announce=False, **_IN_PROCESS) as agentcap:
         assert isinstance(agentcap, AgentCap)
         assert isinstance(agentcap.provider, TracerProvider)
         assert exporter_of(agentcap) is agentcap.exporter
