@@ -16,7 +16,7 @@ instrument                      unit           value
 ``agentcap.export.retries``     ``{attempt}``  failed attempts that were retried
 ``agentcap.queue.spans.dropped`` ``{span}``    spans dropped (queue full, after shutdown)
 ``agentcap.queue.spans.adopted`` ``{span}``    spans taken over from ended processes
-``agentcap.queue.spans.rejected`` ``{span}``   spans the database refuses for good
+``agentcap.queue.spans.refused``  ``{span}``   spans the database refuses for good
 ``agentcap.queue.disk_errors``  ``{error}``    failed disk operations
 =============================== ============== ========================================
 """
@@ -120,7 +120,7 @@ def register(
     for name, attribute, description in (
         ("agentcap.queue.spans.dropped", "spans_dropped", "Spans dropped before storage"),
         ("agentcap.queue.spans.adopted", "spans_adopted", "Spans taken over from ended processes"),
-        ("agentcap.queue.spans.rejected", "spans_rejected", "Spans the database refuses for good"),
+        ("agentcap.queue.spans.refused", "spans_refused", "Spans the database refuses for good"),
     ):
         meter.create_observable_counter(
             name, [field(attribute)], unit="{span}", description=description

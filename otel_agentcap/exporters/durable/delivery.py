@@ -53,7 +53,7 @@ class _InFlight:
 @dataclass
 class DeliveryCounters:
     spans_adopted: int = 0
-    spans_rejected: int = 0
+    spans_refused: int = 0
     bytes_corrupt: int = 0
     own_acked: int = 0
     spans_left: int = 0
@@ -323,7 +323,7 @@ class Delivery:
             self._queue.faults.fault("disk queue", f"cannot read {source.name}: {exc}")
 
     def _keep_rejected(self, records: list[bytes], reason: str) -> None:
-        self.counters.spans_rejected += len(records)
+        self.counters.spans_refused += len(records)
         directory = self._queue.directory.rejected
         path = directory / f"{os.getpid()}-{int(time.time())}.seg"
         try:

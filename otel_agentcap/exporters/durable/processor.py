@@ -319,7 +319,7 @@ class DurableSpanProcessor(SpanProcessor):
             "spans_adopted": delivery.counters.spans_adopted,
             "spans_in_memory": queue.memory.put_count,
             "disk_errors": queue.counters.disk_errors,
-            "spans_rejected": delivery.counters.spans_rejected,
+            "spans_refused": delivery.counters.spans_refused,
             "bytes_corrupt": delivery.counters.bytes_corrupt,
             "spans_left": delivery.counters.spans_left,
         }

@@ -16,7 +16,8 @@ import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
+from datetime import datetime
 
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
@@ -146,6 +147,29 @@ class ExportStats:
     spans_refused: int = 0
     bytes_corrupt: int = 0
     spans_left: int = 0
+
+
+def _share_run_starts(parts: Sequence[Part]) -> None:
+    """Give every part's row of a run the earliest start the whole batch knows for it: the log
+    keeps the start of the first row it stores (first writer wins), and the parts are stored
+    concurrently, so without this a run's start would depend on which part commits first."""
+    earliest: dict[str, datetime] = {}
+    for part in parts:
+        if part.prepared is None:
+            continue
+        for run in part.prepared.runs:
+            start = run[1]
+            if start is not None and (run[0] not in earliest or start < earliest[run[0]]):
+                earliest[run[0]] = start
+    for part in parts:
+        if part.prepared is not None and part.prepared.runs:
+            part.prepared = replace(
+                part.prepared,
+                runs=[
+                    (run[0], earliest.get(run[0], run[1]), run[2], run[3], run[4])
+                    for run in part.prepared.runs
+                ],
+            )
 
 
 @dataclass
@@ -351,6 +375,8 @@ class PostgresSpanExporter(SpanExporter):
                         index, share, record_shares[index] if record_shares else None, direct
                     )
                 )
+        if len(parts) > 1:
+            _share_run_starts(parts)
         return parts
 
     def _part(
