@@ -25,15 +25,17 @@ class Memo:
         st.one_of(
             st.tuples(st.just("append"), st.integers(1, 400), st.booleans()),
             st.tuples(st.just("read"), st.integers(1, 9), st.just(False)),
+            # Delivery stalls (memos forgotten, none kept) or resumes.
+            st.tuples(st.just("keep_memos"), st.just(0), st.booleans()),
         ),
         max_size=120,
     ),
     memo_limit=st.integers(0, 6),
 )
 def test_memory_and_disk_hand_out_each_record_once_in_order(tmp_path_factory, steps, memo_limit):
-    """Any interleaving of appends (with or without a memo, memos bounded) and reads of any size
-    yields every appended record exactly once, in order, each read ending at the position of its
-    last record."""
+    """Any interleaving of appends (with or without a memo, memos bounded), reads of any size and
+    stalls of delivery (memos dropped) yields every appended record exactly once, in order, each
+    read ending at the position of its last record."""
     directory = QueueDirectory(tmp_path_factory.mktemp("q"), "db")
     locked = directory.create_queue()
     log = SegmentLog(locked.path, segment_bytes=1024)
@@ -54,6 +56,10 @@ def test_memory_and_disk_hand_out_each_record_once_in_order(tmp_path_factory, st
             payload = f"{i}:".encode() + b"z" * n
             appended.append(payload)
             ends.append(log.append(encode_frame(payload), Memo(payload) if with_memo else None))
+        elif op == "keep_memos":
+            source.keep_memos(with_memo)
+            if not with_memo:
+                assert not log.memos
         else:
             read(n)
     while len(got) < len(appended):
@@ -69,3 +75,23 @@ def test_memory_and_disk_hand_out_each_record_once_in_order(tmp_path_factory, st
     while batch := reader.read(100, 1 << 20):
         on_disk.extend(batch)
     assert on_disk == appended
+
+
+def test_a_stalled_delivery_keeps_no_spans_in_memory(tmp_path):
+    """While delivery is stalled, writers leave no memos (the backlog is on disk only); once it
+    resumes they do again, up to the limit."""
+    locked = QueueDirectory(tmp_path, "db").create_queue()
+    log = SegmentLog(locked.path)
+    source = OwnSource(locked, log, 3)
+    log.append(encode_frame(b"a"), Memo(b"a"))
+    source.keep_memos(False)
+    assert not log.memos
+    log.append(encode_frame(b"b"), Memo(b"b"))
+    assert not log.memos
+    source.keep_memos(True)
+    for payload in (b"c", b"d", b"e", b"f"):
+        log.append(encode_frame(payload), Memo(payload))
+    assert len(log.memos) == 3
+    chunk = source.read(10, 1 << 20)
+    assert chunk is not None and chunk.records == [b"a", b"b", b"c", b"d", b"e", b"f"]
+    log.close()

@@ -38,6 +38,9 @@ _logger = logging.getLogger(__name__)
 
 DEFAULT_BATCH_SPANS: Final = 2048
 DEFAULT_BATCH_BYTES: Final = 8 * 1024 * 1024
+#: A chunk in flight for longer than this means delivery is stalled: ended spans are no longer
+#: kept in memory for it (see ``OwnSource.keep_memos``).
+STALL_S: Final = 2.0
 DEFAULT_SCHEDULE_DELAY: Final = 0.5
 DEFAULT_ADOPT_INTERVAL: Final = 10.0
 
@@ -48,6 +51,7 @@ class _InFlight:
     parts: list[Part]
     futures: list[Future[PartOutcome]]
     undecodable: list[bytes] = field(default_factory=list)
+    started: float = field(default_factory=time.monotonic)
 
 
 @dataclass
@@ -135,6 +139,8 @@ class Delivery:
                     self._scanned.set()
                     next_adopt = now + self.adopt_interval
                 self._settle(block=False)
+                if self._queue.own is not None:
+                    self._queue.own.keep_memos(not self._stalled(now))
                 if len(self._in_flight) >= self.max_in_flight:
                     self._settle(block=True)
                     continue
@@ -158,6 +164,11 @@ class Delivery:
             except Exception:
                 _logger.exception("agentcap: the delivery thread failed; it continues")
                 self._stop.wait(1.0)
+
+    def _stalled(self, now: float) -> bool:
+        """Whether the oldest chunk in flight has waited longer than ``STALL_S`` (the
+        database is down, hung or very slow)."""
+        return bool(self._in_flight) and now - self._in_flight[0].started > STALL_S
 
     def _sources(self) -> list[Source]:
         sources: list[Source] = []
@@ -208,14 +219,15 @@ class Delivery:
         return None
 
     def _settle(self, *, block: bool) -> None:
-        """Account for the oldest chunks whose parts are all done (waiting for the oldest one
-        when ``block``), acknowledging each to its source in order."""
+        """Account for the oldest chunks whose parts are all done (waiting up to 0.2 s for
+        the oldest one when ``block``), acknowledging each to its source in order."""
         while self._in_flight:
             head = self._in_flight[0]
             if not all(f.done() for f in head.futures):
                 if not block or self._stop.is_set():
                     return
                 wait_futures(head.futures, timeout=0.2)
+                block = False
                 continue
             self._in_flight.popleft()
             outcomes: list[PartOutcome] = []

@@ -116,6 +116,7 @@ class OwnSource(Source):
         self.locked = locked
         self.log = log
         log.memo_limit = memo_limit
+        self._memo_limit = memo_limit
         self._reader = SegmentReader(locked.path, Position(0, 0), log)
         self._acks = AckFile(locked.path)
         self._read = 0  # ordinal of the last record handed out
@@ -139,6 +140,14 @@ class OwnSource(Source):
             return None
         self._read += len(records)
         return Chunk(self, records, self._reader.position)
+
+    def keep_memos(self, keep: bool) -> None:
+        """Whether writers leave memos: not while delivery is stalled (the database down or
+        hung), so a backlog waits on disk only, not also as ended spans in memory (and in the
+        garbage collector's way); delivery reads it back from disk."""
+        limit = self._memo_limit if keep else 0
+        if self.log.memo_limit != limit:
+            self.log.set_memo_limit(limit)
 
     def ack(self, chunk: Chunk) -> None:
         assert isinstance(chunk.marker, Position)

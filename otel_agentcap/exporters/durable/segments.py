@@ -206,6 +206,14 @@ class SegmentLog:
                 self.memos.append((self.records, end, memo))
             return end
 
+    def set_memo_limit(self, limit: int) -> None:
+        """Keep at most ``limit`` memos from now on; with 0, forget those kept (the records
+        are on disk: a reader reads them from there)."""
+        with self._lock:
+            self.memo_limit = limit
+            if limit == 0:
+                self.memos.clear()
+
     def rotate_if_drained(self, position: Position, min_size: int) -> bool:
         """Seal the active segment and start the next one when everything in it is read up to
         ``position`` and it holds at least ``min_size`` bytes (so acknowledged records do not
