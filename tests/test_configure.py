@@ -18,17 +18,22 @@ from anthropic_support import expected_tool_use_ids, needs_sdk_tracing, stored_e
 from opentelemetry.sdk.trace import TracerProvider
 from psycopg.conninfo import make_conninfo
 
-from otel_agentcap.capture.agents import spawn_lookup
+from otel_agentcap.capture.agents import spawn_registry
+from otel_agentcap.capture.ledger import tool_ledger
+from otel_agentcap.capture.runs import run_registry
 from otel_agentcap.clock import clocks
 from otel_agentcap.configure import AgentCap, configure, exporter_of
 from otel_agentcap.errors import ConfigurationError
-from otel_agentcap.exporters.postgres import embedded
+from otel_agentcap.exporters.postgres import PostgresToolLedger, embedded
+from otel_agentcap.exporters.postgres.errors import ConnectionFailed
+from otel_agentcap.exporters.postgres.memory import default_database
 from otel_agentcap.testing.messages_server import (
     MessagesServer,
     ToolCall,
     text_reply,
     tool_use_reply,
 )
+from otel_agentcap.tool_uses import sdk_tools_exactly_once
 
 # A model call asks for a tool, the tool runs, the next call sends its result back: the edge
 # tool_result -> model_call is only known to the request wrapper AnthropicInstrumentor installs.
@@ -160,26 +165,59 @@ def test_a_server_that_is_down_is_absorbed_with_one_line(tmp_path, caplog):
 
 @pytest.mark.storage
 def test_the_handle_owns_what_it_set_up(pg_dsn, tmp_path):
-    """The handle holds the provider, exporter and queue; exporter_of finds the exporter from the
-    handle or its provider; shutdown restores the clocks' source and the spawn lookup it
-    replaced, and is idempotent."""
+    """The handle holds the provider, exporter, queue and tool ledger; exporter_of finds the
+    exporter from the handle or its provider; shutdown closes the ledger and the database (pools
+    included) and restores every process-wide setting it replaced (clocks' source, spawn and run
+    registries, tool ledger, memory's default database, the SDK tool setting), and is
+    idempotent."""
     before_source = clocks.configuration()
-    before_lookup = spawn_lookup()
-    with configure(pg_dsn, queue_dir=tmp_path, announce=False, **_IN_PROCESS) as agentcap:
+    before = (spawn_registry(), run_registry(), tool_ledger(), default_database())
+    before_sdk = sdk_tools_exactly_once()
+    with configure(
+        pg_dsn,
+        queue_dir=tmp_path,
+        announce=False,
+        sdk_tools_exactly_once=not before_sdk,
+        **_IN_PROCESS,
+    ) as agentcap:
         assert isinstance(agentcap, AgentCap)
         assert isinstance(agentcap.provider, TracerProvider)
         assert exporter_of(agentcap) is agentcap.exporter
         assert exporter_of(agentcap.provider) is agentcap.exporter
         assert agentcap.queue is not None and agentcap.queue.directory.path.is_dir()
         assert clocks.configuration()[0] is not before_source[0]
+        assert isinstance(agentcap.ledger, PostgresToolLedger)
+        assert tool_ledger() is agentcap.ledger
+        assert default_database() is agentcap.database
+        assert spawn_registry() is not before[0] and run_registry() is not before[1]
+        assert sdk_tools_exactly_once() is (not before_sdk)
+        with agentcap.database.coordination() as conn:  # the ledger's connections work
+            assert conn.execute("SELECT 1").fetchone() == (1,)
         # The provider's own API, for code written when configure() returned it.
         assert agentcap.get_tracer("t") is not None
         assert agentcap.resource is agentcap.provider.resource
         assert agentcap.force_flush(timeout=5) is True
         assert agentcap.force_flush(timeout_millis=5000) is True
     assert clocks.configuration() == before_source
-    assert spawn_lookup() is before_lookup
+    assert (spawn_registry(), run_registry(), tool_ledger(), default_database()) == before
+    assert sdk_tools_exactly_once() is before_sdk
+    assert agentcap.ledger.running_claims() == 0
+    with pytest.raises(ConnectionFailed), agentcap.database.coordination():
+        pass
     assert agentcap.shutdown() is agentcap.report
+
+
+@pytest.mark.storage
+def test_configure_without_the_tool_ledger_installs_none(pg_dsn, tmp_path):
+    """tool_ledger=False leaves tools with in-process exactly-once only, and the handle has no
+    ledger to close."""
+    before = tool_ledger()
+    with configure(
+        pg_dsn, queue_dir=tmp_path, announce=False, tool_ledger=False, **_IN_PROCESS
+    ) as agentcap:
+        assert agentcap.ledger is None
+        assert tool_ledger() is None
+    assert tool_ledger() is before
 
 
 _PROGRAM = textwrap.dedent(

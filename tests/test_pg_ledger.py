@@ -42,7 +42,7 @@ _WORKER = textwrap.dedent(
 
     dsn, run_id, effects, ids, threads, lease, start_at = sys.argv[1:8]
     ids, threads, lease, start_at = int(ids), int(threads), float(lease), float(start_at)
-    provider = configure(dsn, announce=False)
+    agentcap = configure(dsn, announce=False)
     try:
         from otel_agentcap.capture.ledger import set_tool_ledger
         from otel_agentcap.exporters.postgres import Database
@@ -73,7 +73,7 @@ _WORKER = textwrap.dedent(
     pool = [ac.start_thread(work) for _ in range(threads)]
     for t in pool:
         t.join()
-    provider.shutdown()
+    agentcap.shutdown()
     print(json.dumps(results))
     """
 )
@@ -174,7 +174,7 @@ _KILLED = textwrap.dedent(
     from otel_agentcap.exporters.postgres.ledger import PostgresToolLedger
 
     dsn, run_id, effects, policy = sys.argv[1:5]
-    provider = configure(dsn, announce=False)
+    agentcap = configure(dsn, announce=False)
     set_tool_ledger(PostgresToolLedger(Database(dsn), lease=1.5))
 
     @ac.tool

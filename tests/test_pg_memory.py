@@ -91,7 +91,7 @@ _WRITER = textwrap.dedent(
 
     dsn, run_id, name, increments, threads, start_at = sys.argv[1:7]
     increments, threads, start_at = int(increments), int(threads), float(start_at)
-    provider = configure(dsn, announce=False)
+    agentcap = configure(dsn, announce=False)
     memory = PostgresMemory("shared")
 
     def work(t):
@@ -108,7 +108,7 @@ _WRITER = textwrap.dedent(
     pool = [ac.start_thread(work, t) for t in range(threads)]
     for t in pool:
         t.join()
-    provider.shutdown()
+    agentcap.shutdown()
     """
 )
 

@@ -24,8 +24,9 @@ from otel_agentcap.testing import capture_events
 pytestmark = pytest.mark.storage
 
 # THREADS threads of agent "parent" each spawn the children c0..c{CHILDREN-1} and run each one,
-# which writes memory and calls a tool. Spans are exported in batches (every 5 s by default), so
-# every spawn is registered long before its span reaches the log.
+# which writes memory and calls a tool. Spans are exported in batches, so every spawn is registered
+# before its span reaches the log. With OTEL_BSP_SCHEDULE_DELAY set, the worker holds its spans in
+# the in-memory export queue (durable=False) for that long: the durable queue delivers at once.
 _WORKER = textwrap.dedent(
     """
     import os, sys, time
@@ -35,7 +36,9 @@ _WORKER = textwrap.dedent(
     dsn, run_id, children, threads, start_at, linger = sys.argv[1:7]
     children, threads = int(children), int(threads)
     start_at = float(start_at)
-    provider = configure(dsn, announce=False)
+    agentcap = configure(
+        dsn, announce=False, durable="OTEL_BSP_SCHEDULE_DELAY" not in os.environ
+    )
     memory = ac.Memory("local")
 
     @ac.tool
@@ -57,7 +60,7 @@ _WORKER = textwrap.dedent(
     pool = [ac.start_thread(work, t) for t in range(threads)]
     for t in pool:
         t.join()
-    provider.shutdown()
+    agentcap.shutdown()
     """
 )
 
