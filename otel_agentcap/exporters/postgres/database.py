@@ -16,7 +16,6 @@ from typing import Any, Final
 
 import psycopg
 from opentelemetry.instrumentation.utils import suppress_instrumentation
-from psycopg.pq import TransactionStatus
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from otel_agentcap.exporters.forks import call_in_child_after_fork
@@ -90,13 +89,18 @@ def _install_pool_filter() -> None:
 class Database:
     """One database: its DSN, the schema migrated once, and pools opened on first use.
 
-    :attr:`pool` serves general use (the OTLP ingest's writer) and :meth:`coordination` (the
-    tool ledger, spawn registry and shared memory); the exporter's writers have connections of
-    their own, so neither waits for the other. :meth:`quick_connection` serves
-    the short queries on the capture path (sequence blocks, spawn lookups) from a small pool of
-    its own (``connection.SmallPool``: no background threads, nothing logged per failed attempt)
-    whose statements time out after ``quick_timeout`` seconds, so a hung server or a lock never
-    holds an agent's thread longer than that.
+    Each use has a pool of its own, so none waits for another's connections (the exporter's
+    writers have connections of their own too):
+
+    * :attr:`pool` serves general use (the OTLP ingest's writer, imports).
+    * :meth:`quick_connection` serves the short queries on the capture path (sequence blocks,
+      spawn lookups, run claims) from a small pool (``connection.SmallPool``: no background
+      threads, nothing logged per failed attempt).
+    * :meth:`coordination` serves the statements processes coordinate with (tool ledger, spawn
+      registry, shared memory), in autocommit mode.
+
+    Statements on the last two time out after ``quick_timeout`` seconds, so a hung server or a
+    lock never holds an agent's thread longer than that.
     """
 
     def __init__(
@@ -113,6 +117,7 @@ class Database:
         self._quick_timeout = quick_timeout
         self._pool: ConnectionPool[Any] | None = None
         self._quick_pool: SmallPool | None = None
+        self._coordination_pool: ConnectionPool[Any] | None = None
         self._schema_ready = False
         self._lock = threading.Lock()
         self._pool_lock = threading.Lock()
@@ -126,21 +131,23 @@ class Database:
         connections are the parent's): it opens its own on first use."""
         if self._pool is not None:
             _left_in_parent.append(self._pool)
+        if self._coordination_pool is not None:
+            _left_in_parent.append(self._coordination_pool)
         if self._quick_pool is not None:
             self._quick_pool.forget()
             _left_in_parent.append(self._quick_pool)
-        self._pool = self._quick_pool = None
+        self._pool = self._quick_pool = self._coordination_pool = None
         self._lock = threading.Lock()
         self._pool_lock = threading.Lock()
 
-    def _open_pool(self, name: str) -> ConnectionPool[Any]:
+    def _open_pool(self, name: str, **kwargs: Any) -> ConnectionPool[Any]:
         pool: ConnectionPool[Any] = ConnectionPool(
             self.dsn,
             min_size=1,
             max_size=self._max_size,
             open=False,
             name=name,
-            kwargs={"autocommit": False},
+            kwargs={"autocommit": False, **kwargs},
             reconnect_timeout=0,  # a failed connection attempt is not retried in the background
         )
         pool.open(wait=False)
@@ -157,16 +164,33 @@ class Database:
                 pool = self._pool
         return pool
 
+    def _coordination(self) -> ConnectionPool[Any]:
+        pool = self._coordination_pool
+        if pool is None:
+            with self._pool_lock:
+                if self._coordination_pool is None:
+                    self._coordination_pool = self._open_pool(
+                        f"{self._name}-coordination",
+                        autocommit=True,
+                        options=f"-c statement_timeout={self._statement_timeout_ms}",
+                        application_name="otel-agentcap-coordination",
+                    )
+                pool = self._coordination_pool
+        return pool
+
+    @property
+    def _statement_timeout_ms(self) -> int:
+        return max(1, int(self._quick_timeout * 1000))
+
     def _quick(self) -> SmallPool:
         pool = self._quick_pool
         if pool is None:
             with self._pool_lock:
                 if self._quick_pool is None:
-                    ms = max(1, int(self._quick_timeout * 1000))
                     self._quick_pool = SmallPool(
                         self.dsn,
                         size=self._max_size,
-                        options=f"-c statement_timeout={ms}",
+                        options=f"-c statement_timeout={self._statement_timeout_ms}",
                         application_name="otel-agentcap-capture",
                     )
                 pool = self._quick_pool
@@ -198,11 +222,13 @@ class Database:
     def coordination(self, timeout: float = 2.0, cooldown: float = 5.0) -> Iterator[Any]:
         """A pooled connection in autocommit mode, for one statement on the capture path that
         coordinates processes (tool ledger, spawn registry, shared memory): one round trip per
-        statement, no BEGIN or COMMIT of its own.
+        statement, no BEGIN or COMMIT of its own. Its pool is its own (see the class), and a
+        statement on it is cancelled after ``quick_timeout`` seconds.
 
         Like :meth:`quick_connection` it fails fast for ``cooldown`` seconds after the server was
-        unreachable, but only connection failures start that cool-down, not an error of the
-        statement. Runs with instrumentation suppressed."""
+        unreachable (or a statement was cancelled: the server is hung or a lock held), but an
+        error of the statement itself does not start that cool-down. Runs with instrumentation
+        suppressed."""
         if time.monotonic() < self._down_until:
             raise ConnectionFailed("PostgreSQL was unreachable moments ago")
         if self._closed:
@@ -210,7 +236,7 @@ class Database:
         with instrumentation_suppressed():
             try:
                 self.ensure_schema(timeout)
-                pool = self.pool  # this one, also when close() replaces it meanwhile
+                pool = self._coordination()  # this one, also when close() drops it meanwhile
                 conn = pool.getconn(timeout=timeout)
             except PoolTimeout as exc:
                 # Every connection busy is load, not an outage: no cool-down then.
@@ -223,14 +249,11 @@ class Database:
                     raise
                 raise ConnectionFailed(f"no database connection: {exc}") from exc
             try:
-                conn.autocommit = True
                 yield conn
             except psycopg.OperationalError as exc:
                 self._down_until = time.monotonic() + cooldown
-                raise ConnectionFailed(f"database connection failed: {exc}") from exc
+                raise ConnectionFailed(f"database connection failed: {first_line(exc)}") from exc
             finally:
-                if not conn.closed and conn.info.transaction_status == TransactionStatus.IDLE:
-                    conn.autocommit = False
                 pool.putconn(conn)
 
     @property
@@ -263,9 +286,10 @@ class Database:
     def close(self) -> None:
         self._closed = True
         with self._pool_lock:
-            pool, quick = self._pool, self._quick_pool
-            self._pool = self._quick_pool = None
+            pool, quick, coordination = self._pool, self._quick_pool, self._coordination_pool
+            self._pool = self._quick_pool = self._coordination_pool = None
         if quick is not None:
             quick.close()
-        if pool is not None:
-            pool.close(timeout=1.0)
+        for opened in (coordination, pool):
+            if opened is not None:
+                opened.close(timeout=1.0)

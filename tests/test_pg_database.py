@@ -1,0 +1,99 @@
+"""Database: the capture path's queries and the coordination statements (tool ledger, spawn
+registry, shared memory) have pools of their own, so neither waits for the other's connections,
+and a statement of either on a hung database or a held lock is cancelled after quick_timeout."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+
+import psycopg
+import pytest
+
+import otel_agentcap as ac
+from otel_agentcap.capture.ledger import set_tool_ledger
+from otel_agentcap.exporters.postgres import Database
+from otel_agentcap.exporters.postgres.errors import ConnectionFailed
+from otel_agentcap.exporters.postgres.ledger import PostgresToolLedger
+
+pytestmark = pytest.mark.storage
+
+
+def test_busy_coordination_connections_do_not_starve_the_capture_path(pg_dsn):
+    """With every coordination connection taken, a capture-path query still gets a connection at
+    once, and the other way round."""
+    database = Database(pg_dsn, max_size=1)
+    taken = threading.Event()
+    release = threading.Event()
+
+    def hold(use: str) -> None:
+        connection = database.coordination if use == "coordination" else database.quick_connection
+        with connection(timeout=5) as conn:
+            conn.execute("SELECT 1")
+            taken.set()
+            release.wait(30)
+
+    try:
+        for holder, other in (
+            ("coordination", database.quick_connection),
+            ("quick", database.coordination),
+        ):
+            taken.clear()
+            release.clear()
+            thread = threading.Thread(target=hold, args=(holder,))
+            thread.start()
+            assert taken.wait(30)
+            started = time.monotonic()
+            with other(timeout=5) as conn:
+                assert conn.execute("SELECT 2").fetchone() == (2,)
+            assert time.monotonic() - started < 2.0
+            release.set()
+            thread.join(30)
+    finally:
+        release.set()
+        database.close()
+
+
+@pytest.mark.fault
+def test_a_locked_ledger_holds_a_tool_call_no_longer_than_the_statement_timeout(pg_dsn):
+    """While a transaction holds the tool ledger's table locked, a protected call's claim is
+    cancelled after quick_timeout: the call runs in this process (once), is counted as
+    unavailable, and the agent is not held until the lock goes."""
+    database = Database(pg_dsn, quick_timeout=0.5)
+    database.ensure_schema()
+    ledger = PostgresToolLedger(database, lease=2.0, timeout=5.0)
+    calls: list[int] = []
+
+    @ac.tool
+    def work(n: int) -> int:
+        calls.append(n)
+        return n
+
+    locker = psycopg.connect(pg_dsn)
+    # If the claim waited for the lock, the lock goes (its session ends) after 20 s and the test
+    # fails on time.
+    unlock = threading.Timer(20.0, locker.close)
+    try:
+        locker.execute("LOCK TABLE agentcap.tool_ledger IN ACCESS EXCLUSIVE MODE")
+        unlock.start()
+        set_tool_ledger(ledger)
+        started = time.monotonic()
+        with ac.run(f"hang-{uuid.uuid4().hex[:10]}"), ac.agent("a"):
+            assert work.invoke("w", 1) == 1
+            assert work.invoke("w", 1) == 1
+        took = time.monotonic() - started
+        assert calls == [1]
+        assert ledger.stats().unavailable >= 1
+        assert took < 3.0, took
+        # Cooling down after the cancelled statement.
+        with pytest.raises(ConnectionFailed), database.coordination():
+            pass
+    finally:
+        unlock.cancel()
+        if not locker.closed:
+            locker.rollback()
+            locker.close()
+        set_tool_ledger(None)
+        ledger.close()
+        database.close()
