@@ -517,6 +517,46 @@ def test_a_slow_spawn_registry_does_not_hold_up_other_agents_spawns():
     assert registered.count("slow/c") == 1
 
 
+def test_a_spawn_registry_that_fails_is_logged_once_per_outage(caplog):
+    """Spawns while the registry fails are recorded in this process, with one warning for the
+    outage (no traceback), and one line when it answers again."""
+    from otel_agentcap.capture.agents import SpawnClaim, SpawnRecord, set_spawn_registry
+
+    down = True
+
+    class FlakyRegistry:
+        def find(self, run_id: str, child_agent_id: str) -> SpawnRecord | None:
+            if down:
+                raise ConnectionError("PostgreSQL was unreachable moments ago\nDETAIL: more")
+            return None
+
+        def register(self, claim: SpawnClaim) -> SpawnRecord:
+            if down:
+                raise ConnectionError("PostgreSQL was unreachable moments ago")
+            return SpawnRecord(
+                claim.parent_agent_id,
+                claim.name,
+                oa.EventRef(claim.spawn_event_id, claim.spawn_seq, claim.parent_agent_id),
+                won=True,
+            )
+
+    set_spawn_registry(FlakyRegistry())
+    try:
+        with capture_events() as captured, oa.run(_run_id()), oa.agent("p"):
+            spawned = [oa.spawn("c", key=f"k{i}") for i in range(4)]
+            down = False
+            spawned += [oa.spawn("c", key=f"k{i}") for i in range(4, 6)]
+    finally:
+        set_spawn_registry(None)
+    assert len({child.agent_id for child in spawned}) == 6
+    assert len(captured.of_type("agent_spawn")) == 6
+    warnings = [r.getMessage() for r in caplog.records if "spawn registry" in r.getMessage()]
+    assert len(warnings) == 2, warnings
+    assert "unreachable moments ago" in warnings[0] and "DETAIL" not in warnings[0]
+    assert "answers again" in warnings[1]
+    assert all(r.exc_info is None for r in caplog.records)
+
+
 def test_a_spawn_does_not_hold_a_lock_while_its_span_is_exported():
     """While an exporter is busy with one agent's spawn span (synchronous export), another agent
     spawns: no process-wide lock is held across the export."""
