@@ -192,11 +192,16 @@ def test_a_disk_that_fills_up_falls_back_to_memory(pg_dsn, tmp_path):
 
 
 def test_a_database_that_hangs_does_not_hold_up_the_agent(pg_dsn, tmp_path):
-    """While a transaction holds a lock every write and every sequence reservation waits on,
-    capture goes on: at most two operations (entering the agent included) wait, none longer than
-    the capture path's 2 s statement timeout; once the lock goes, every event is stored."""
+    """While a transaction holds a lock every write, every sequence reservation and every tool
+    ledger claim waits on, capture goes on: at most two operations (entering the agent included)
+    wait for a statement timeout, none longer than the capture path's 2 s; once the lock goes,
+    every event is stored. (Operations of a few hundred ms are the tool ledger's commits on a
+    loaded disk, not the lock.)"""
     locker = psycopg.connect(pg_dsn)
-    locker.execute("LOCK TABLE agentcap.events, agentcap.agent_sequences IN ACCESS EXCLUSIVE MODE")
+    locker.execute(
+        "LOCK TABLE agentcap.events, agentcap.agent_sequences, agentcap.tool_ledger "
+        "IN ACCESS EXCLUSIVE MODE"
+    )
     proc = start_worker(
         pg_dsn,
         "run-hang",
@@ -210,7 +215,7 @@ def test_a_database_that_hangs_does_not_hold_up_the_agent(pg_dsn, tmp_path):
     locker.rollback()
     locker.close()
     result, err = finish(proc)
-    assert result["over_250ms"] <= 2, result["slowest"]
+    assert result["over_1s"] <= 2, result["slowest"]
     assert max(result["slowest"]) < 3.0, result["slowest"]
     assert log_summary(pg_dsn, "run-hang")["events"] == result["events"]
     assert "Traceback" not in err

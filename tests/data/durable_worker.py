@@ -112,5 +112,6 @@ out = {
 if args.latencies:
     out["slowest"] = sorted(slowest)[-5:]
     out["over_250ms"] = sum(1 for s in slowest if s > 0.25)
+    out["over_1s"] = sum(1 for s in slowest if s > 1.0)
 print(json.dumps(out), flush=True)
 sys.exit(0)
