@@ -198,7 +198,7 @@ class AgentCap:
             self.report = self.queue.close(seconds if explicit else None)
             deadline = max(deadline, time.monotonic())
         self._run_with_deadline(self.provider.shutdown, deadline, "span processors")
-        self._uninstall()
+        self._uninstall(deadline)
         if self._host_sequences is not None:
             self._host_sequences.close()
         self.database.close()
@@ -228,7 +228,7 @@ class AgentCap:
                 "agentcap: %s did not shut down within the timeout; left to finish alone", what
             )
 
-    def _uninstall(self) -> None:
+    def _uninstall(self, deadline: float) -> None:
         if self._installed_source is not None and self._previous_source is not None:
             current, _ = clocks.configuration()
             if current is self._installed_source:
@@ -236,8 +236,9 @@ class AgentCap:
         for setting in reversed(self._installed):
             setting.restore()
         if self.ledger is not None:
-            # Its pending outcomes are written while the database is still open.
-            self.ledger.close()
+            # Outcomes it could not write yet are tried again while the database is still open
+            # (one attempt at least; it stops at the first failure).
+            self.ledger.close(max(0.1, deadline - time.monotonic()))
 
     def __enter__(self) -> AgentCap:
         return self
