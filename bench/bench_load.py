@@ -22,6 +22,7 @@ sustained rate (stored events over the load time).
 
     .venv/bin/python bench/bench_load.py [--processes 2] [--rate 1000] [--seconds 20]
         [--fault none|pg-restart|sigkill] [--fault-at 6] [--fault-for 5] [--dsn DSN]
+        [--tool-ledger on|off]
 """
 
 from __future__ import annotations
@@ -56,7 +57,13 @@ def worker(args: argparse.Namespace) -> None:
     fd = os.open(args.counter, os.O_RDWR | os.O_CREAT, 0o600)
     os.ftruncate(fd, 8)
     counter = mmap.mmap(fd, 8)
-    agentcap = configure(args.dsn, queue_dir=args.queue_dir, announce=False, shutdown_timeout=60)
+    agentcap = configure(
+        args.dsn,
+        queue_dir=args.queue_dir,
+        announce=False,
+        shutdown_timeout=60,
+        tool_ledger=args.tool_ledger == "on",
+    )
     memory = ac.Memory("m")
 
     @ac.tool
@@ -124,6 +131,8 @@ def start_worker(args: argparse.Namespace, name: str, seconds: float, root: Path
             str(args.rate),
             "--seconds",
             str(seconds),
+            "--tool-ledger",
+            args.tool_ledger,
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -151,6 +160,12 @@ def main() -> None:
     parser.add_argument("--fault", choices=["none", "pg-restart", "sigkill"], default="none")
     parser.add_argument("--fault-at", type=float, default=6.0)
     parser.add_argument("--fault-for", type=float, default=5.0)
+    parser.add_argument(
+        "--tool-ledger",
+        choices=["on", "off"],
+        default="on",
+        help="configure()'s tool ledger (on by default): two commits per tool call",
+    )
     args = parser.parse_args()
     if args.worker:
         worker(args)
