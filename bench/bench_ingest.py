@@ -90,8 +90,17 @@ class Ingest:
         if pythonpath:
             env["PYTHONPATH"] = pythonpath
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "otel_agentcap.cli", "ingest", "--dsn", dsn,
-             "--port", str(self.port), *extra],
+            [
+                sys.executable,
+                "-m",
+                "otel_agentcap.cli",
+                "ingest",
+                "--dsn",
+                dsn,
+                "--port",
+                str(self.port),
+                *extra,
+            ],
             env=env,
             cwd=tempfile.gettempdir(),  # not the source tree: -m would import from it first
             stdout=subprocess.DEVNULL,
@@ -247,9 +256,15 @@ def main() -> None:
             serial = statistics.median(serial_rates)
             parallel = statistics.median(parallel_rates)
             print(f"spans={len(spans)} batch={args.batch} agents={AGENTS} rounds={args.rounds}")
-            print(f"PostgresSpanExporter.export:  {exporter:>9,.0f} spans/s  {[round(r) for r in exporter_rates]}")
-            print(f"ingest, 1 sender:             {serial:>9,.0f} spans/s  {[round(r) for r in serial_rates]}")
-            print(f"ingest, {args.senders} senders:            {parallel:>9,.0f} spans/s  {[round(r) for r in parallel_rates]}")
+            print(
+                f"PostgresSpanExporter.export:  {exporter:>9,.0f} spans/s  {[round(r) for r in exporter_rates]}"
+            )
+            print(
+                f"ingest, 1 sender:             {serial:>9,.0f} spans/s  {[round(r) for r in serial_rates]}"
+            )
+            print(
+                f"ingest, {args.senders} senders:            {parallel:>9,.0f} spans/s  {[round(r) for r in parallel_rates]}"
+            )
             print(f"ratio ingest (1 sender) / exporter:   {serial / exporter:.2f}  (target >= 0.8)")
             print(f"ratio ingest ({args.senders} senders) / exporter:  {parallel / exporter:.2f}")
         if not args.skip_memory:

@@ -13,16 +13,20 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import psycopg
 
 from otel_agentcap.errors import RunExistsError
-from otel_agentcap.exporters.postgres import embedded, store
+from otel_agentcap.exporters.postgres import embedded, partitions, retention, store
 from otel_agentcap.exporters.postgres.database import ENV_DSN, resolve_dsn
-from otel_agentcap.exporters.postgres.errors import AgentCapStorageError, RunNotFound
+from otel_agentcap.exporters.postgres.errors import (
+    AgentCapStorageError,
+    EventNotFound,
+    RunNotFound,
+)
 from otel_agentcap.exporters.postgres.migrate import migrate
 from otel_agentcap.timeline import (
     Totals,
@@ -361,6 +365,144 @@ def _totals_table(run: Totals, agents: dict[str, Totals]) -> Any:
     return table
 
 
+def _event_line(event: Any, indent: str = "  ") -> str:
+    from rich.markup import escape
+
+    return (
+        f"{indent}{escape(event.agent_id)} {event.seq:>6}  {event.event_type:<16} "
+        f"{escape(summary(event))}  [dim]{event.event_id}[/dim]"
+    )
+
+
+def cmd_event(args: argparse.Namespace) -> int:
+    with _connect(_dsn(args)) as conn:
+        try:
+            found = store.event(conn, args.run_id, args.event_id)
+            parents = store.event_parents(conn, args.run_id, args.event_id)
+            children = store.event_children(conn, args.run_id, args.event_id)
+            past = store.causal_past(conn, args.run_id, args.event_id) if args.past else None
+        except RunNotFound:
+            raise CliError(f"unknown run id: {args.run_id!r} (see: otel-agentcap runs)") from None
+        except EventNotFound:
+            raise CliError(
+                f"no event {args.event_id!r} in run {args.run_id!r} (see: otel-agentcap show)"
+            ) from None
+        except ValueError as exc:
+            raise CliError(str(exc)) from None
+    if args.json:
+        data: dict[str, Any] = {
+            "event": found._asdict(),
+            "parents": [e._asdict() for e in parents],
+            "children": [e._asdict() for e in children],
+        }
+        if past is not None:
+            data["past"] = [e._asdict() for e in past]
+        _print_json(data)
+        return 0
+    console = _console()
+    console.print(_event_line(found, ""))
+    sections = [("parents", parents), ("children", children)]
+    if past is not None:
+        sections.append(("causal past", past))
+    for title, events in sections:
+        console.print(f"{title}: {len(events)}")
+        for item in events:
+            console.print(_event_line(item))
+    return 0
+
+
+def _parse_time(text: str) -> datetime:
+    """An ISO date or time; a date means its midnight, and no zone means UTC."""
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError:
+        raise CliError(f"not an ISO date or time: {text!r} (e.g. 2025-06-01)") from None
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value
+
+
+def _utc_minutes(value: datetime) -> str:
+    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M")
+
+
+def _db_partitions(args: argparse.Namespace) -> int:
+    with _connect(_dsn(args)) as conn:
+        migrate(conn)
+        conn.autocommit = True
+        if args.interval is not None:
+            try:
+                partitions.set_partition_interval(conn, args.interval)
+            except ValueError as exc:
+                raise CliError(str(exc)) from None
+        created = partitions.ensure_ahead(conn, args.ahead) if args.ahead is not None else 0
+        settings = partitions.read_settings(conn)
+        ranges = partitions.summarize(conn)
+    if args.json:
+        _print_json(
+            {
+                "partition_interval": str(settings.partition_interval),
+                "pruned_before": settings.pruned_before,
+                "created": created,
+                "partitions": [asdict(r) for r in ranges],
+            }
+        )
+        return 0
+    from rich.table import Table
+
+    console = _console()
+    pruned = _utc_minutes(settings.pruned_before) if settings.pruned_before else "never"
+    console.print(
+        f"partition interval: {settings.partition_interval}; pruned before: {pruned}; "
+        f"created now: {created}"
+    )
+    table = Table("runs started from (UTC)", "until", "events (estimate)", "size", box=None)
+    for r in ranges:
+        state = " (detach pending)" if r.detach_pending else ""
+        table.add_row(
+            _utc_minutes(r.lower),
+            _utc_minutes(r.upper) + state,
+            f"{r.events_estimate:,}" if r.events_estimate >= 0 else "not analyzed",
+            f"{r.total_bytes / 1e6:,.1f} MB",
+        )
+    console.print(table)
+    return 0
+
+
+def _db_prune(args: argparse.Namespace) -> int:
+    if args.before is None:
+        raise CliError("db prune needs --before DATE (runs that started before it are removed)")
+    before = _parse_time(args.before)
+    with _connect(_dsn(args)) as conn:
+        migrate(conn)
+        conn.autocommit = True
+        try:
+            result = retention.prune(conn, before, dry_run=args.dry_run)
+        except ValueError as exc:
+            raise CliError(str(exc)) from None
+    if args.json:
+        _print_json(asdict(result))
+        return 0
+    console = _console()
+    if result.pruned_before is None:
+        console.print(f"nothing to prune: no partition ends at or before {_utc_minutes(before)}")
+        return 0
+    verb = "would remove" if result.dry_run else "removed"
+    console.print(
+        f"{verb} {result.runs} run(s) started before {_utc_minutes(result.pruned_before)} "
+        f"and {len(result.partitions)} partition(s)"
+    )
+    for part in result.partitions:
+        took = "" if result.dry_run else f"  {part.seconds:.3f} s"
+        console.print(
+            f"  {part.partition}  [{_utc_minutes(part.lower)}, {_utc_minutes(part.upper)}){took}"
+        )
+    if result.pruned_before < before:
+        console.print(
+            f"runs started from {_utc_minutes(result.pruned_before)} on are kept whole: their "
+            f"partition ends after {_utc_minutes(before)}"
+        )
+    return 0
+
+
 def cmd_db(args: argparse.Namespace) -> int:
     action = args.action
     if action == "start":
@@ -390,6 +532,10 @@ def cmd_db(args: argparse.Namespace) -> int:
         return 0
     if action == "grant":
         return _grant(args)
+    if action == "partitions":
+        return _db_partitions(args)
+    if action == "prune":
+        return _db_prune(args)
     raise CliError(f"unknown db action {action!r}")
 
 
@@ -758,10 +904,25 @@ def build_parser() -> argparse.ArgumentParser:
     queue.add_argument("--timeout", type=float, default=300.0, help="drain: seconds at most")
     queue.set_defaults(func=cmd_queue)
 
-    db = sub.add_parser(
-        "db", parents=[common], help="the embedded PostgreSQL server, migrations, roles"
+    event = sub.add_parser(
+        "event", parents=[common], help="an event with its causal parents and children"
     )
-    db.add_argument("action", choices=["start", "stop", "status", "dsn", "migrate", "grant"])
+    event.add_argument("run_id")
+    event.add_argument("event_id")
+    event.add_argument(
+        "--past", action="store_true", help="also every event that happened before it"
+    )
+    event.set_defaults(func=cmd_event)
+
+    db = sub.add_parser(
+        "db",
+        parents=[common],
+        help="the embedded server, migrations, roles, partitions, retention",
+    )
+    db.add_argument(
+        "action",
+        choices=["start", "stop", "status", "dsn", "migrate", "grant", "partitions", "prune"],
+    )
     db.add_argument(
         "--owner", default="agentcap_owner", help="grant: the role that owns the schema"
     )
@@ -770,6 +931,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     db.add_argument(
         "--reader", default="agentcap_reader", help="grant: the read-only role ('none': no reader)"
+    )
+    db.add_argument(
+        "--before", metavar="DATE", help="prune: remove the runs that started before DATE (UTC)"
+    )
+    db.add_argument("--dry-run", action="store_true", help="prune: only say what would go")
+    db.add_argument(
+        "--ahead",
+        type=int,
+        metavar="N",
+        help="partitions: create the partitions of this and the next N intervals",
+    )
+    db.add_argument(
+        "--interval",
+        metavar="WIDTH",
+        help="partitions: width of partitions created from now on ('1 month', '7 days', ...)",
     )
     db.set_defaults(func=cmd_db)
     return parser

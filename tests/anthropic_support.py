@@ -26,6 +26,7 @@ MODEL = "claude-test-model"
 API_KEY = "sk-ant-api03-AGENTCAP-NEVER-RECORD-THIS-KEY-0123456789"
 USER = [{"role": "user", "content": "Hello"}]
 
+
 def _release(text: str) -> tuple[int, ...]:
     match = re.match(r"\d+(?:\.\d+)*", text)
     return tuple(int(part) for part in match.group().split(".")) if match else ()

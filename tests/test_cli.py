@@ -387,3 +387,76 @@ def test_queue_status_and_drain_deliver_what_a_killed_process_left(pg_dsn, tmp_p
             "SELECT count(*) FROM agentcap.events WHERE run_id = 'run-drain'"
         ).fetchone()
     assert stored is not None and handed_over <= stored[0] <= handed_over + 2
+
+
+@pytest.mark.storage
+def test_db_partitions_and_prune(pg_dsn):
+    """db partitions lists and creates ahead, db prune --dry-run says what would go, db prune
+    removes whole runs before the cut and says which runs are kept whole."""
+    from datetime import UTC, datetime
+
+    from pg_log import write_runs
+
+    write_runs(pg_dsn, [("jan", datetime(2025, 1, 9, tzinfo=UTC))])
+    write_runs(pg_dsn, [("feb", datetime(2025, 2, 9, tzinfo=UTC))])
+    listed = json.loads(_cli("db", "partitions", "--dsn", pg_dsn, "--json").stdout)
+    assert listed["partition_interval"] == "1 mon" and listed["pruned_before"] is None
+    lowers = [p["lower"] for p in listed["partitions"]]
+    assert lowers[:2] == ["2025-01-01T00:00:00+00:00", "2025-02-01T00:00:00+00:00"]
+    ahead = json.loads(_cli("db", "partitions", "--ahead", "4", "--dsn", pg_dsn, "--json").stdout)
+    assert ahead["created"] == 3 * 3  # events, conflicts and spans: three more months each
+    dry = _cli("db", "prune", "--before", "2025-02-20", "--dry-run", "--dsn", pg_dsn)
+    assert dry.returncode == 0, dry.stderr
+    assert "would remove 1 run(s) started before 2025-02-01 00:00" in dry.stdout
+    assert "agentcap.events_p20250101" in dry.stdout
+    assert "runs started from 2025-02-01 00:00 on are kept whole" in dry.stdout
+    done = _cli("db", "prune", "--before", "2025-02-20", "--dsn", pg_dsn)
+    assert done.returncode == 0, done.stderr
+    assert "removed 1 run(s)" in done.stdout
+    runs = json.loads(_cli("runs", "--dsn", pg_dsn, "--json").stdout)
+    assert [r["run_id"] for r in runs] == ["feb"]
+    missing = _cli("db", "prune", "--dsn", pg_dsn)
+    assert missing.returncode == 1 and "needs --before" in missing.stderr
+    bad = _cli("db", "partitions", "--interval", "fortnight", "--dsn", pg_dsn)
+    assert bad.returncode == 1 and "partition interval" in bad.stderr
+    week = json.loads(
+        _cli("db", "partitions", "--interval", "7 days", "--dsn", pg_dsn, "--json").stdout
+    )
+    assert week["partition_interval"] == "7 days"
+
+
+@pytest.mark.storage
+def test_event_shows_parents_children_and_past(pg_dsn):
+    """event RUN EVENT prints the event, its parents and children; --past its causal past;
+    unknown runs and events and non-UUID ids are one-line errors."""
+    from datetime import UTC, datetime
+
+    from pg_log import run_batch, write_runs
+
+    write_runs(pg_dsn, [("r", datetime(2025, 1, 9, tzinfo=UTC))])
+    batch = run_batch("r", datetime(2025, 1, 9, tzinfo=UTC))
+    end = next(
+        e for e in batch.events if e.agent_id == "planner/w0" and e.event_type == "agent_end"
+    )
+    data = json.loads(_cli("event", "r", end.event_id, "--past", "--dsn", pg_dsn, "--json").stdout)
+    assert data["event"]["event_id"] == end.event_id
+    assert [e["event_type"] for e in data["parents"]] == ["tool_result"]
+    assert [(e["agent_id"], e["event_type"]) for e in data["children"]] == [
+        ("planner", "model_call")
+    ]
+    past = {(e["agent_id"], e["seq"]) for e in data["past"]}
+    assert past == {("planner/w0", s) for s in range(end.seq)} | {
+        ("planner", 0),
+        ("planner", 1),
+        ("planner", 2),
+    }
+    text = _cli("event", "r", end.event_id, "--dsn", pg_dsn)
+    assert text.returncode == 0 and "parents: 1" in text.stdout and "children: 1" in text.stdout
+    for args, message in (
+        (("event", "nope", end.event_id), "unknown run id: 'nope'"),
+        (("event", "r", "00000000-0000-0000-0000-000000000000"), "no event"),
+        (("event", "r", "not-a-uuid"), "not an event id"),
+    ):
+        result = _cli(*args, "--dsn", pg_dsn)
+        assert result.returncode == 1 and message in result.stderr, result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1

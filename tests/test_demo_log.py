@@ -110,7 +110,9 @@ def test_demo_with_a_stored_run_id_fails_and_changes_nothing(pg_dsn, demo_run):
     assert again.returncode == 1
     assert "already exists in the event log" in again.stderr
     # One line, beside the warning of a private part an older anthropic lacks (.ci/floors).
-    lines = [line for line in again.stderr.splitlines() if not line.startswith("agentcap: anthropic")]
+    lines = [
+        line for line in again.stderr.splitlines() if not line.startswith("agentcap: anthropic")
+    ]
     assert len(lines) == 1, again.stderr
     with psycopg.connect(pg_dsn) as conn:
         assert (

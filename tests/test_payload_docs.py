@@ -44,7 +44,10 @@ def documented() -> dict[str, dict[str, tuple[str, bool]]]:
             current = None
         row = _ROW.match(line.strip())
         if current is not None and row:
-            current[row.group(1)] = (row.group(2).strip(), row.group(3).strip().startswith("always"))
+            current[row.group(1)] = (
+                row.group(2).strip(),
+                row.group(3).strip().startswith("always"),
+            )
     return tables
 
 

@@ -527,3 +527,32 @@ def test_records_that_meet_only_through_a_third_are_one_event(pg_dsn):
         (event_id_for(run_id, "a", "seq:1"), kept),
         (event_id_for(run_id, "a", "seq:2"), kept),
     ]
+
+
+def test_spans_of_a_pruned_run_are_counted_as_expired(pg_dsn):
+    """Spans of a run that db prune removed (a late redelivery) export successfully, store
+    nothing, recreate no run, and are counted in stats().events_expired."""
+    from datetime import UTC, datetime
+
+    from psycopg_pool import ConnectionPool
+
+    from otel_agentcap.exporters.postgres import retention
+    from otel_agentcap.exporters.postgres.writer import EventWriter
+    from otel_agentcap.model import Batch, RunRecord
+
+    # The run is registered with a start in January 2025 before its spans arrive (its first
+    # write fixes its start), so its events land in a partition that can be pruned today.
+    with ConnectionPool(pg_dsn, min_size=1, max_size=1, open=True) as pool:
+        writer = EventWriter(pool)
+        writer.write(Batch(runs=(RunRecord("run-pruned", datetime(2025, 1, 5, tzinfo=UTC)),)))
+        writer.close()
+    with capture_events() as captured:
+        _program("run-pruned")
+    first = _export_once(pg_dsn, captured.spans)
+    assert first.events_inserted > 0
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        assert retention.prune(conn, datetime(2025, 2, 1, tzinfo=UTC)).runs == 1
+    again = _export_once(pg_dsn, captured.spans)
+    assert (again.events_inserted, again.events_expired) == (0, first.events_inserted)
+    assert _count(pg_dsn, "SELECT count(*) FROM agentcap.runs") == 0
+    assert _count(pg_dsn, "SELECT count(*) FROM agentcap.agents") == 0

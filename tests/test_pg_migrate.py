@@ -4,16 +4,33 @@ from __future__ import annotations
 
 import multiprocessing
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import psycopg
 import pytest
+from pg_log import run_batch
+from psycopg.types.json import Jsonb
+from psycopg_pool import ConnectionPool
 
 from otel_agentcap.exporters.postgres.migrate import applied_versions, available_migrations, migrate
+from otel_agentcap.exporters.postgres.writer import EventWriter
+from otel_agentcap.model import Batch, event_id_for
 
 pytestmark = pytest.mark.storage
 
-TABLES = {"runs", "agents", "events", "conflicts", "agent_sequences", "schema_version"}
+TABLES = {
+    "runs",
+    "agents",
+    "events",
+    "conflicts",
+    "agent_sequences",
+    "schema_version",
+    "log_settings",
+    "pruned_runs",
+}
 
 
 def _tables(dsn: str) -> set[str]:
@@ -75,20 +92,6 @@ def test_concurrent_migrate_from_processes(pg_empty_dsn: str) -> None:
     assert sorted(applied) == [m.version for m in available_migrations()]
 
 
-def _at_version_1(dsn: str) -> None:
-    """The schema as migration 0001 left it."""
-    first = available_migrations()[0]
-    assert first.version == 1
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("CREATE SCHEMA agentcap")
-        conn.execute(
-            "CREATE TABLE agentcap.schema_version (version integer PRIMARY KEY, name text NOT NULL,"
-            " applied_at timestamptz NOT NULL DEFAULT now())"
-        )
-        conn.execute(first.sql_text.encode())
-        conn.execute("INSERT INTO agentcap.schema_version VALUES (1, %s)", (first.name,))
-
-
 _INSERT_CALL = (
     "INSERT INTO agentcap.events (event_id, run_id, agent_id, logical_seq, wall_time, event_type,"
     " idempotency_key, payload) VALUES (%s, 'r', %s, 1, now(), 'model_call', 'k', %s)"
@@ -98,7 +101,7 @@ _INSERT_CALL = (
 def test_migration_0002_waits_for_a_writer_of_an_earlier_version(pg_empty_dsn: str) -> None:
     """A writer that has not committed a second record of a call when 0002 starts: the migration
     waits for it, then moves that record too, instead of failing on its unique index."""
-    _at_version_1(pg_empty_dsn)
+    _at_version(pg_empty_dsn, 1)
     call = '{"response_id": "msg_1"}'
     with psycopg.connect(pg_empty_dsn, autocommit=True) as conn:
         conn.execute(_INSERT_CALL, ("00000000-0000-0000-0000-000000000001", "a", call))
@@ -120,7 +123,7 @@ def test_migration_0002_waits_for_a_writer_of_an_earlier_version(pg_empty_dsn: s
 def test_migration_0002_moves_existing_second_records_of_a_model_call(pg_empty_dsn: str) -> None:
     """A log written before 0002 may hold a call twice: the SDK's record (else the earliest) stays,
     the others move to agentcap.conflicts in full, and the unique indexes then exist."""
-    _at_version_1(pg_empty_dsn)
+    _at_version(pg_empty_dsn, 1)
     with psycopg.connect(pg_empty_dsn, autocommit=True) as conn:
         rows = [
             # (event id suffix, agent, seconds, payload)
@@ -168,3 +171,252 @@ def test_migration_0002_moves_existing_second_records_of_a_model_call(pg_empty_d
         ("d", "model_call_request_id", "00000000-0000-0000-0000-000000000003"),
     ]
     assert indexes == {"events_model_call_response_id_key", "events_model_call_request_id_key"}
+
+
+def _at_version(dsn: str, version: int) -> None:
+    """The schema as migrations 0001 to ``version`` left it."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE SCHEMA agentcap")
+        conn.execute(
+            "CREATE TABLE agentcap.schema_version (version integer PRIMARY KEY, name text NOT NULL,"
+            " applied_at timestamptz NOT NULL DEFAULT now())"
+        )
+        for migration in available_migrations()[:version]:
+            with conn.transaction():
+                conn.execute(migration.sql_text.encode())
+                conn.execute(
+                    "INSERT INTO agentcap.schema_version VALUES (%s, %s)",
+                    (migration.version, migration.name),
+                )
+
+
+_V2_EVENT = (
+    "INSERT INTO agentcap.events (event_id, run_id, agent_id, logical_seq, wall_time, event_type,"
+    " causal_parent_ids, idempotency_key, trace_id, span_id, payload)"
+    " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+)
+_V3_SPAN = (
+    "INSERT INTO agentcap.spans (run_id, trace_id, span_id, name, start_time, end_time)"
+    " VALUES (%s, %s, %s, %s, %s, %s)"
+)
+_V2_CONFLICT = (
+    "INSERT INTO agentcap.conflicts (reason, existing_event_id, row_digest, event_id, run_id,"
+    " agent_id, logical_seq, wall_time, event_type, causal_parent_ids, idempotency_key, payload)"
+    " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+)
+
+
+def _seed_version_4(dsn: str) -> list[Batch]:
+    """A log written before 0005: runs over three months with their spans, one run with no runs
+    row, one whose start is unknown, one runs row without events, one run of a root span only,
+    conflicts, agents and sequence blocks."""
+    batches = []
+    for i in range(10):
+        batch = run_batch(f"run-{i}", datetime(2025, 1, 1, tzinfo=UTC) + timedelta(days=9 * i))
+        events = tuple(
+            e._replace(trace_id="0af7651916cd43dd8448eb211c80319c", span_id=f"{k:016x}")
+            for k, e in enumerate(batch.events)
+        )
+        batches.append(batch._replace(events=events))
+    with psycopg.connect(dsn) as conn, conn.cursor() as cur:
+        for n, batch in enumerate(batches):
+            run_id = batch.events[0].run_id
+            cur.executemany(
+                _V2_EVENT,
+                [
+                    (
+                        e.event_id,
+                        e.run_id,
+                        e.agent_id,
+                        e.seq,
+                        e.wall_time,
+                        e.event_type,
+                        list(e.causal_parent_ids),
+                        e.idempotency_key,
+                        e.trace_id,
+                        e.span_id,
+                        Jsonb(e.payload),
+                    )
+                    for e in batch.events
+                ],
+            )
+            if n != 3:  # run-3 has events and no runs row
+                started = None if n == 5 else batch.runs[0].started_at  # run-5: start unknown
+                cur.execute(
+                    "INSERT INTO agentcap.runs (run_id, started_at, attributes) VALUES (%s, %s, %s)",
+                    (run_id, started, Jsonb({"n": n})),
+                )
+            cur.executemany(
+                "INSERT INTO agentcap.agents (run_id, agent_id, parent_agent_id,"
+                " spawned_at_event_id, name) VALUES (%s, %s, %s, %s, %s)",
+                [
+                    (a.run_id, a.agent_id, a.parent_agent_id, a.spawned_at_event_id, a.name)
+                    for a in batch.agents
+                ],
+            )
+            cur.execute(
+                "INSERT INTO agentcap.agent_sequences VALUES (%s, 'planner', %s)", (run_id, 64 + n)
+            )
+            cur.executemany(
+                _V3_SPAN,
+                [
+                    (e.run_id, e.trace_id, e.span_id, e.event_type, e.wall_time, e.wall_time)
+                    for e in batch.events
+                ],
+            )
+            first = batch.events[1]
+            for reason, existing in (("run_agent_seq", batch.events[0].event_id), ("x", None)):
+                cur.execute(
+                    _V2_CONFLICT,
+                    (
+                        reason if existing else "invalid_event_type",
+                        existing,
+                        f"digest-{reason}-{run_id}",
+                        uuid.uuid4(),
+                        run_id,
+                        first.agent_id,
+                        first.seq,
+                        first.wall_time,
+                        first.event_type,
+                        [],
+                        f"other-{reason}",
+                        Jsonb({"other": reason}),
+                    ),
+                )
+        cur.execute(
+            "INSERT INTO agentcap.runs (run_id, attributes, recorded_at)"
+            " VALUES ('empty', '{}', '2025-02-02')"
+        )
+        root = datetime(2025, 3, 3, tzinfo=UTC)
+        cur.execute(_V3_SPAN, ("root-only", "1" * 32, "2" * 16, "invoke_workflow", root, root))
+    return batches
+
+
+def _snapshot(conn: psycopg.Connection[Any]) -> dict[str, set[tuple[Any, ...]]]:
+    columns = {
+        "events": "event_id, run_id, agent_id, logical_seq, wall_time, event_type,"
+        " causal_parent_ids::text, idempotency_key, trace_id, span_id, payload::text",
+        "conflicts": "conflict_id, detected_at, reason, existing_event_id, row_digest, event_id,"
+        " run_id, agent_id, logical_seq, wall_time, event_type, causal_parent_ids::text,"
+        " idempotency_key, trace_id, span_id, payload::text",
+        "agents": "*",
+        "agent_sequences": "*",
+        "runs": "run_id, attributes::text, recorded_at, trace_id, root_span_id",
+        "spans": "run_id, trace_id, span_id, parent_span_id, name, kind, start_time, end_time,"
+        " status_code, status_message, service_name, scope_name, recorded_at",
+    }
+    return {
+        table: {tuple(r) for r in conn.execute(f"SELECT {cols} FROM agentcap.{table}")}
+        for table, cols in columns.items()
+    }
+
+
+def test_migration_0005_keeps_every_row_and_invariant(pg_empty_dsn: str) -> None:
+    """A log written before 0005 comes out of it with every row of every table unchanged, every
+    run with a start (its own, else its first event's, else when it was recorded) that all its
+    rows carry in one partition, keys led by run_id, and a writer that finds every event again."""
+    _at_version(pg_empty_dsn, 4)
+    batches = _seed_version_4(pg_empty_dsn)
+    with psycopg.connect(pg_empty_dsn) as conn:
+        before = _snapshot(conn)
+        starts = dict(conn.execute("SELECT run_id, started_at FROM agentcap.runs").fetchall())
+        first_events = dict(
+            conn.execute("SELECT run_id, min(wall_time) FROM agentcap.events GROUP BY 1")
+        )
+        max_conflict = conn.execute("SELECT max(conflict_id) FROM agentcap.conflicts").fetchone()
+    assert migrate(pg_empty_dsn) == [m.version for m in available_migrations()][4:]
+    with psycopg.connect(pg_empty_dsn) as conn:
+        after = _snapshot(conn)
+        new_runs = after["runs"] - before["runs"]
+        assert {r[0] for r in new_runs} == {"run-3", "root-only"}
+        assert after == {**before, "runs": before["runs"] | new_runs}
+        stored = dict(conn.execute("SELECT run_id, started_at FROM agentcap.runs").fetchall())
+        assert stored["run-3"] == first_events["run-3"]
+        assert stored["run-5"] == first_events["run-5"]
+        assert stored["root-only"] == datetime(2025, 3, 3, tzinfo=UTC)
+        assert stored["empty"] == datetime(2025, 2, 2, tzinfo=UTC)
+        assert all(stored[r] == s for r, s in starts.items() if s is not None)
+        for table, runs in (("events", 10), ("conflicts", 10), ("spans", 11)):
+            rows = conn.execute(
+                f"SELECT x.run_id, count(DISTINCT x.tableoid), bool_and(x.run_started_at ="
+                f" r.started_at) FROM agentcap.{table} x JOIN agentcap.runs r USING (run_id)"
+                f" GROUP BY 1"
+            ).fetchall()
+            assert len(rows) == runs and all(r[1:] == (1, True) for r in rows), rows
+        keys = {
+            name: definition
+            for name, definition in conn.execute(
+                "SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint"
+                " WHERE conrelid IN ('agentcap.events'::regclass, 'agentcap.conflicts'::regclass,"
+                " 'agentcap.spans'::regclass) AND contype IN ('p', 'u')"
+            )
+        }
+        assert keys == {
+            "events_pkey": "PRIMARY KEY (run_id, run_started_at, event_id)",
+            "events_run_agent_seq_key": "UNIQUE (run_id, run_started_at, agent_id, logical_seq)",
+            "events_run_agent_idempotency_key": (
+                "UNIQUE (run_id, run_started_at, agent_id, idempotency_key)"
+            ),
+            "conflicts_pkey": "PRIMARY KEY (run_id, run_started_at, conflict_id)",
+            "spans_pkey": "PRIMARY KEY (run_id, run_started_at, trace_id, span_id)",
+        }
+        unique_indexes = [
+            r[0]
+            for r in conn.execute(
+                "SELECT pg_get_indexdef(indexrelid) FROM pg_index"
+                " WHERE indrelid IN ('agentcap.events'::regclass, 'agentcap.conflicts'::regclass)"
+                " AND indisunique"
+            )
+        ]
+        assert all("(run_id, run_started_at" in d for d in unique_indexes), unique_indexes
+    with ConnectionPool(pg_empty_dsn, min_size=1, max_size=1, open=True) as pool:
+        writer = EventWriter(pool)
+        for batch in batches:
+            again = writer.write(Batch(batch.events))
+            assert (again.inserted, again.duplicates, again.conflicts) == (0, len(batch.events), 0)
+        twin = batches[0].events[2]._replace(idempotency_key="twin", payload={"twin": True})
+        twin = twin._replace(event_id=event_id_for(twin.run_id, twin.agent_id, "twin"))
+        assert writer.write(Batch((twin,))).conflicts == 1
+        writer.close()
+    with psycopg.connect(pg_empty_dsn) as conn:
+        newest = conn.execute(
+            "SELECT conflict_id FROM agentcap.conflicts WHERE idempotency_key = 'twin'"
+        ).fetchone()
+    assert max_conflict is not None and newest == (max_conflict[0] + 1,)
+
+
+def test_migration_0005_waits_for_a_writer_of_an_earlier_version(pg_empty_dsn: str) -> None:
+    """A writer of version 4 that has not committed its events when 0005 starts: the migration
+    waits for it and carries its rows into the partitioned log."""
+    _at_version(pg_empty_dsn, 4)
+    with psycopg.connect(pg_empty_dsn) as writer:
+        writer.execute(
+            "INSERT INTO agentcap.runs (run_id, started_at) VALUES ('late', '2025-04-04')"
+        )
+        writer.execute(
+            _V2_EVENT,
+            (
+                uuid.uuid4(),
+                "late",
+                "a",
+                0,
+                datetime(2025, 4, 4, tzinfo=UTC),
+                "agent_start",
+                [],
+                "seq:0",
+                None,
+                None,
+                None,
+            ),
+        )
+        with ThreadPoolExecutor(1) as pool:
+            migrating = pool.submit(migrate, pg_empty_dsn)
+            time.sleep(1.0)  # the migration now waits for this transaction
+            assert not migrating.done()
+            writer.commit()
+            assert migrating.result(timeout=60) == [5]
+    with psycopg.connect(pg_empty_dsn) as conn:
+        row = conn.execute(
+            "SELECT tableoid::regclass::text, run_started_at FROM agentcap.events"
+        ).fetchone()
+    assert row == ("agentcap.events_p20250401", datetime(2025, 4, 4, tzinfo=UTC))

@@ -18,6 +18,7 @@ from psycopg_pool import ConnectionPool
 from otel_agentcap.exporters.postgres.errors import ConnectionFailed, WriteFailed
 from otel_agentcap.exporters.postgres.rows import prepare
 from otel_agentcap.exporters.postgres.store import conflicts_count, run_agents, run_events
+from otel_agentcap.exporters.postgres import writer as writer_module
 from otel_agentcap.exporters.postgres.writer import EventWriter, WriteResult
 from otel_agentcap.model import AgentRecord, Batch, Event, RunRecord, event_id_for, validate_id
 
@@ -753,8 +754,9 @@ def test_copy_data_built_for_one_path_serves_the_path_the_batch_takes(pool):
     from otel_agentcap.exporters.postgres.rows import copy_data
 
     prepared = prepare(Batch((ev("r", "a", 1), ev("r", "a", 1, key="other"))))
-    data = copy_data(prepared.events, staging=False)
-    result = EventWriter(pool).write_prepared(prepared, direct=True, data=data)
+    starts = {"r": prepared.runs[0][1]}
+    data = copy_data(prepared.events, staging=False, starts=starts)
+    result = EventWriter(pool).write_prepared(prepared, direct=True, data=data, starts=starts)
     assert (result.inserted, result.conflicts) == (1, 1)
 
 
@@ -782,20 +784,25 @@ def test_copy_data_round_trips_every_column(pool, staging):
     )
     prepared = prepare(Batch((event,)), validated=True)
     writer = EventWriter(pool)
-    if staging:
-        result = writer.write_prepared(
-            prepared, direct=False, data=copy_data(prepared.events, staging=True)
-        )
-    else:
-        result = writer.write_prepared(
-            prepared, direct=True, data=copy_data(prepared.events, staging=False)
-        )
+    starts = {"r": when}  # the run's start: its only event's time
+    data = copy_data(prepared.events, staging=staging, starts=starts)
+    sent: list[bytes] = []
+    usable = writer_module._usable
+
+    def spy(prebuilt: Any, *args: Any, **kwargs: Any) -> bytes | None:
+        sent.append(usable(prebuilt, *args, **kwargs))
+        return sent[-1]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(writer_module, "_usable", spy)
+        result = writer.write_prepared(prepared, direct=not staging, data=data, starts=starts)
+    assert sent == [data]  # the prebuilt data itself went to the server
     assert result.inserted == 1
     with pool.connection() as conn:
         row = conn.execute(
             "SELECT event_id::text, agent_id, logical_seq, wall_time, event_type,"
-            " causal_parent_ids::text[], idempotency_key, trace_id, span_id, payload"
-            " FROM agentcap.events"
+            " causal_parent_ids::text[], idempotency_key, trace_id, span_id, payload,"
+            " run_started_at FROM agentcap.events"
         ).fetchone()
     assert row == (
         event.event_id,
@@ -808,6 +815,7 @@ def test_copy_data_round_trips_every_column(pool, staging):
         "0af7651916cd43dd8448eb211c80319c",
         None,
         {"x": [1, "\u00e9"], "none": None},
+        when,
     )
 
 
@@ -838,3 +846,21 @@ def test_span_envelopes_through_the_direct_path_keep_the_first_writer(pool):
     with pool.connection() as conn:
         rows = conn.execute("SELECT end_time FROM agentcap.spans").fetchall()
     assert rows == [(T0 + timedelta(seconds=5),)]
+
+
+def test_an_event_id_is_unique_within_its_run(pool: ConnectionPool[Any]) -> None:
+    """The log's key is (run_id, event_id): the same id in another run is another event, in one
+    batch or in two, while a second copy in the same run is still a conflict."""
+    writer = EventWriter(pool)
+    a = ev("r1", "a", 1)
+    b = a._replace(run_id="r2", payload={"other": "run"})
+    c = a._replace(payload={"same": "run, other content"}, seq=2, idempotency_key="k2")
+    result = writer.write(Batch((a, b)))
+    assert (result.inserted, result.conflicts) == (2, 0)
+    assert writer.write(Batch((b._replace(run_id="r3"),))).inserted == 1
+    assert writer.write(Batch((c,))).conflicts == 1
+    with pool.connection() as conn:
+        rows = conn.execute(
+            "SELECT run_id FROM agentcap.events WHERE event_id = %s ORDER BY 1", (a.event_id,)
+        ).fetchall()
+    assert rows == [("r1",), ("r2",), ("r3",)]

@@ -84,9 +84,14 @@ def test_recipes_answer_their_questions_on_the_demo_log(demo_log):
 
     chains = _query(demo_log, titles["the model -> tool -> model chains"])
     invocations = [e for e in events if e["event_type"] == "tool_invocation"]
-    asked = [i for i in invocations if any(by_id[p]["event_type"] == "model_call" for p in i["parents"])]
+    asked = [
+        i for i in invocations if any(by_id[p]["event_type"] == "model_call" for p in i["parents"])
+    ]
     assert len(chains) >= len(asked) > 0
-    assert {c["outcome"] for c in chains} == {"tool_result", "agent_error"}  # the demo's failing tool
+    assert {c["outcome"] for c in chains} == {
+        "tool_result",
+        "agent_error",
+    }  # the demo's failing tool
     for chain in chains:
         assert chain["read_at"] > chain["asked_at"] or chain["read_by"] != chain["agent_id"]
 
@@ -100,25 +105,33 @@ def test_recipes_answer_their_questions_on_the_demo_log(demo_log):
     assert (True, "memory_read") in kinds  # it read the findings
     assert (False, "tool_result") in kinds  # which other agents' tools produced
     for row in seen:
-        assert row["agent_id"] != decision["agent_id"] or row["logical_seq"] < decision["logical_seq"]
+        assert (
+            row["agent_id"] != decision["agent_id"] or row["logical_seq"] < decision["logical_seq"]
+        )
 
     tokens = _query(demo_log, titles["token totals per agent"])
     for row in tokens:
         calls = [
-            e for e in events if e["agent_id"] == row["agent_id"] and e["event_type"] == "model_call"
+            e
+            for e in events
+            if e["agent_id"] == row["agent_id"] and e["event_type"] == "model_call"
         ]
         assert row["model_calls"] == len(calls)
         assert row["input_tokens"] == sum(c["payload"]["usage"]["input_tokens"] for c in calls)
         assert row["output_tokens"] == sum(
             c["payload"]["usage"].get("output_tokens", 0) for c in calls
         )
-    assert sum(r["model_calls"] for r in tokens) == sum(e["event_type"] == "model_call" for e in events)
+    assert sum(r["model_calls"] for r in tokens) == sum(
+        e["event_type"] == "model_call" for e in events
+    )
 
     # Downstream of the root agent's start is every other event of the run.
     root_start = min(
         (e for e in events if e["agent_id"] == "planner"), key=lambda e: e["logical_seq"]
     )
-    downstream = _query(demo_log, titles["everything downstream of one event"], root_start["event_id"])
+    downstream = _query(
+        demo_log, titles["everything downstream of one event"], root_start["event_id"]
+    )
     assert len(downstream) == len(events) - 1
     # Downstream of a spawn: the child's whole execution, and nothing of the parent before it.
     spawn = next(e for e in events if e["event_type"] == "agent_spawn")
@@ -128,9 +141,7 @@ def test_recipes_answer_their_questions_on_the_demo_log(demo_log):
     assert {(r["agent_id"], r["logical_seq"]) for r in below} >= {
         (e["agent_id"], e["logical_seq"]) for e in child_events
     }
-    assert all(
-        r["agent_id"] != "planner" or r["logical_seq"] > spawn["logical_seq"] for r in below
-    )
+    assert all(r["agent_id"] != "planner" or r["logical_seq"] > spawn["logical_seq"] for r in below)
 
     tree = _query(demo_log, titles["the spawn tree"])
     assert {r["agent_id"] for r in tree} == {e["agent_id"] for e in events}

@@ -73,6 +73,9 @@ class IngestStats:
     unauthorized_requests: int = 0
     failed_requests: int = 0
     """Answered 503 (retry): the database was unavailable, or the server was saturated."""
+    #: Events not stored because their run started before the retention watermark, or was
+    #: removed by ``db prune`` (a late redelivery).
+    events_expired: int = 0
 
 
 class RetryLater(Exception):
@@ -134,6 +137,7 @@ def _add(total: WriteResult, result: WriteResult) -> WriteResult:
         rejected=total.rejected + result.rejected,
         record_conflicts=total.record_conflicts + result.record_conflicts,
         rejected_records=total.rejected_records + result.rejected_records,
+        expired=total.expired + result.expired,
     )
 
 
@@ -255,6 +259,7 @@ class IngestService:
                 duplicates=result.duplicates,
                 conflicts=result.conflicts,
                 record_conflicts=result.record_conflicts,
+                events_expired=result.expired,
                 batches=outcome.batches,
             )
         if outcome.rejected:

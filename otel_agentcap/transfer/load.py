@@ -17,6 +17,7 @@ from typing import Any, Final
 from otel_agentcap import jsonsafe
 from otel_agentcap.exporters.postgres.database import Database, instrumentation_suppressed
 from otel_agentcap.exporters.postgres.exporter import write_spans
+from otel_agentcap.exporters.postgres.partitions import ensure_partitions
 from otel_agentcap.exporters.postgres.writer import EventWriter, WriteResult
 from otel_agentcap.mapping import batch_from_spans
 from otel_agentcap.model import AgentRecord, Batch, Event, RunRecord, SpanRecord
@@ -125,12 +126,16 @@ def snapshot_batches(snapshot: RunSnapshot) -> list[Batch]:
     return [head, *rest]
 
 
+# A conflict row lives in the partition of its run's start, which the run's row (stored by the
+# writer with the snapshot's first batch) holds; a run the log refused (pruned) takes none.
 _INSERT_CONFLICT: Final = """
 INSERT INTO agentcap.conflicts (reason, existing_event_id, row_digest, detected_at, event_id,
     run_id, agent_id, logical_seq, wall_time, event_type, causal_parent_ids, idempotency_key,
-    trace_id, span_id, payload)
-VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s::uuid[], %s, %s, %s, %s::jsonb)
-ON CONFLICT (reason, existing_event_id, row_digest) DO NOTHING
+    trace_id, span_id, payload, run_started_at)
+SELECT %s, %s, %s, %s, %s, r.run_id, %s, %s, %s, %s, %s::uuid[], %s, %s, %s, %s::jsonb,
+       r.started_at
+FROM agentcap.runs r WHERE r.run_id = %s
+ON CONFLICT (run_id, run_started_at, reason, existing_event_id, row_digest) DO NOTHING
 """
 
 
@@ -138,6 +143,13 @@ def _import_conflicts(database: Database, snapshot: RunSnapshot) -> int:
     if not snapshot.conflicts:
         return 0
     added = 0
+    with database.pool.connection() as conn:
+        row = conn.execute(
+            "SELECT started_at FROM agentcap.runs WHERE run_id = %s", (snapshot.run.run_id,)
+        ).fetchone()
+        conn.rollback()
+        if row is not None:
+            ensure_partitions(conn, [row[0]])
     with database.pool.connection() as conn, conn.transaction():
         for conflict in snapshot.conflicts:
             e = conflict.event
@@ -149,7 +161,6 @@ def _import_conflicts(database: Database, snapshot: RunSnapshot) -> int:
                     conflict.row_digest,
                     _time(conflict.detected_at_us),
                     e.event_id,
-                    e.run_id,
                     e.agent_id,
                     e.logical_seq,
                     _time(e.wall_time_us),
@@ -159,6 +170,7 @@ def _import_conflicts(database: Database, snapshot: RunSnapshot) -> int:
                     e.trace_id,
                     e.span_id,
                     e.payload_json,
+                    e.run_id,
                 ),
             )
             added += cursor.rowcount

@@ -84,8 +84,10 @@ def _us(column: str) -> str:
     return f"(extract(epoch FROM {column}) * 1000000)::bigint"
 
 
+# The run's start is read first, then every query names it, so each reads the run's partition
+# only (see otel_agentcap.exporters.postgres.store).
 _RUN: Final = f"""
-SELECT run_id, {_us("started_at")}, attributes::text, trace_id, root_span_id
+SELECT run_id, {_us("started_at")}, attributes::text, trace_id, root_span_id, started_at
 FROM agentcap.runs WHERE run_id = %s
 """
 _AGENTS: Final = """
@@ -95,17 +97,18 @@ FROM agentcap.agents WHERE run_id = %s ORDER BY agent_id
 _SPANS: Final = f"""
 SELECT run_id, trace_id, span_id, parent_span_id, name, kind, {_us("start_time")},
        {_us("end_time")}, status_code, status_message, service_name, scope_name
-FROM agentcap.spans WHERE run_id = %s ORDER BY trace_id, span_id
+FROM agentcap.spans WHERE run_id = %s AND run_started_at = %s ORDER BY trace_id, span_id
 """
 _EVENT_COLUMNS: Final = f"""event_id::text, run_id, agent_id, logical_seq, {_us("wall_time")},
        event_type, causal_parent_ids::text[], idempotency_key, trace_id, span_id, payload::text"""
 _EVENTS: Final = f"""
 SELECT {_EVENT_COLUMNS}
-FROM agentcap.events WHERE run_id = %s ORDER BY agent_id, logical_seq, event_id
+FROM agentcap.events WHERE run_id = %s AND run_started_at = %s
+ORDER BY agent_id, logical_seq, event_id
 """
 _CONFLICTS: Final = f"""
 SELECT reason, existing_event_id::text, {_us("detected_at")}, row_digest, {_EVENT_COLUMNS}
-FROM agentcap.conflicts WHERE run_id = %s
+FROM agentcap.conflicts WHERE run_id = %s AND run_started_at = %s
 ORDER BY agent_id, logical_seq, event_id, reason, row_digest
 """
 
@@ -128,21 +131,19 @@ def _event(values: tuple[Any, ...]) -> EventRow:
 
 
 def load_run(conn: psycopg.Connection[Any], run_id: str) -> RunSnapshot:
-    """Everything the log holds of ``run_id``; raises ``RunNotFound`` when it holds nothing."""
+    """Everything the log holds of ``run_id``; raises ``RunNotFound`` when it holds nothing (every
+    stored row of a run belongs to its runs row)."""
     with conn.transaction():
         conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
         run = conn.execute(_RUN, (run_id,)).fetchone()
+        if run is None:
+            raise RunNotFound(run_id)
+        routed = (run_id, run[5])
         agents = conn.execute(_AGENTS, (run_id,)).fetchall()
-        spans = conn.execute(_SPANS, (run_id,)).fetchall()
-        events = conn.execute(_EVENTS, (run_id,)).fetchall()
-        conflicts = conn.execute(_CONFLICTS, (run_id,)).fetchall()
-    if run is None and not events and not agents:
-        raise RunNotFound(run_id)
-    run_row = (
-        RunRow(run[0], None if run[1] is None else int(run[1]), run[2], run[3], run[4])
-        if run is not None
-        else RunRow(run_id, None, "{}", None, None)
-    )
+        spans = conn.execute(_SPANS, routed).fetchall()
+        events = conn.execute(_EVENTS, routed).fetchall()
+        conflicts = conn.execute(_CONFLICTS, routed).fetchall()
+    run_row = RunRow(run[0], None if run[1] is None else int(run[1]), run[2], run[3], run[4])
     return RunSnapshot(
         run_row,
         tuple(AgentRow(*row) for row in agents),

@@ -23,6 +23,7 @@ from otel_agentcap.exporters.postgres import embedded
 from otel_agentcap.exporters.postgres.connection import SmallPool, first_line
 from otel_agentcap.exporters.postgres.errors import ConnectionFailed
 from otel_agentcap.exporters.postgres.migrate import migrate
+from otel_agentcap.exporters.postgres.partitions import ensure_ahead
 
 _logger = logging.getLogger(__name__)
 
@@ -279,9 +280,21 @@ class Database:
                     self.dsn, connect_timeout=connect_timeout, autocommit=True
                 ) as conn:
                     migrate(conn)
+                    self._partitions_ahead(conn)
             except psycopg.OperationalError as exc:
                 raise ConnectionFailed(f"cannot reach PostgreSQL: {first_line(exc)}") from exc
             self._schema_ready = True
+
+    @staticmethod
+    def _partitions_ahead(conn: psycopg.Connection[Any]) -> None:
+        """Create the log's partitions for this and the next interval, so the first batches of a
+        new month do not wait for one (best effort: a write creates a missing one anyway)."""
+        try:
+            ensure_ahead(conn, 1, lock_timeout=1.0)
+        except psycopg.Error as exc:
+            if isinstance(exc, psycopg.OperationalError) and conn.broken:
+                raise
+            _logger.debug("agentcap: partitions not created ahead: %s", exc)
 
     def close(self) -> None:
         self._closed = True

@@ -62,5 +62,14 @@ class RunNotFound(AgentCapStorageError, LookupError):
         self.run_id = run_id
 
 
+class EventNotFound(AgentCapStorageError, LookupError):
+    """No event with the requested id is stored in the run."""
+
+    def __init__(self, run_id: str, event_id: str) -> None:
+        super().__init__(f"event not found in run {run_id!r}: {event_id!r}")
+        self.run_id = run_id
+        self.event_id = event_id
+
+
 class EmbeddedServerError(AgentCapStorageError):
     """The embedded PostgreSQL server could not be started, found or stopped."""

@@ -147,6 +147,9 @@ class ExportStats:
     spans_refused: int = 0
     bytes_corrupt: int = 0
     spans_left: int = 0
+    #: Events not stored because their run started before the retention watermark, or was
+    #: removed by ``otel-agentcap db prune`` (a late redelivery).
+    events_expired: int = 0
 
 
 def _share_run_starts(parts: Sequence[Part]) -> None:
@@ -186,6 +189,8 @@ class Part:
     #: thread, so the writer's thread only sends it).
     data: bytes | None = None
     span_data: bytes | None = None
+    #: The run starts ``data`` and ``span_data`` were built with (None: not built).
+    starts: dict[str, datetime] | None = None
     direct: bool = False
     error: AgentCapStorageError | None = None
 
@@ -212,6 +217,8 @@ class PartOutcome:
     events_rejected: int = 0
     records_rejected: int = 0
     record_conflicts: int = 0
+    #: Events of runs the log no longer takes (``WriteResult.expired``).
+    events_expired: int = 0
 
     def add(self, other: PartOutcome) -> None:
         self.done = self.done and other.done
@@ -225,6 +232,7 @@ class PartOutcome:
         self.events_rejected += other.events_rejected
         self.records_rejected += other.records_rejected
         self.record_conflicts += other.record_conflicts
+        self.events_expired += other.events_expired
 
 
 def _map(spans: Sequence[SpanLike], *, raw_payloads: bool) -> Batch:
@@ -390,10 +398,17 @@ class PostgresSpanExporter(SpanExporter):
         try:
             part.batch = _map(spans, raw_payloads=True)
             part.prepared = prepare(part.batch)
-            if part.prepared.events:
-                part.data = copy_data(part.prepared.events, staging=not direct)
-            if part.prepared.spans:
-                part.span_data = span_copy_data(part.prepared.spans)
+            # The rows carry their run's start: built here when every run's start is known (a
+            # start never changes once stored); otherwise the writer builds them once it has read
+            # the starts, in its transaction.
+            part.starts = self._writers.run_starts.known(r[0] for r in part.prepared.runs)
+            if part.starts is not None:
+                if part.prepared.events:
+                    part.data = copy_data(
+                        part.prepared.events, staging=not direct, starts=part.starts
+                    )
+                if part.prepared.spans:
+                    part.span_data = span_copy_data(part.prepared.spans, starts=part.starts)
         except InvalidBatch as exc:
             part.error = exc
         except Exception as exc:  # a bug of ours must not stop delivery: treat as rejected
@@ -440,6 +455,7 @@ class PostgresSpanExporter(SpanExporter):
             stats.events_rejected += sum(o.events_rejected for o in outcomes)
             stats.records_rejected += sum(o.records_rejected for o in outcomes)
             stats.record_conflicts += sum(o.record_conflicts for o in outcomes)
+            stats.events_expired += sum(o.events_expired for o in outcomes)
             if failed:
                 stats.failed_batches += 1
             elif done:
@@ -482,6 +498,7 @@ class PostgresSpanExporter(SpanExporter):
                         direct=direct,
                         data=part.data if part.direct == direct else None,
                         span_data=part.span_data,
+                        starts=part.starts,
                     )
             except InvalidPayload:
                 if reparsed:
@@ -524,6 +541,7 @@ class PostgresSpanExporter(SpanExporter):
                 events_rejected=result.rejected,
                 records_rejected=result.rejected_records,
                 record_conflicts=result.record_conflicts,
+                events_expired=result.expired,
             )
 
     def _rejected(

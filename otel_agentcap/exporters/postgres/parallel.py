@@ -22,7 +22,7 @@ from typing import Any, Final, TypeVar
 
 from .connection import DedicatedConnection
 from .rows import DEFAULT_MAX_PAYLOAD_CHARS
-from .writer import EventWriter
+from .writer import EventWriter, RunStartCache
 
 _logger = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -38,7 +38,12 @@ def partition_of(run_id: object, agent_id: object, count: int) -> int:
 
 class _Writer:
     def __init__(
-        self, index: int, dsn: str, connect_timeout: float, max_payload_chars: int
+        self,
+        index: int,
+        dsn: str,
+        connect_timeout: float,
+        max_payload_chars: int,
+        run_starts: RunStartCache,
     ) -> None:
         self.index = index
         self.connection = DedicatedConnection(
@@ -48,6 +53,7 @@ class _Writer:
             self.connection,
             connect_timeout=connect_timeout,
             max_payload_chars=max_payload_chars,
+            run_starts=run_starts,
         )
         self.jobs: queue.SimpleQueue[tuple[Callable[[EventWriter], Any], Future[Any]] | None] = (
             queue.SimpleQueue()
@@ -94,7 +100,12 @@ class WriterThreads:
         if count < 1:
             raise ValueError("count must be at least 1")
         self.count = count
-        self._writers = [_Writer(i, dsn, connect_timeout, max_payload_chars) for i in range(count)]
+        #: The run starts the writers have read, for the COPY data built ahead of them.
+        self.run_starts = RunStartCache()
+        self._writers = [
+            _Writer(i, dsn, connect_timeout, max_payload_chars, self.run_starts)
+            for i in range(count)
+        ]
         self._closed = False
 
     def submit(self, index: int, fn: Callable[[EventWriter], _T]) -> Future[_T]:

@@ -17,8 +17,9 @@ from otel_agentcap.model import EventRef
 _FIND = """
 SELECT a.parent_agent_id, a.name, a.spawned_at_event_id::text, e.logical_seq, e.trace_id, e.span_id
 FROM agentcap.agents a
-JOIN agentcap.events e ON e.event_id = a.spawned_at_event_id
-WHERE a.run_id = %s AND a.agent_id = %s AND a.parent_agent_id IS NOT NULL
+JOIN agentcap.events e ON e.run_id = a.run_id AND e.event_id = a.spawned_at_event_id
+     AND e.run_started_at = (SELECT started_at FROM agentcap.runs WHERE run_id = %(run)s)
+WHERE a.run_id = %(run)s AND a.agent_id = %(agent)s AND a.parent_agent_id IS NOT NULL
 """
 
 _REGISTER = b"SELECT * FROM agentcap.spawn_register(%s, %s, %s, %s, %s, %s, %s, %s, %s)"
@@ -29,14 +30,17 @@ FROM agentcap.spawns WHERE run_id = %(run)s AND child_agent_id = %(child)s
 UNION ALL
 SELECT a.parent_agent_id, a.name, a.spawned_at_event_id::text, e.logical_seq, e.trace_id, e.span_id
 FROM agentcap.agents a
-JOIN agentcap.events e ON e.event_id = a.spawned_at_event_id
+JOIN agentcap.events e ON e.run_id = a.run_id AND e.event_id = a.spawned_at_event_id
+     AND e.run_started_at = (SELECT started_at FROM agentcap.runs WHERE run_id = %(run)s)
 WHERE a.run_id = %(run)s AND a.agent_id = %(child)s AND a.parent_agent_id IS NOT NULL
 LIMIT 1
 """
 
+# A run id db prune removed is taken too: its row is gone, but writers refuse it (pruned_runs).
 _CLAIM = """
 INSERT INTO agentcap.runs (run_id, started_at, trace_id, root_span_id)
-VALUES (%s, %s, %s, %s)
+SELECT %(run)s, %(start)s, %(trace)s, %(span)s
+WHERE NOT EXISTS (SELECT 1 FROM agentcap.pruned_runs WHERE run_id = %(run)s)
 ON CONFLICT (run_id) DO NOTHING
 RETURNING run_id
 """
@@ -80,7 +84,7 @@ class PostgresSpawnLookup:
 
     def find(self, run_id: str, child_agent_id: str) -> SpawnRecord | None:
         with self._database.quick_connection(self._timeout) as conn:
-            row = conn.execute(_FIND, (run_id, child_agent_id)).fetchone()
+            row = conn.execute(_FIND, {"run": run_id, "agent": child_agent_id}).fetchone()
             conn.rollback()
         if row is None:
             return None
@@ -157,7 +161,9 @@ class PostgresRunRegistry:
     ) -> StoredRun | None:
         trace_id, span_id = _hex(root_span)
         with self._database.quick_connection(self._timeout) as conn, conn.transaction():
-            created = conn.execute(_CLAIM, (run_id, started_at, trace_id, span_id)).fetchone()
+            created = conn.execute(
+                _CLAIM, {"run": run_id, "start": started_at, "trace": trace_id, "span": span_id}
+            ).fetchone()
             row = None if created else conn.execute(_STORED_RUN, (run_id,)).fetchone()
         if created:
             return None

@@ -47,10 +47,26 @@ WRITER_PRIVILEGES: Final[Mapping[str, str]] = {
     "memory": "SELECT, INSERT, UPDATE",
     "schema_version": "SELECT",
     "roles": "SELECT",
+    "log_settings": "SELECT",
+    "pruned_runs": "SELECT",
 }
-_DEFAULT_WRITER_PRIVILEGES: Final = "SELECT, INSERT"
-#: The functions the writer may execute: what the capture path calls (migration 0005).
-WRITER_FUNCTIONS: Final = frozenset({"tool_claim", "spawn_register", "memory_write"})
+#: The functions the writer may execute, by name (the others stay the owner's): what the capture
+#: path calls (tool_claim, spawn_register, memory_write: migration 0005) and the partitions of the
+#: log by run start (migration 0006). ``ensure_partitions`` is SECURITY DEFINER: the writer
+#: creates the partition a new run start needs, as the owner, and nothing else.
+WRITER_FUNCTIONS: Final = frozenset(
+    {
+        "tool_claim",
+        "spawn_register",
+        "memory_write",
+        "ensure_partitions",
+        "log_partitions",
+        "run_partitioned_tables",
+        "partition_range",
+    }
+)
+#: The functions the reader may execute: listing the partitions.
+READER_FUNCTIONS: Final = frozenset({"log_partitions", "run_partitioned_tables", "partition_range"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,16 +137,21 @@ def _apply(conn: psycopg.Connection[Any], roles: Roles) -> None:
                 sql.SQL(privileges), sql.Identifier("agentcap", table), writer
             )
         )
-    for function in _functions(conn):
-        name = function.split("(", 1)[0].rsplit(".", 1)[-1].strip('"')
+    functions = {
+        function: function.split("(", 1)[0].rsplit(".", 1)[-1].strip('"')
+        for function in _functions(conn)
+    }
+    for function, name in functions.items():
         if name in WRITER_FUNCTIONS:
             execute(sql.SQL("GRANT EXECUTE ON FUNCTION {} TO {}").format(sql.SQL(function), writer))
     if roles.reader is not None:
-        execute(
-            sql.SQL("GRANT SELECT ON ALL TABLES IN SCHEMA agentcap TO {}").format(
-                sql.Identifier(roles.reader)
-            )
-        )
+        reader = sql.Identifier(roles.reader)
+        execute(sql.SQL("GRANT SELECT ON ALL TABLES IN SCHEMA agentcap TO {}").format(reader))
+        for function, name in functions.items():
+            if name in READER_FUNCTIONS:
+                execute(
+                    sql.SQL("GRANT EXECUTE ON FUNCTION {} TO {}").format(sql.SQL(function), reader)
+                )
 
 
 def _current_database(conn: psycopg.Connection[Any]) -> str:

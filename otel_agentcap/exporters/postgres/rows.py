@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import struct
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final, NamedTuple
@@ -46,7 +46,8 @@ _UUID_LEN: Final = struct.pack("!i", 16)
 
 _MODEL_CALL: Final = EventType.MODEL_CALL.value
 
-#: Column order of the staging table and of the binary COPY, with the COPY types.
+#: Column order of the staging table and of the binary COPY, with the COPY types: an ``EventRow``
+#: and, last, the run's start (the partition key), which the writer reads from ``agentcap.runs``.
 STAGING_COLUMNS: Final = (
     ("event_id", "uuid"),
     ("run_id", "text"),
@@ -61,7 +62,11 @@ STAGING_COLUMNS: Final = (
     ("payload", "jsonb"),
     ("batch_reason", "text"),
     ("batch_conflict_with", "uuid"),
+    ("run_started_at", "timestamptz"),
 )
+
+#: The columns of ``agentcap.events`` (and of a conflict's copy of the row), in COPY order.
+EVENT_COLUMNS: Final = (*(name for name, _ in STAGING_COLUMNS[:11]), "run_started_at")
 
 
 class EventRow(NamedTuple):
@@ -155,7 +160,7 @@ _INT8_FIELD: Final = struct.Struct("!iq")
 _NULL: Final = _I32.pack(-1)
 _UUID_FIELD: Final = _I32.pack(16)
 _PG_EPOCH: Final = datetime(2000, 1, 1, tzinfo=UTC)
-_EVENT_FIELDS: Final = struct.pack("!h", 11)
+_EVENT_FIELDS: Final = struct.pack("!h", len(EVENT_COLUMNS))
 _STAGING_FIELDS: Final = struct.pack("!h", len(STAGING_COLUMNS))
 
 
@@ -166,16 +171,20 @@ def _text(value: str | None) -> bytes:
     return _I32.pack(len(data)) + data
 
 
-def copy_data(rows: Sequence[EventRow], *, staging: bool) -> bytes:
+def copy_data(
+    rows: Sequence[EventRow], *, staging: bool, starts: Mapping[str, datetime]
+) -> bytes:
     """The binary COPY data of ``rows``: the signature and one tuple per row, without the
-    trailer (psycopg's ``Copy`` adds it): the 11 event columns, or with ``staging`` all of
-    ``STAGING_COLUMNS``. Built in one pass, so the connection's thread sends it in a few large
-    writes instead of formatting rows itself. Raises ``InvalidBatch`` for a value no column can
-    hold (a sequence beyond bigint)."""
+    trailer (psycopg's ``Copy`` adds it): the ``EVENT_COLUMNS``, or with ``staging`` all of
+    ``STAGING_COLUMNS``; each row's ``run_started_at`` is its run's start in ``starts`` (every
+    run of ``rows`` must be there). Built in one pass, so the connection's thread sends it in a
+    few large writes instead of formatting rows itself. Raises ``InvalidBatch`` for a value no
+    column can hold (a sequence beyond bigint)."""
     parts = [_COPY_SIGNATURE]
     append = parts.append
     pack_int8 = _INT8_FIELD.pack
     head = _STAGING_FIELDS if staging else _EVENT_FIELDS
+    start_fields = {run: pack_int8(8, _micros(start)) for run, start in starts.items()}
     try:
         for row in rows:
             delta = row.wall_time - _PG_EPOCH
@@ -215,12 +224,13 @@ def copy_data(rows: Sequence[EventRow], *, staging: bool) -> bytes:
                 conflict_with = row.batch_conflict_with
                 append(_text(row.batch_reason))
                 append(_NULL if conflict_with is None else _UUID_FIELD + conflict_with)
+            append(start_fields[row.run_id])
     except struct.error as exc:
         raise InvalidBatch(f"a value does not fit its column: {exc}") from exc
     return b"".join(parts)
 
 
-_SPAN_FIELDS: Final = struct.pack("!h", 12)
+_SPAN_FIELDS: Final = struct.pack("!h", 13)
 _INT2_FIELD: Final = struct.Struct("!ih")
 
 
@@ -229,14 +239,16 @@ def _micros(value: datetime) -> int:
     return delta.microseconds + 1_000_000 * (86_400 * delta.days + delta.seconds)
 
 
-def span_copy_data(rows: Sequence[SpanRow]) -> bytes:
+def span_copy_data(rows: Sequence[SpanRow], *, starts: Mapping[str, datetime]) -> bytes:
     """The binary COPY data (signature and tuples, no trailer) of span envelope rows, in the
-    column order of ``agentcap.spans`` as the writer copies it. Raises ``InvalidBatch`` for a
-    value no column can hold."""
+    column order of ``agentcap.spans`` as the writer copies it, each with its run's start in
+    ``starts`` (every run of ``rows`` must be there). Raises ``InvalidBatch`` for a value no
+    column can hold."""
     parts = [_COPY_SIGNATURE]
     append = parts.append
     pack_int2 = _INT2_FIELD.pack
     pack_int8 = _INT8_FIELD.pack
+    start_fields = {run: pack_int8(8, _micros(start)) for run, start in starts.items()}
     try:
         for run_id, trace_id, span_id, parent, name, kind, start, end, code, *texts in rows:
             append(
@@ -253,6 +265,7 @@ def span_copy_data(rows: Sequence[SpanRow]) -> bytes:
                         pack_int8(8, _micros(end)),
                         pack_int2(2, code),
                         *map(_text, texts),
+                        start_fields[run_id],
                     )
                 )
             )
@@ -345,7 +358,8 @@ def resolve_events(
     linked = bool(superseded) and len(superseded_by) == len(superseded)
     if superseded and not linked:
         rows.extend(_sorted_rows(superseded, dumps))
-    by_id: dict[bytes, EventRow] = {}
+    # Event ids are unique within a run (the log's key is (run_id, event_id)).
+    by_id: dict[tuple[str, bytes], EventRow] = {}
     by_seq: dict[tuple[str, str, int], bytes] = {}
     by_key: dict[tuple[str, str, str], bytes] = {}
     by_response: dict[tuple[str, str], bytes] = {}
@@ -355,7 +369,7 @@ def resolve_events(
     # A row colliding with an earlier row of the same batch gets the reason it would get against
     # that row once stored, so re-sending it later is recognised as the same conflict.
     for row in rows:
-        first = by_id.get(row.event_id)
+        first = by_id.get((row.run_id, row.event_id))
         seq_key = (row.run_id, row.agent_id, row.logical_seq)
         idem_key = (row.run_id, row.agent_id, row.idempotency_key)
         if first is not None:
@@ -409,7 +423,7 @@ def resolve_events(
             by_response[response_key] = row.event_id
         if request_key is not None:
             by_request[request_key] = row.event_id
-        by_id[row.event_id] = row
+        by_id[(row.run_id, row.event_id)] = row
         by_seq[seq_key] = row.event_id
         by_key[idem_key] = row.event_id
         out.append(row)
@@ -418,7 +432,7 @@ def resolve_events(
         # another set-aside record: never inserted, whatever order they come in.
         for event, kept_id in zip(superseded, superseded_by, strict=True):
             row = _row(event, dumps)
-            first = by_id.get(row.event_id)
+            first = by_id.get((row.run_id, row.event_id))
             if first is not None and _same_content(first, row, dumps):
                 duplicates += 1
                 continue
@@ -467,10 +481,16 @@ def merge_agents(
 
 
 def merge_runs(
-    runs: Sequence[RunRecord], rows: Sequence[EventRow], dumps: Callable[[Any], bytes]
+    runs: Sequence[RunRecord],
+    rows: Sequence[EventRow],
+    dumps: Callable[[Any], bytes],
+    *,
+    spans: Sequence[SpanRecord] = (),
+    agents: Sequence[AgentRecord] = (),
 ) -> tuple[list[RunRow], list[tuple[str, Jsonb]]]:
-    """One row per run named by the batch: the earliest known start and the first attribute
-    declaration; and every distinct declaration, which the writer compares with what is stored."""
+    """One row per run named by the batch (by its runs, events, span envelopes or agents): the
+    earliest start the batch knows (None when it knows none) and the first attribute declaration;
+    and every distinct declaration, which the writer compares with what is stored."""
     started: dict[str, datetime | None] = {}
     declared: dict[str, Jsonb] = {}
     offers: dict[tuple[str, bytes], Jsonb] = {}
@@ -493,6 +513,16 @@ def merge_runs(
         previous = started.get(row.run_id)
         if previous is None or row.wall_time < previous:
             started[row.run_id] = row.wall_time
+    for span in spans:
+        run_id = clean_text(span.run_id)
+        start = _utc(span.start_time)
+        previous = started.get(run_id)
+        if previous is None or start < previous:
+            started[run_id] = start
+    # A run named only by agent rows is registered too (its start: when it is first recorded),
+    # so every row of the log belongs to a runs row and leaves with it.
+    for record in agents:
+        started.setdefault(clean_text(record.run_id), None)
     return (
         [
             (run_id, started[run_id], declared.get(run_id), *roots.get(run_id, _NO_ROOT))
@@ -584,7 +614,7 @@ def prepare(
         batch, rejected, events_rejected = _validated(batch, validator or Validator())
     dumps = payload_dumps(max_payload_chars)
     events, duplicates = resolve_events(batch.events, dumps, batch.superseded, batch.superseded_by)
-    runs, run_offers = merge_runs(batch.runs, events, dumps)
+    runs, run_offers = merge_runs(batch.runs, events, dumps, spans=batch.spans, agents=batch.agents)
     agents, agent_offers = merge_agents(batch.agents, events)
     return PreparedBatch(
         events,

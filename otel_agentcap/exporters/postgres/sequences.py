@@ -19,10 +19,14 @@ from .errors import ConnectionFailed, SchemaNotReady, WriteFailed
 
 PoolOrConn = ConnectionPool[Any] | psycopg.Connection[Any]
 
+# The stored events of the agent are read in its run's partition only: a run without a runs row
+# has no stored events (the writer stores a run's row with its first events).
 _RESERVE: Final = """
 WITH stored AS (
     SELECT COALESCE(max(logical_seq) + 1, 0) AS next_free
-    FROM agentcap.events WHERE run_id = %(run)s AND agent_id = %(agent)s
+    FROM agentcap.events
+    WHERE run_id = %(run)s AND agent_id = %(agent)s
+      AND run_started_at = (SELECT started_at FROM agentcap.runs WHERE run_id = %(run)s)
 )
 INSERT INTO agentcap.agent_sequences AS s (run_id, agent_id, next_seq)
 SELECT %(run)s, %(agent)s, GREATEST(%(at_least)s, stored.next_free) + %(size)s FROM stored
@@ -32,7 +36,9 @@ RETURNING next_seq - %(size)s
 """
 
 _MAX_STORED: Final = """
-SELECT max(logical_seq) FROM agentcap.events WHERE run_id = %(run)s AND agent_id = %(agent)s
+SELECT max(logical_seq) FROM agentcap.events
+WHERE run_id = %(run)s AND agent_id = %(agent)s
+  AND run_started_at = (SELECT started_at FROM agentcap.runs WHERE run_id = %(run)s)
 """
 
 

@@ -1,4 +1,9 @@
-"""Read-side queries over the agentcap schema, for the command-line tool and tests."""
+"""Read-side queries over the agentcap schema, for the command-line tool, the views and tests.
+
+Every query is routed by run: it names the run and the run's start, the partition key of its rows
+(``agentcap.runs.started_at``, read first), so it reads one partition through an index that leads
+with ``run_id``, and its cost does not grow with the number of other runs in the log.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +18,7 @@ from psycopg.rows import class_row
 
 from otel_agentcap.model import AgentRecord, Event
 
-from .errors import ConnectionFailed, RunNotFound, SchemaNotReady
+from .errors import ConnectionFailed, EventNotFound, RunNotFound, SchemaNotReady
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,17 +39,84 @@ SELECT r.run_id, r.started_at, r.attributes,
 FROM agentcap.runs r
 CROSS JOIN LATERAL (
     SELECT count(*) AS events, min(e.wall_time) AS first_wall_time, max(e.wall_time) AS last_wall_time
-    FROM agentcap.events e WHERE e.run_id = r.run_id
+    FROM agentcap.events e WHERE e.run_id = r.run_id AND e.run_started_at = r.started_at
 ) s
 ORDER BY r.started_at DESC NULLS LAST, r.run_id
 LIMIT %s
 """
 
-_EVENTS: Final = b"""
-SELECT event_id::text, run_id, agent_id, logical_seq, event_type, idempotency_key, wall_time,
-       causal_parent_ids::text[], payload, trace_id, span_id
-FROM agentcap.events WHERE run_id = %s ORDER BY agent_id, logical_seq
-"""
+_COLUMNS: Final = """e.event_id::text, e.run_id, e.agent_id, e.logical_seq, e.event_type,
+       e.idempotency_key, e.wall_time, e.causal_parent_ids::text[], e.payload, e.trace_id, e.span_id"""
+
+_EVENTS: Final = f"""
+SELECT {_COLUMNS}
+FROM agentcap.events e WHERE e.run_id = %(run)s AND e.run_started_at = %(start)s
+ORDER BY e.agent_id, e.logical_seq
+""".encode()
+
+_EVENT: Final = f"""
+SELECT {_COLUMNS}
+FROM agentcap.events e
+WHERE e.run_id = %(run)s AND e.run_started_at = %(start)s AND e.event_id = %(event)s
+""".encode()
+
+# A parent is looked up by its whole primary key, one id at a time (a LATERAL subquery with LIMIT
+# 1 is not flattened into a join), which the planner answers by the index whatever its statistics
+# say. Given "event_id = ANY (parents)", or a join, it scans the whole run instead when the
+# partition has not been analyzed yet (it then takes the run for two rows).
+_PARENT: Final = """
+    SELECT x.* FROM agentcap.events x
+    WHERE x.run_id = %(run)s AND x.run_started_at = %(start)s AND x.event_id = u.id
+    LIMIT 1"""
+
+_PARENTS: Final = f"""
+SELECT {_COLUMNS}
+FROM agentcap.events c
+CROSS JOIN LATERAL unnest(c.causal_parent_ids) AS u(id)
+CROSS JOIN LATERAL ({_PARENT}) e
+WHERE c.run_id = %(run)s AND c.run_started_at = %(start)s AND c.event_id = %(event)s
+ORDER BY e.agent_id, e.logical_seq
+""".encode()
+
+_CHILDREN: Final = f"""
+SELECT {_COLUMNS}
+FROM agentcap.events e
+WHERE e.run_id = %(run)s AND e.run_started_at = %(start)s
+  AND e.causal_parent_ids @> ARRAY[%(event)s::uuid]
+ORDER BY e.agent_id, e.logical_seq
+""".encode()
+
+# Everything that happened before the event in Lamport's sense: walking back from it, the
+# previous event of the same agent (program order) and the explicit causal parents (spawns, tool
+# results, ...), transitively. Each step is two index probes within the run's partition, so the
+# cost follows the size of the causal past, not of the log.
+_PAST: Final = f"""
+WITH RECURSIVE past(event_id, agent_id, logical_seq, parents) AS (
+    SELECT e.event_id, e.agent_id, e.logical_seq, e.causal_parent_ids
+    FROM agentcap.events e
+    WHERE e.run_id = %(run)s AND e.run_started_at = %(start)s AND e.event_id = %(event)s
+  UNION
+    SELECT n.event_id, n.agent_id, n.logical_seq, n.causal_parent_ids
+    FROM past p
+    CROSS JOIN LATERAL (
+        (SELECT x.event_id, x.agent_id, x.logical_seq, x.causal_parent_ids
+         FROM agentcap.events x
+         WHERE x.run_id = %(run)s AND x.run_started_at = %(start)s
+           AND x.agent_id = p.agent_id AND x.logical_seq < p.logical_seq
+         ORDER BY x.logical_seq DESC LIMIT 1)
+        UNION ALL
+        SELECT x.event_id, x.agent_id, x.logical_seq, x.causal_parent_ids
+        FROM unnest(p.parents) AS u(id)
+        CROSS JOIN LATERAL ({_PARENT}) x
+    ) n
+)
+SELECT {_COLUMNS}
+FROM past p
+JOIN agentcap.events e ON e.run_id = %(run)s AND e.run_started_at = %(start)s
+                      AND e.event_id = p.event_id
+WHERE p.event_id <> %(event)s
+ORDER BY e.agent_id, e.logical_seq
+""".encode()
 
 _AGENTS: Final = b"""
 SELECT run_id, agent_id, name, parent_agent_id, spawned_at_event_id::text
@@ -52,13 +124,24 @@ FROM agentcap.agents WHERE run_id = %s ORDER BY agent_id
 """
 
 
-def _run_exists(conn: psycopg.Connection[Any], run_id: str) -> bool:
-    row = conn.execute(
-        b"SELECT EXISTS (SELECT 1 FROM agentcap.runs WHERE run_id = %s)"
-        b" OR EXISTS (SELECT 1 FROM agentcap.events WHERE run_id = %s)",
-        (run_id, run_id),
-    ).fetchone()
-    return bool(row and row[0])
+def _start_of(conn: psycopg.Connection[Any], run_id: str) -> datetime | None:
+    """The start of ``run_id`` (the partition key of its rows), or None for an unknown run: every
+    stored event, agent and conflict belongs to a stored run."""
+    try:
+        row = conn.execute(
+            b"SELECT started_at FROM agentcap.runs WHERE run_id = %s", (run_id,)
+        ).fetchone()
+    except psycopg.Error as exc:
+        raise _guard(exc) from exc
+    return None if row is None else row[0]
+
+
+def run_start(conn: psycopg.Connection[Any], run_id: str) -> datetime:
+    """The start of ``run_id`` (the partition key of its rows); ``RunNotFound`` if unknown."""
+    start = _start_of(conn, run_id)
+    if start is None:
+        raise RunNotFound(run_id)
+    return start
 
 
 def _guard(exc: psycopg.Error) -> Exception:
@@ -100,16 +183,29 @@ def _event_row(cursor: Any) -> Any:
     return make
 
 
-def run_events(conn: psycopg.Connection[Any], run_id: str) -> list[Event]:
-    """All events of ``run_id`` in (agent_id, logical_seq) order; ``RunNotFound`` if unknown."""
+def _events(
+    conn: psycopg.Connection[Any], query: bytes, run_id: str, event_id: str | None = None
+) -> list[Event]:
+    params: dict[str, Any] = {"run": run_id, "start": run_start(conn, run_id)}
+    if event_id is not None:
+        params["event"] = _event_uuid(event_id)
     try:
         with conn.cursor(row_factory=_event_row) as cur:
-            rows = cur.execute(_EVENTS, (run_id,)).fetchall()
-        if not rows and not _run_exists(conn, run_id):
-            raise RunNotFound(run_id)
-        return rows
+            return cur.execute(query, params).fetchall()
     except psycopg.Error as exc:
         raise _guard(exc) from exc
+
+
+def _event_uuid(event_id: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(str(event_id))
+    except ValueError as exc:
+        raise ValueError(f"not an event id (a UUID): {event_id!r}") from exc
+
+
+def run_events(conn: psycopg.Connection[Any], run_id: str) -> list[Event]:
+    """All events of ``run_id`` in (agent_id, logical_seq) order; ``RunNotFound`` if unknown."""
+    return _events(conn, _EVENTS, run_id)
 
 
 def run_agents(conn: psycopg.Connection[Any], run_id: str) -> list[AgentRecord]:
@@ -117,11 +213,37 @@ def run_agents(conn: psycopg.Connection[Any], run_id: str) -> list[AgentRecord]:
     try:
         with conn.cursor(row_factory=class_row(AgentRecord)) as cur:
             rows = cur.execute(_AGENTS, (run_id,)).fetchall()
-        if not rows and not _run_exists(conn, run_id):
-            raise RunNotFound(run_id)
-        return rows
     except psycopg.Error as exc:
         raise _guard(exc) from exc
+    if not rows:
+        run_start(conn, run_id)  # RunNotFound for an unknown run; a known one may have no agents
+    return rows
+
+
+def event(conn: psycopg.Connection[Any], run_id: str, event_id: str) -> Event:
+    """The event ``event_id`` of ``run_id``; ``RunNotFound``, or ``EventNotFound``, if unknown;
+    ``ValueError`` if ``event_id`` is not a UUID."""
+    rows = _events(conn, _EVENT, run_id, event_id)
+    if not rows:
+        raise EventNotFound(run_id, event_id)
+    return rows[0]
+
+
+def event_parents(conn: psycopg.Connection[Any], run_id: str, event_id: str) -> list[Event]:
+    """The stored causal parents of an event, in (agent_id, logical_seq) order."""
+    return _events(conn, _PARENTS, run_id, event_id)
+
+
+def event_children(conn: psycopg.Connection[Any], run_id: str, event_id: str) -> list[Event]:
+    """The events that name ``event_id`` as a causal parent, in (agent_id, logical_seq) order."""
+    return _events(conn, _CHILDREN, run_id, event_id)
+
+
+def causal_past(conn: psycopg.Connection[Any], run_id: str, event_id: str) -> list[Event]:
+    """Every stored event that happened before ``event_id`` (earlier events of its agent and,
+    transitively, its causal parents and theirs), in (agent_id, logical_seq) order; empty for an
+    unknown event of a known run."""
+    return _events(conn, _PAST, run_id, event_id)
 
 
 def conflicts_count(conn: psycopg.Connection[Any], run_id: str | None = None) -> int:
@@ -131,7 +253,10 @@ def conflicts_count(conn: psycopg.Connection[Any], run_id: str | None = None) ->
             row = conn.execute(b"SELECT count(*) FROM agentcap.conflicts").fetchone()
         else:
             row = conn.execute(
-                b"SELECT count(*) FROM agentcap.conflicts WHERE run_id = %s", (run_id,)
+                b"SELECT count(*) FROM agentcap.conflicts c JOIN agentcap.runs r"
+                b" ON c.run_id = r.run_id AND c.run_started_at = r.started_at"
+                b" WHERE r.run_id = %s",
+                (run_id,),
             ).fetchone()
     except psycopg.Error as exc:
         raise _guard(exc) from exc
@@ -221,7 +346,8 @@ SELECT r.run_id, r.started_at, r.attributes, s.first_wall_time, s.last_wall_time
        (SELECT count(*) FROM agentcap.agents a WHERE a.run_id = r.run_id) AS agents,
        s.events, s.model_calls, COALESCE(s.input_tokens, 0), COALESCE(s.output_tokens, 0),
        s.errors,
-       (SELECT count(*) FROM agentcap.conflicts c WHERE c.run_id = r.run_id) AS conflicts
+       (SELECT count(*) FROM agentcap.conflicts c
+        WHERE c.run_id = r.run_id AND c.run_started_at = r.started_at) AS conflicts
 FROM picked r
 CROSS JOIN LATERAL (
     SELECT count(*) AS events,
@@ -236,7 +362,7 @@ CROSS JOIN LATERAL (
                WHERE e.event_type = 'agent_error'
                   OR (e.event_type = 'model_call' AND e.payload ->> 'status' = 'error')
            ) AS errors
-    FROM agentcap.events e WHERE e.run_id = r.run_id
+    FROM agentcap.events e WHERE e.run_id = r.run_id AND e.run_started_at = r.started_at
 ) s
 ORDER BY r.started_at DESC NULLS LAST, r.run_id
 """
@@ -258,15 +384,11 @@ WITH picked AS (
     + _TOTALS_SELECT
 ).encode()
 
+# Every event belongs to a stored run: the writer stores a run's row with its first events.
 _RUN_TOTALS_ONE: Final = (
     """
 WITH picked AS (
     SELECT run_id, started_at, attributes FROM agentcap.runs WHERE run_id = %(run)s
-    UNION ALL
-    -- events whose run row is not stored (yet) still make a run
-    SELECT %(run)s, NULL, '{}'::jsonb
-    WHERE NOT EXISTS (SELECT 1 FROM agentcap.runs WHERE run_id = %(run)s)
-      AND EXISTS (SELECT 1 FROM agentcap.events WHERE run_id = %(run)s)
 )"""
     + _TOTALS_SELECT
 ).encode()
@@ -320,7 +442,7 @@ def run_totals(
 
 
 def run_totals_of(conn: psycopg.Connection[Any], run_id: str) -> RunTotals:
-    """The totals of one run; ``RunNotFound`` if neither a run row nor an event of it is stored."""
+    """The totals of one run; ``RunNotFound`` if it is not stored."""
     try:
         row = conn.execute(_RUN_TOTALS_ONE, {"run": run_id}).fetchone()
     except psycopg.Error as exc:
@@ -332,14 +454,17 @@ def run_totals_of(conn: psycopg.Connection[Any], run_id: str) -> RunTotals:
 
 _GRAPH: Final = b"""
 SELECT event_id::text, agent_id, logical_seq, event_type, causal_parent_ids::text[]
-FROM agentcap.events WHERE run_id = %s ORDER BY agent_id, logical_seq
+FROM agentcap.events WHERE run_id = %s AND run_started_at = %s ORDER BY agent_id, logical_seq
 """
 
 
 def run_graph(conn: psycopg.Connection[Any], run_id: str) -> list[GraphRow]:
     """Every event of ``run_id`` without its payload, in (agent_id, logical_seq) order."""
+    start = _start_of(conn, run_id)
+    if start is None:
+        return []
     try:
-        rows = conn.execute(_GRAPH, (run_id,)).fetchall()  # one fetch: iterating costs 3x
+        rows = conn.execute(_GRAPH, (run_id, start)).fetchall()  # one fetch: iterating costs 3x
     except psycopg.Error as exc:
         raise _guard(exc) from exc
     return [
@@ -353,15 +478,17 @@ def moved_events(
 ) -> dict[str, str]:
     """For ids of ``run_id`` that name no stored event but a row kept in ``agentcap.conflicts``
     (a second record of a model call), the id of the stored event that row collided with."""
-    if not event_ids:
+    start = _start_of(conn, run_id) if event_ids else None
+    if start is None:
         return {}
     try:
         rows = conn.execute(
             b"SELECT DISTINCT ON (event_id) event_id::text, existing_event_id::text"
             b" FROM agentcap.conflicts"
-            b" WHERE run_id = %s AND event_id = ANY(%s::uuid[]) AND existing_event_id IS NOT NULL"
+            b" WHERE run_id = %s AND run_started_at = %s AND event_id = ANY(%s::uuid[])"
+            b" AND existing_event_id IS NOT NULL"
             b" ORDER BY event_id, conflict_id",
-            (run_id, list(event_ids)),
+            (run_id, start, list(event_ids)),
         ).fetchall()
     except psycopg.Error as exc:
         raise _guard(exc) from exc
@@ -388,11 +515,14 @@ def run_conflicts(
     (as JSON text) if ``payloads``."""
     payload = ", payload::text" if payloads else ""
     query = (
-        f"SELECT {_CONFLICT_COLUMNS}{payload} FROM agentcap.conflicts WHERE run_id = %s"
-        " ORDER BY conflict_id LIMIT %s"
+        f"SELECT {_CONFLICT_COLUMNS}{payload} FROM agentcap.conflicts"
+        " WHERE run_id = %s AND run_started_at = %s ORDER BY conflict_id LIMIT %s"
     ).encode()
+    start = _start_of(conn, run_id)
+    if start is None:
+        return []
     try:
-        rows = conn.execute(query, (run_id, limit)).fetchall()
+        rows = conn.execute(query, (run_id, start, limit)).fetchall()
     except psycopg.Error as exc:
         raise _guard(exc) from exc
     return [_conflict_row(row) for row in rows]
@@ -404,10 +534,13 @@ def conflict_detail(
     """One conflict of ``run_id`` with its payload (as JSON text), or ``None``."""
     query = (
         f"SELECT {_CONFLICT_COLUMNS}, payload::text FROM agentcap.conflicts"
-        " WHERE run_id = %s AND conflict_id = %s"
+        " WHERE run_id = %s AND run_started_at = %s AND conflict_id = %s"
     ).encode()
+    start = _start_of(conn, run_id)
+    if start is None:
+        return None
     try:
-        row = conn.execute(query, (run_id, conflict_id)).fetchone()
+        row = conn.execute(query, (run_id, start, conflict_id)).fetchone()
     except psycopg.Error as exc:
         raise _guard(exc) from exc
     return _conflict_row(row) if row else None
@@ -418,12 +551,15 @@ def event_conflicts(conn: psycopg.Connection[Any], event: Event) -> list[Conflic
     with their payloads (as JSON text)."""
     query = (
         f"SELECT {_CONFLICT_COLUMNS}, payload::text FROM agentcap.conflicts"
-        " WHERE run_id = %s AND (existing_event_id = %s::uuid"
+        " WHERE run_id = %s AND run_started_at = %s AND (existing_event_id = %s::uuid"
         " OR (agent_id = %s AND logical_seq = %s)) ORDER BY conflict_id LIMIT 1000"
     ).encode()
+    start = _start_of(conn, event.run_id)
+    if start is None:
+        return []
     try:
         rows = conn.execute(
-            query, (event.run_id, event.event_id, event.agent_id, event.seq)
+            query, (event.run_id, start, event.event_id, event.agent_id, event.seq)
         ).fetchall()
     except psycopg.Error as exc:
         raise _guard(exc) from exc
@@ -433,7 +569,8 @@ def event_conflicts(conn: psycopg.Connection[Any], event: Event) -> list[Conflic
 _DETAIL: Final = b"""
 SELECT event_id::text, run_id, agent_id, logical_seq, event_type, idempotency_key, wall_time,
        causal_parent_ids::text[], payload::text, trace_id, span_id
-FROM agentcap.events WHERE run_id = %s AND agent_id = %s AND logical_seq = %s
+FROM agentcap.events
+WHERE run_id = %s AND run_started_at = %s AND agent_id = %s AND logical_seq = %s
 """
 
 
@@ -442,9 +579,12 @@ def event_detail(
 ) -> Event | None:
     """The event at (``run_id``, ``agent_id``, ``seq``), or ``None``. Its ``payload`` is the JSON
     text PostgreSQL stores (never parsed here, so a number keeps every digit for the reader)."""
+    start = _start_of(conn, run_id)
+    if start is None:
+        return None
     try:
         with conn.cursor(row_factory=_event_row) as cur:
-            found: Event | None = cur.execute(_DETAIL, (run_id, agent_id, seq)).fetchone()
+            found: Event | None = cur.execute(_DETAIL, (run_id, start, agent_id, seq)).fetchone()
             return found
     except psycopg.Error as exc:
         raise _guard(exc) from exc
@@ -488,7 +628,7 @@ SELECT agent_id, logical_seq, event_type,
        jsonb_strip_nulls(CASE WHEN jsonb_typeof(payload) = 'object'
                          THEN jsonb_build_object({_LABEL_FIELDS}) END)
 FROM agentcap.events
-WHERE run_id = %s AND logical_seq BETWEEN %s AND %s
+WHERE run_id = %s AND run_started_at = %s AND logical_seq BETWEEN %s AND %s
   AND (%s::text[] IS NULL OR agent_id = ANY(%s::text[]))
 """.encode()
 
@@ -504,22 +644,31 @@ def event_labels(
     only, if given) whose sequence is within [``seq_from``, ``seq_to``]; the fields are short text
     cut from the payload."""
     agents = list(agent_ids) if agent_ids is not None else None
+    start = _start_of(conn, run_id)
+    if start is None:
+        return []
     try:
-        rows = conn.execute(_LABELS, (run_id, seq_from, seq_to, agents, agents)).fetchall()
+        rows = conn.execute(_LABELS, (run_id, start, seq_from, seq_to, agents, agents)).fetchall()
     except psycopg.Error as exc:
         raise _guard(exc) from exc
     return [(agent, seq, event_type, fields or {}) for agent, seq, event_type, fields in rows]
 
 
+_VERSION: Final = b"""
+SELECT (SELECT count(*) FROM agentcap.events WHERE run_id = %(run)s AND run_started_at = %(start)s),
+       (SELECT count(*) FROM agentcap.agents WHERE run_id = %(run)s),
+       (SELECT count(*) FROM agentcap.conflicts
+        WHERE run_id = %(run)s AND run_started_at = %(start)s)
+"""
+
+
 def run_version(conn: psycopg.Connection[Any], run_id: str) -> RunVersion:
     """Counts of a run's events, agents and conflicts: a cheap test of whether it grew."""
+    start = _start_of(conn, run_id)
+    if start is None:
+        return RunVersion(0, 0, 0)
     try:
-        row = conn.execute(
-            b"SELECT (SELECT count(*) FROM agentcap.events WHERE run_id = %s),"
-            b" (SELECT count(*) FROM agentcap.agents WHERE run_id = %s),"
-            b" (SELECT count(*) FROM agentcap.conflicts WHERE run_id = %s)",
-            (run_id, run_id, run_id),
-        ).fetchone()
+        row = conn.execute(_VERSION, {"run": run_id, "start": start}).fetchone()
     except psycopg.Error as exc:
         raise _guard(exc) from exc
     assert row is not None
@@ -539,18 +688,23 @@ class EventText(NamedTuple):
     payload: str | None
 
 
+_EVENT_TEXTS: Final = b"""
+SELECT event_id::text, agent_id, logical_seq, wall_time, idempotency_key, trace_id, span_id,
+       payload::text
+FROM agentcap.events WHERE run_id = %s AND run_started_at = %s ORDER BY agent_id, logical_seq
+"""
+
+
 def run_event_texts(conn: psycopg.Connection[Any], run_id: str) -> Iterator[EventText]:
     """Every event of ``run_id`` in (agent_id, logical_seq) order with its payload as JSON text,
     streamed from a server-side cursor (a large run is never held twice in memory)."""
+    start = _start_of(conn, run_id)
+    if start is None:
+        return
     try:
         with conn.cursor(name=f"agentcap_events_{uuid.uuid4().hex}") as cur:
             cur.itersize = 2_000
-            cur.execute(
-                b"SELECT event_id::text, agent_id, logical_seq, wall_time, idempotency_key,"
-                b" trace_id, span_id, payload::text"
-                b" FROM agentcap.events WHERE run_id = %s ORDER BY agent_id, logical_seq",
-                (run_id,),
-            )
+            cur.execute(_EVENT_TEXTS, (run_id, start))
             for row in cur:
                 yield EventText(*row)
     except psycopg.Error as exc:

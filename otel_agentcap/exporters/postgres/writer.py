@@ -2,26 +2,48 @@
 
 One batch is one transaction on a pooled connection:
 
-1. upsert the batch's runs, then its agents (sorted; rows that would change nothing are skipped,
-   so steady-state batches take no row locks there and concurrent writers do not serialise);
-2. binary COPY of the events into this writer's UNLOGGED staging table (truncated first);
-3. one statement classifies every staged row against ``agentcap.events`` and inserts the new ones
-   (``ON CONFLICT (event_id) DO NOTHING``, sorted by run, agent, seq) and the colliding ones into
-   ``agentcap.conflicts``. Exact repeats are counted as duplicates. A ``model_call`` row recording
-   an API call the log already holds under another event id (same run, same response id or
-   request id) is a conflict too (``model_call_response_id`` / ``model_call_request_id``).
+1. take the retention barrier (a shared advisory lock; ``db prune`` takes it exclusively while it
+   moves the retention watermark, see ``retention``);
+2. upsert the batch's runs (sorted; rows that would change nothing are skipped, so steady-state
+   batches take no row locks there and concurrent writers do not serialise). A run's start, the
+   partition key of its rows, is fixed by the first write of the run and never changed; a run
+   not yet stored whose start is below the watermark, or that db prune removed, is not stored
+   (its rows are "expired");
+3. read each run's stored start; rows of expired runs are dropped and counted. When a start lies
+   outside the partitions this writer knows (and the catalog confirms it), the transaction is
+   rolled back, ``agentcap.ensure_partitions`` creates the partition in a transaction of its own,
+   and the batch is written again;
+4. upsert the agents of the batch's runs, as the runs, keep the records that differ from the
+   stored rows in ``agentcap.record_conflicts``, and store the span envelopes, each with its run's
+   start (binary COPY into this writer's span staging table, then one insert where the first
+   writer wins);
+5. binary COPY of the events, each with its run's start, into this writer's staging table
+   (truncated first);
+6. one statement classifies every staged row against ``agentcap.events`` (every probe names the
+   run and its start, so it reads one partition) and inserts the new ones
+   (``ON CONFLICT (run_id, run_started_at, event_id) DO NOTHING``, sorted by run, agent, seq) and
+   the colliding ones into ``agentcap.conflicts``. Exact repeats are counted as duplicates. A
+   ``model_call`` row recording an API call the log already holds under another event id (same
+   run, same response id or request id) is a conflict too (``model_call_response_id`` /
+   ``model_call_request_id``).
 
 A concurrent writer may insert a colliding row between classification and insert: a unique
 violation (or fewer inserted rows than classified new) rolls the transaction back and the batch is
 retried, a bounded number of times, so the next classification sees that row.
 
 A batch that the caller expects to be new (``write_prepared(..., direct=True)``: events captured
-by this process and never sent before) first takes the direct path: step 2 copies the rows
-straight into ``agentcap.events``, with no staging and no classification. It is all or nothing:
-if any row collides with anything (a stored event, a model call stored under another id, an
-event type the table refuses), the COPY fails, the transaction is rolled back, and the batch goes
-the staging path above, which files each row as new, duplicate or conflict. So the direct path
-changes the cost, never the outcome.
+by this process and never sent before) first takes the direct path: steps 1 to 4 as above, then
+the rows, each with its run's start, are copied straight into ``agentcap.events``, with no
+staging and no classification. It is all or nothing: if any row collides with anything (a stored
+event, a model call stored under another id, an event type the table refuses), the COPY fails,
+the transaction is rolled back, and the batch goes the staging path above, which files each row
+as new, duplicate or conflict. So the direct path changes the cost, never the outcome.
+
+The rows' binary COPY data (``rows.copy_data``) carries each run's start. A run's start never
+changes once stored, so the writers of one exporter share the starts they have read
+(``RunStartCache``) and the exporter builds the data ahead with them; the writer checks them
+against the starts it reads in the transaction and builds the data again when one differs, or
+when a run turned out to be expired.
 """
 
 from __future__ import annotations
@@ -34,9 +56,11 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterable
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Final, Protocol
 
 import psycopg
@@ -54,8 +78,15 @@ from .errors import (
     WriteContention,
     WriteFailed,
 )
+from .partitions import (
+    RETENTION_BARRIER_KEY,
+    PartitionCache,
+    ensure_partitions,
+    is_missing_partition,
+)
 from .rows import (
     DEFAULT_MAX_PAYLOAD_CHARS,
+    EVENT_COLUMNS,
     STAGING_COLUMNS,
     EventRow,
     PreparedBatch,
@@ -67,25 +98,33 @@ from .rows import (
 
 _log = logging.getLogger(__name__)
 
-_EVENT_COLUMNS: Final = tuple(name for name, _ in STAGING_COLUMNS[:11])
+_EVENT_COLUMNS: Final = EVENT_COLUMNS
 _STAGING_NAME_RE: Final = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+
+_BARRIER: Final = b"SELECT pg_advisory_xact_lock_shared(%s)"
 
 # Runs and agents: first writer wins. A new row is inserted as offered; a stored row only gets
 # what it does not know yet (a run's attribute declaration, an agent's name, an agent's lineage),
-# never another value (migration 0003's triggers refuse that too). Rows that would change nothing
+# never another value (migration 0004's triggers refuse that too). Rows that would change nothing
 # are filtered out first, so steady-state batches take no row locks here and concurrent writers
-# do not serialise.
+# do not serialise. A run's start is the partition key of its rows: a new run takes the batch's
+# earliest start, else the time of its first write, and keeps it. Runs below the retention
+# watermark, and runs db prune removed, are neither created nor touched.
 _RUNS_UPSERT: Final = b"""
 INSERT INTO agentcap.runs AS r
     (run_id, started_at, attributes, attributes_declared, trace_id, root_span_id)
-SELECT v.run_id, v.started_at, COALESCE(v.attributes, '{}'::jsonb), v.attributes IS NOT NULL,
-       v.trace_id, v.root_span_id
+SELECT v.run_id, COALESCE(v.started_at, now()), COALESCE(v.attributes, '{}'::jsonb),
+       v.attributes IS NOT NULL, v.trace_id, v.root_span_id
 FROM unnest(%s::text[], %s::timestamptz[], %s::jsonb[], %s::text[], %s::text[])
     AS v(run_id, started_at, attributes, trace_id, root_span_id)
-WHERE NOT EXISTS (
-    SELECT 1 FROM agentcap.runs x
-    WHERE x.run_id = v.run_id AND (x.attributes_declared OR v.attributes IS NULL)
-      AND (v.trace_id IS NULL OR x.trace_id IS NOT NULL))
+CROSS JOIN agentcap.log_settings s
+LEFT JOIN agentcap.runs x ON x.run_id = v.run_id
+WHERE COALESCE(x.started_at, v.started_at, now()) >= s.pruned_before
+  AND CASE WHEN x.run_id IS NULL
+           THEN NOT EXISTS (SELECT 1 FROM agentcap.pruned_runs p WHERE p.run_id = v.run_id)
+           ELSE NOT ((x.attributes_declared OR v.attributes IS NULL)
+                     AND (v.trace_id IS NULL OR x.trace_id IS NOT NULL))
+      END
 ORDER BY v.run_id
 ON CONFLICT (run_id) DO UPDATE SET
     attributes = CASE WHEN r.attributes_declared OR NOT EXCLUDED.attributes_declared
@@ -112,11 +151,21 @@ _SPAN_COLUMNS: Final = (
     ("status_message", "text"),
     ("service_name", "text"),
     ("scope_name", "text"),
+    ("run_started_at", "timestamptz"),
 )
 _SPANS_INSERT: Final = """
 INSERT INTO agentcap.spans ({columns})
 SELECT {columns} FROM {staging} ORDER BY run_id, trace_id, span_id
-ON CONFLICT (run_id, trace_id, span_id) DO NOTHING
+ON CONFLICT (run_id, run_started_at, trace_id, span_id) DO NOTHING
+"""
+
+# Each run's stored start, and whether the retention watermark has passed it, read after the
+# upsert.
+_RUN_STARTS: Final = b"""
+SELECT v.run_id, r.started_at, r.started_at < s.pruned_before AS expired
+FROM unnest(%s::text[]) AS v(run_id)
+CROSS JOIN agentcap.log_settings s
+LEFT JOIN agentcap.runs r ON r.run_id = v.run_id
 """
 
 _AGENTS_UPSERT: Final = b"""
@@ -201,12 +250,13 @@ _FULL_PROBES: Final = """
         CASE WHEN e.event_id IS NULL AND s.batch_reason IS NULL THEN (
             SELECT x.event_id FROM agentcap.events x
             WHERE x.run_id = s.run_id AND x.agent_id = s.agent_id AND x.logical_seq = s.logical_seq
+              AND x.run_started_at = s.run_started_at
             LIMIT 1
         ) END AS q_id,
         CASE WHEN e.event_id IS NULL AND s.batch_reason IS NULL THEN (
             SELECT x.event_id FROM agentcap.events x
             WHERE x.run_id = s.run_id AND x.agent_id = s.agent_id
-              AND x.idempotency_key = s.idempotency_key
+              AND x.idempotency_key = s.idempotency_key AND x.run_started_at = s.run_started_at
             LIMIT 1
         ) END AS k_id
 """
@@ -222,7 +272,8 @@ _CALL_PROBE: Final = """
         CASE WHEN e.event_id IS NULL AND s.batch_reason IS NULL AND s.event_type = 'model_call'
                   AND jsonb_typeof(s.payload -> '{key}') = 'string' THEN (
             SELECT x.event_id FROM agentcap.events x
-            WHERE x.run_id = s.run_id AND x.event_type = 'model_call'
+            WHERE x.run_id = s.run_id AND x.run_started_at = s.run_started_at
+              AND x.event_type = 'model_call'
               AND jsonb_typeof(x.payload -> '{key}') = 'string'
               AND (x.payload ->> '{key}') = (s.payload ->> '{key}')
             LIMIT 1
@@ -242,7 +293,10 @@ WITH p AS MATERIALIZED (
 {call_probes}
     FROM {staging} s
     LEFT JOIN LATERAL (
-        SELECT x.* FROM agentcap.events x WHERE x.event_id = s.event_id LIMIT 1
+        SELECT x.* FROM agentcap.events x
+        WHERE x.run_id = s.run_id AND x.event_id = s.event_id
+          AND x.run_started_at = s.run_started_at
+        LIMIT 1
     ) e ON true
 ),
 c AS MATERIALIZED (
@@ -271,7 +325,7 @@ ins AS (
     INSERT INTO agentcap.events ({columns})
     SELECT {columns} FROM c WHERE verdict = 'new'
     ORDER BY run_id, agent_id, logical_seq
-    ON CONFLICT (event_id) DO NOTHING
+    ON CONFLICT (run_id, run_started_at, event_id) DO NOTHING
     RETURNING 1
 ),
 conf AS (
@@ -282,7 +336,7 @@ conf AS (
            {columns}
     FROM c WHERE verdict NOT IN ('new', 'duplicate')
     ORDER BY run_id, agent_id, logical_seq
-    ON CONFLICT (reason, existing_event_id, row_digest) DO NOTHING
+    ON CONFLICT (run_id, run_started_at, reason, existing_event_id, row_digest) DO NOTHING
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM ins),
@@ -329,6 +383,9 @@ class WriteResult:
     record_conflicts: int = 0
     #: Agent or run records left out: invalid.
     rejected_records: int = 0
+    #: Events not stored because their run started before the retention watermark, or was
+    #: removed by ``db prune`` (a late redelivery).
+    expired: int = 0
 
 
 _rejected_lock = threading.Lock()
@@ -353,6 +410,14 @@ def _log_rejected(reasons: tuple[str, ...]) -> None:
 
 class _ConcurrentInsert(Exception):
     """A concurrent writer stored one of our new event ids first: classify again."""
+
+
+class _PartitionsMissing(Exception):
+    """The batch names run starts that no partition holds: create them, then write again."""
+
+    def __init__(self, starts: list[datetime]) -> None:
+        super().__init__(f"no partition for run starts {starts}")
+        self.starts = starts
 
 
 def _host_tag() -> str:
@@ -404,6 +469,7 @@ class EventWriter:
         max_attempts: int = 5,
         connect_timeout: float = 10.0,
         max_payload_chars: int = DEFAULT_MAX_PAYLOAD_CHARS,
+        run_starts: RunStartCache | None = None,
     ) -> None:
         name = staging_name or default_staging_name()
         if not _STAGING_NAME_RE.match(name):
@@ -417,6 +483,9 @@ class EventWriter:
         self._max_payload_chars = max_payload_chars
         self._staging_ready = False
         self._lock = threading.Lock()
+        self._partitions = PartitionCache()
+        #: Starts of stored runs, shared with the exporter that builds COPY data ahead.
+        self.run_starts = run_starts if run_starts is not None else RunStartCache()
         self._use_schema("agentcap")
 
     def _use_schema(self, schema: str) -> None:
@@ -529,22 +598,70 @@ class EventWriter:
             if not conn.closed:
                 conn.rollback()
 
-    def _upsert_runs_and_agents(self, conn: psycopg.Connection[Any], batch: PreparedBatch) -> None:
-        if batch.runs:
-            conn.execute(_RUNS_UPSERT, [[r[i] for r in batch.runs] for i in range(5)])
-        if batch.agents:
-            conn.execute(_AGENTS_UPSERT, [[a[i] for a in batch.agents] for i in range(6)])
+    def _run_starts(
+        self, conn: psycopg.Connection[Any], run_ids: list[str]
+    ) -> dict[str, datetime | None]:
+        """Each run's stored start, or None for a run the log does not take (expired)."""
+        starts: dict[str, datetime | None] = {}
+        for run_id, started_at, expired in conn.execute(_RUN_STARTS, (run_ids,)):
+            starts[run_id] = None if started_at is None or expired else started_at
+        return starts
 
-    def _record_conflicts(self, conn: psycopg.Connection[Any], batch: PreparedBatch) -> int:
-        """File the batch's run and agent records that differ from the stored rows (after the
-        upserts, and after the spans: a separate statement sees rows others committed)."""
-        if not (batch.run_offers or batch.agent_offers):
+    def _check_partitions(
+        self, conn: psycopg.Connection[Any], starts: set[datetime], everywhere: bool
+    ) -> None:
+        """Raise ``_PartitionsMissing`` for starts outside the known partitions of events (all
+        ``starts`` when ``everywhere``: an insert found a run-partitioned table without one)."""
+        if everywhere:
+            raise _PartitionsMissing(sorted(starts))
+        if not self._partitions.missing(starts):
+            return
+        self._partitions.refresh(conn)
+        missing = self._partitions.missing(starts)
+        if missing:
+            raise _PartitionsMissing(missing)
+
+    def _open(
+        self, conn: psycopg.Connection[Any], batch: PreparedBatch, everywhere: bool
+    ) -> _Opened:
+        """Steps 1 to 4 (see the module doc), inside the caller's transaction: the barrier, the
+        runs and their stored starts, the partitions they need, the agents and the records that
+        differ from the stored rows. The span envelopes are the caller's to write."""
+        conn.execute(_BARRIER, (RETENTION_BARRIER_KEY,))
+        if not batch.runs:
+            return _Opened({}, [], 0, [], [])
+        conn.execute(_RUNS_UPSERT, [[r[i] for r in batch.runs] for i in range(5)])
+        read = self._run_starts(conn, [r[0] for r in batch.runs])
+        starts = {run: start for run, start in read.items() if start is not None}
+        kept = [row for row in batch.events if row.run_id in starts]
+        kept_spans = [row for row in batch.spans if row[0] in starts]
+        if kept or kept_spans:
+            self._check_partitions(
+                conn,
+                {starts[row.run_id] for row in kept} | {starts[row[0]] for row in kept_spans},
+                everywhere,
+            )
+        agents = [a for a in batch.agents if a[0] in starts]
+        if agents:
+            conn.execute(_AGENTS_UPSERT, [[a[i] for a in agents] for i in range(6)])
+        gone = [run for run, start in read.items() if start is None]
+        return _Opened(starts, kept, len(batch.events) - len(kept), kept_spans, gone)
+
+    def _record_conflicts(
+        self, conn: psycopg.Connection[Any], batch: PreparedBatch, starts: Mapping[str, datetime]
+    ) -> int:
+        """File the batch's run and agent records (of runs the log takes) that differ from the
+        stored rows (after the upserts, and after the spans: a separate statement sees rows
+        others committed)."""
+        run_offers = [r for r in batch.run_offers if r[0] in starts]
+        agent_offers = [a for a in batch.agent_offers if a[0] in starts]
+        if not (run_offers or agent_offers):
             return 0
         row = conn.execute(
             _RECORD_CONFLICTS,
             [
-                *([r[i] for r in batch.run_offers] for i in range(2)),
-                *([a[i] for a in batch.agent_offers] for i in range(6)),
+                *([r[i] for r in run_offers] for i in range(2)),
+                *([a[i] for a in agent_offers] for i in range(6)),
             ],
         ).fetchone()
         return int(row[0]) if row else 0
@@ -553,57 +670,72 @@ class EventWriter:
         self,
         conn: psycopg.Connection[Any],
         batch: PreparedBatch,
-        data: bytes,
-        span_data: bytes | None,
+        data: _CopyData | None,
+        span_data: _CopyData | None,
         *,
         full: bool,
-    ) -> tuple[int, int, int, int]:
+        everywhere: bool,
+    ) -> tuple[int, int, int, int, _Opened]:
         with conn.transaction():
-            self._upsert_runs_and_agents(conn, batch)
-            if batch.spans:
-                self._write_spans(conn, batch.spans, span_data)
-            records = self._record_conflicts(conn, batch)
-            if not batch.events:
-                return 0, 0, 0, records
+            opened = self._open(conn, batch, everywhere)
+            if opened.spans:
+                self._write_spans(conn, opened, batch, span_data)
+            records = self._record_conflicts(conn, batch, opened.starts)
+            if not opened.events:
+                return 0, 0, 0, records, opened
             conn.execute(self._prepare_staging)
-            self._copy_rows(conn, data)
+            with conn.cursor() as cur, cur.copy(self._copy) as copy:
+                copy.write(
+                    _usable(data, batch, opened)
+                    or copy_data(opened.events, staging=True, starts=opened.starts)
+                )
             row = conn.execute(self._classify_full if full else self._classify_fast).fetchone()
             assert row is not None
             inserted, new, duplicates, conflicts = (int(v) for v in row)
             if inserted != new:
                 raise _ConcurrentInsert
-            return inserted, duplicates, conflicts, records
+            return inserted, duplicates, conflicts, records, opened
 
     def _write_spans(
-        self, conn: psycopg.Connection[Any], rows: list[SpanRow], data: bytes | None
+        self,
+        conn: psycopg.Connection[Any],
+        opened: _Opened,
+        batch: PreparedBatch,
+        data: _CopyData | None,
     ) -> None:
         conn.execute(self._prepare_span_staging)
         with conn.cursor() as cur, cur.copy(self._copy_spans) as copy:
-            copy.write(data if data is not None else span_copy_data(rows))
+            copy.write(
+                _usable(data, batch, opened, spans=True)
+                or span_copy_data(opened.spans, starts=opened.starts)
+            )
         conn.execute(self._insert_spans)
 
     def _write_direct(
         self,
         conn: psycopg.Connection[Any],
         batch: PreparedBatch,
-        data: bytes | None,
-        span_data: bytes | None,
-    ) -> tuple[int, int, int, int]:
-        if data is None:
-            data = copy_data(batch.events, staging=False)
+        data: _CopyData | None,
+        span_data: _CopyData | None,
+        *,
+        everywhere: bool,
+    ) -> tuple[int, int, int, int, _Opened]:
         with conn.transaction():
-            self._upsert_runs_and_agents(conn, batch)
-            if batch.spans:
+            opened = self._open(conn, batch, everywhere)
+            if opened.spans:
                 with conn.cursor() as cur, cur.copy(_DIRECT_SPANS_COPY) as copy:
-                    copy.write(span_data if span_data is not None else span_copy_data(batch.spans))
-            records = self._record_conflicts(conn, batch)
-            with conn.cursor() as cur, cur.copy(_DIRECT_COPY) as copy:
-                copy.write(data)
-        return len(batch.events), 0, 0, records
-
-    def _copy_rows(self, conn: psycopg.Connection[Any], data: bytes) -> None:
-        with conn.cursor() as cur, cur.copy(self._copy) as copy:
-            copy.write(data)
+                    copy.write(
+                        _usable(span_data, batch, opened, spans=True)
+                        or span_copy_data(opened.spans, starts=opened.starts)
+                    )
+            records = self._record_conflicts(conn, batch, opened.starts)
+            if opened.events:
+                with conn.cursor() as cur, cur.copy(_DIRECT_COPY) as copy:
+                    copy.write(
+                        _usable(data, batch, opened)
+                        or copy_data(opened.events, staging=False, starts=opened.starts)
+                    )
+        return len(opened.events), 0, 0, records, opened
 
     def write(self, batch: Batch, *, validated: bool = False) -> WriteResult:
         """Store ``batch`` atomically. Raises an ``AgentCapStorageError`` subclass on failure,
@@ -621,33 +753,48 @@ class EventWriter:
         direct: bool = False,
         data: bytes | None = None,
         span_data: bytes | None = None,
+        starts: Mapping[str, datetime] | None = None,
     ) -> WriteResult:
         """Store a prepared batch atomically (see :meth:`write`). With ``direct`` the rows are
         first copied straight into the events table (see the module doc); the outcome is the
         same, only cheaper when no row collides. ``data`` is the rows' COPY data
         (``rows.copy_data``) for the path ``direct`` names, and ``span_data`` the span envelopes'
-        (``rows.span_copy_data``, either path), when the caller built them already."""
+        (``rows.span_copy_data``, either path), when the caller built them already, both with
+        the run ``starts`` given (from ``run_starts``); they are used only when every run of the
+        batch has that start and none is expired."""
         last: Exception | None = None
         full = False
+        everywhere = False
+        create: list[datetime] = []
+        known = dict(starts) if starts is not None else None
         # ``data`` is for the path the caller asked for, whichever this batch can take.
-        staging_data = None if direct else data
+        staging_data = _CopyData(data, known) if data is not None and not direct else None
         direct = direct and _direct_candidate(prepared.events)
-        direct_data = data if direct else None
+        direct_data = _CopyData(data, known) if data is not None and direct else None
+        spans = _CopyData(span_data, known) if span_data is not None else None
         for attempt in range(1, self._max_attempts + 1):
             try:
                 with self._pool.connection(timeout=self._connect_timeout) as conn:
+                    if create:
+                        ensure_partitions(conn, create)
+                        create = []
+                        self._partitions.refresh(conn)
+                        conn.rollback()
                     if direct:
-                        inserted, duplicates, conflicts, records = self._write_direct(
-                            conn, prepared, direct_data, span_data
+                        inserted, duplicates, conflicts, records, opened = self._write_direct(
+                            conn, prepared, direct_data, spans, everywhere=everywhere
                         )
                     else:
                         if not self._staging_ready:
                             self._ensure_staging(conn)
-                        if staging_data is None:
-                            staging_data = copy_data(prepared.events, staging=True)
-                        inserted, duplicates, conflicts, records = self._write_once(
-                            conn, prepared, staging_data, span_data, full=full
+                        inserted, duplicates, conflicts, records, opened = self._write_once(
+                            conn, prepared, staging_data, spans, full=full, everywhere=everywhere
                         )
+            except _PartitionsMissing as exc:
+                last = exc
+                create = exc.starts
+                everywhere = False
+                continue
             except (_ConcurrentInsert, *_RETRYABLE_DB_ERRORS) as exc:
                 last = exc
                 if direct and isinstance(exc, psycopg.errors.UniqueViolation):
@@ -658,6 +805,21 @@ class EventWriter:
                     full = True  # a collision on (run, agent, seq|key): classify with all probes
                     continue
                 time.sleep(min(0.005 * 2**attempt, 0.2))
+                continue
+            except psycopg.errors.CheckViolation as exc:
+                if is_missing_partition(exc):
+                    # A partition this writer knew was dropped by db prune (the next attempt
+                    # reads the watermark again), or a run-partitioned table lacks one: create
+                    # them all.
+                    last = exc
+                    self._partitions.clear()
+                    everywhere = True
+                    continue
+                if not direct:
+                    raise DataRejected(f"batch rejected and rolled back: {exc}") from exc
+                direct = False  # a CHECK the staging path files as a conflict instead
+                full = True
+                last = exc
                 continue
             except psycopg.errors.UndefinedTable as exc:
                 if self._name not in str(exc):
@@ -682,7 +844,7 @@ class EventWriter:
             except psycopg.errors.IntegrityError as exc:
                 if not direct:
                     raise DataRejected(f"batch rejected and rolled back: {exc}") from exc
-                direct = False  # e.g. a CHECK the staging path files as a conflict instead
+                direct = False  # e.g. a NOT NULL the staging path files as a conflict instead
                 full = True
                 last = exc
                 continue
@@ -690,6 +852,10 @@ class EventWriter:
                 raise DataRejected(f"batch rejected and rolled back: {exc}") from exc
             except psycopg.Error as exc:
                 raise WriteFailed(f"batch rejected and rolled back: {exc}") from exc
+            # Committed: these starts are stored for good, and expired runs stay expired.
+            self.run_starts.update(opened.starts)
+            self.run_starts.forget(opened.gone)
+            expired = opened.expired
             if conflicts:
                 _log.warning(
                     "agentcap: %d event(s) collided with stored events; kept in agentcap.conflicts",
@@ -701,6 +867,12 @@ class EventWriter:
                     "kept (first writer wins); the differences are in agentcap.record_conflicts",
                     records,
                 )
+            if expired:
+                _log.warning(
+                    "agentcap: %d event(s) of runs started before the retention watermark, or "
+                    "removed by otel-agentcap db prune, were not stored",
+                    expired,
+                )
             if prepared.rejected:
                 _log_rejected(prepared.rejected)
             return WriteResult(
@@ -711,6 +883,7 @@ class EventWriter:
                 rejected=prepared.events_rejected,
                 record_conflicts=records,
                 rejected_records=len(prepared.rejected) - prepared.events_rejected,
+                expired=expired,
             )
         if isinstance(last, psycopg.OperationalError):
             raise ConnectionFailed(
@@ -735,16 +908,89 @@ class EventWriter:
         self._staging_ready = False
 
 
+@dataclass(frozen=True, slots=True)
+class _Opened:
+    """What steps 1 to 4 found: the start of every run the log takes, the rows of those runs,
+    how many events were left out as expired, the span envelopes of those runs, and the runs it
+    does not take."""
+
+    starts: dict[str, datetime]
+    events: list[EventRow]
+    expired: int
+    spans: list[SpanRow]
+    #: Runs of the batch the log does not take.
+    gone: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class _CopyData:
+    """COPY data a caller built ahead, and the run starts it was built with."""
+
+    data: bytes
+    starts: dict[str, datetime] | None
+
+
+def _usable(
+    prebuilt: _CopyData | None, batch: PreparedBatch, opened: _Opened, *, spans: bool = False
+) -> bytes | None:
+    """The prebuilt data when it holds exactly the rows to write with the starts the transaction
+    read: nothing left out as expired, and every run's start the same."""
+    if prebuilt is None or prebuilt.starts is None:
+        return None
+    if len(opened.spans if spans else opened.events) != len(batch.spans if spans else batch.events):
+        return None
+    runs = {row[0] for row in batch.spans} if spans else {row.run_id for row in batch.events}
+    if any(prebuilt.starts.get(run) != opened.starts.get(run) for run in runs):
+        return None
+    return prebuilt.data
+
+
 def _direct_candidate(rows: Iterable[EventRow]) -> bool:
     """Whether the direct path can store ``rows`` as they are: no row collides with another row
     of the batch, and every event type is one the table takes."""
     return all(r.batch_reason is None and r.event_type in EVENT_TYPES for r in rows)
 
 
+class RunStartCache:
+    """Run starts read from ``agentcap.runs`` and committed, shared by the writers of one
+    exporter (a start never changes once stored), so the exporter can build COPY data ahead.
+    Bounded: the least recently stored runs are forgotten first. Thread-safe."""
+
+    def __init__(self, capacity: int = 100_000) -> None:
+        self._capacity = capacity
+        self._starts: OrderedDict[str, datetime] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def update(self, starts: Mapping[str, datetime]) -> None:
+        with self._lock:
+            for run_id, start in starts.items():
+                self._starts[run_id] = start
+                self._starts.move_to_end(run_id)
+            while len(self._starts) > self._capacity:
+                self._starts.popitem(last=False)
+
+    def forget(self, run_ids: Iterable[str]) -> None:
+        with self._lock:
+            for run_id in run_ids:
+                self._starts.pop(run_id, None)
+
+    def known(self, run_ids: Iterable[str]) -> dict[str, datetime] | None:
+        """The starts of all ``run_ids``, or None when one is not known."""
+        with self._lock:
+            found = {}
+            for run_id in run_ids:
+                start = self._starts.get(run_id)
+                if start is None:
+                    return None
+                found[run_id] = start
+            return found
+
+
 __all__ = [
     "AgentCapStorageError",
     "ConnectionSource",
     "EventWriter",
+    "RunStartCache",
     "WriteResult",
     "default_staging_name",
 ]

@@ -1,0 +1,266 @@
+"""Plans of the log's hot queries on a seeded log of many runs in several partitions: each reads
+only the partition of its run, through an index bounded by the run, never a sequential scan."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from pg_log import (
+    INDEX_SCANS,
+    assert_routed,
+    explain,
+    log_scans,
+    partition_of,
+    run_batch,
+    write_runs,
+)
+from psycopg import sql
+from psycopg_pool import ConnectionPool
+
+from otel_agentcap.exporters.postgres import partitions, recovery, sequences, store
+from otel_agentcap.exporters.postgres.embedded import dsn_for
+from otel_agentcap.exporters.postgres.migrate import migrate
+from otel_agentcap.exporters.postgres.rows import prepare
+from otel_agentcap.exporters.postgres.writer import EventWriter
+
+pytestmark = pytest.mark.storage
+
+T0 = datetime(2025, 1, 1, tzinfo=UTC)
+RUNS = 240  # 80 per month, about 12,000 events in three partitions
+RUN = "run-0130"  # in the middle partition
+
+
+def _start(i: int) -> datetime:
+    return T0 + timedelta(hours=9 * i)
+
+
+@pytest.fixture(scope="module")
+def seeded(pg_server_dsn: str) -> Iterator[str]:
+    """One migrated database holding RUNS runs, analyzed, shared by the tests of this module."""
+    name = f"agentcap_plans_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg_server_dsn, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    dsn = dsn_for(pg_server_dsn, name)
+    try:
+        migrate(dsn)
+        write_runs(dsn, ((f"run-{i:04d}", _start(i)) for i in range(RUNS)))
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("ANALYZE")
+        yield dsn
+    finally:
+        with psycopg.connect(pg_server_dsn, autocommit=True) as admin:
+            admin.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
+
+
+@pytest.fixture()
+def conn(seeded: str) -> Iterator[psycopg.Connection[Any]]:
+    with psycopg.connect(seeded) as c:
+        yield c
+        c.rollback()
+
+
+def _target(conn: psycopg.Connection[Any]) -> dict[str, Any]:
+    """Parameters naming RUN and the final model call of its planner (many parents, deep past)."""
+    events = store.run_events(conn, RUN)
+    last_call = max(
+        (e for e in events if e.agent_id == "planner" and e.event_type == "model_call"),
+        key=lambda e: e.seq,
+    )
+    return {"run": RUN, "start": store.run_start(conn, RUN), "event": uuid.UUID(last_call.event_id)}
+
+
+def test_the_seeded_log_spans_several_partitions(conn):
+    """The fixture's runs fill three partitions, so routing to one of them can be told apart."""
+    rows = conn.execute(
+        "SELECT count(DISTINCT tableoid) FROM agentcap.events WHERE run_started_at < '2026-01-01'"
+    ).fetchone()
+    assert rows == (3,)
+
+
+@pytest.mark.parametrize(
+    "query",
+    ["_EVENTS", "_EVENT", "_PARENTS", "_CHILDREN", "_PAST"],
+)
+def test_run_and_event_queries_read_one_partition_by_index(conn, query):
+    """show, an event, its parents, its children and its causal past read only the run's
+    partition, through indexes bounded by the run (or one event id)."""
+    params = _target(conn)
+    partition = partition_of(conn, RUN)
+    plan = explain(conn, getattr(store, query), params, analyze=True)
+    assert_routed(conn, plan, {partition}, executed_only=True)
+    # Planned with the run's start known: no other partition is in the plan at all.
+    planned = explain(conn, getattr(store, query), params, analyze=False)
+    assert_routed(conn, planned, {partition}, executed_only=False)
+
+
+def test_causal_queries_answer_what_the_seed_wrote(conn):
+    """The planner's final call has the workers' ends as parents, and its causal past holds every
+    event of the run but the planner's last (its own end)."""
+    params = _target(conn)
+    run_id, event_id = params["run"], str(params["event"])
+    parents = store.event_parents(conn, run_id, event_id)
+    assert {(e.agent_id, e.event_type) for e in parents} == {
+        (f"planner/w{w}", "agent_end") for w in range(3)
+    }
+    events = store.run_events(conn, run_id)
+    past = store.causal_past(conn, run_id, event_id)
+    later = {e.event_id for e in events if e.agent_id == "planner" and e.event_type == "agent_end"}
+    assert {e.event_id for e in past} == {e.event_id for e in events} - later - {event_id}
+    end = parents[0]
+    assert [e.event_id for e in store.event_children(conn, run_id, end.event_id)] == [event_id]
+
+
+def test_run_list_reads_one_partition_per_listed_run(conn):
+    """The run list counts each listed run's events in its own partition only: one index probe
+    per run, whatever the number of runs and partitions."""
+    plan = explain(conn, store._LIST_RUNS, (25,), analyze=True)
+    listed = store.list_runs(conn, limit=25)
+    partitions = {partition_of(conn, r.run_id) for r in listed}
+    scans = assert_routed(conn, plan, partitions, executed_only=True)
+    assert sum(node["Actual Loops"] for node in scans) == len(listed) == 25
+
+
+def test_sequence_reservation_reads_one_partition(conn):
+    """Reserving a sequence block looks for the agent's stored events in its run's partition."""
+    params = {"run": RUN, "agent": "planner/w1", "at_least": 0, "size": 10}
+    plan = explain(conn, sequences._RESERVE, params, analyze=True)
+    conn.rollback()
+    scans = assert_routed(conn, plan, {partition_of(conn, RUN)}, executed_only=True)
+    assert len(scans) == 1
+
+
+def test_spawn_lookup_reads_one_partition(conn):
+    """A spawn retried in a new process finds its spawn event in the run's partition only."""
+    plan = explain(conn, recovery._FIND, {"run": RUN, "agent": "planner/w1"}, analyze=True)
+    assert_routed(conn, plan, {partition_of(conn, RUN)}, executed_only=True)
+
+
+def test_writer_probes_read_one_partition(seeded, conn):
+    """The writer's classification of a re-sent run probes every key in that run's partition."""
+    batch = prepare(run_batch(RUN, _start(130)))
+    start = store.run_start(conn, RUN)
+    conn.rollback()
+    with ConnectionPool(seeded, min_size=1, max_size=1, open=True) as pool:
+        writer = EventWriter(pool)
+        with pool.connection() as wconn:
+            writer._ensure_staging(wconn)
+            with wconn.transaction(force_rollback=True):
+                wconn.execute(sql.SQL("TRUNCATE {}").format(writer._staging))
+                writer._copy_rows(wconn, [(row, start) for row in batch.events])
+                wconn.execute(sql.SQL("ANALYZE {}").format(writer._staging))
+                plan = explain(wconn, writer._classify_full, analyze=True)
+                scans = assert_routed(wconn, plan, {partition_of(wconn, RUN)}, executed_only=True)
+        writer.close()
+    assert sum(node["Actual Loops"] for node in scans) >= len(batch.events)
+
+
+def _one_event_per_step(scans: list[Any]) -> None:
+    for node in scans:
+        if node["Actual Loops"] > 1:  # a step repeated per event, not the final read of the run
+            # Both figures are averages per loop.
+            read = node["Actual Rows"] + node.get("Rows Removed by Filter", 0)
+            assert read <= 2, node
+
+
+@pytest.mark.parametrize("query", ["_PARENTS", "_PAST"])
+def test_causal_steps_read_one_event_each(conn, query):
+    """Each step of the parents and causal-past queries reads one event by its key (or the one
+    before it in its agent), never the whole run."""
+    params = _target(conn)
+    plan = explain(conn, getattr(store, query), params, analyze=True)
+    _one_event_per_step(assert_routed(conn, plan, {partition_of(conn, RUN)}, executed_only=True))
+
+
+@pytest.mark.parametrize("query", ["_EVENTS", "_PARENTS", "_CHILDREN", "_PAST"])
+def test_queries_read_only_the_run_before_any_analyze(pg_dsn, query):
+    """Before autovacuum has analyzed a new partition, the planner's guesses may read a whole run
+    where one event would do, but still only the run's partition, by an index bounded by it."""
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        partitions.ensure_partitions(conn, [T0])
+        conn.execute("ALTER TABLE agentcap.events_p20250101 SET (autovacuum_enabled = false)")
+        write_runs(pg_dsn, [(f"r-{i}", T0 + timedelta(hours=i)) for i in range(20)], steps=12)
+        analyzed = conn.execute(
+            "SELECT count(*) FROM pg_stats WHERE schemaname = 'agentcap'"
+            " AND tablename LIKE 'events%%'"
+        ).fetchone()
+        assert analyzed == (0,), "a partition was analyzed: the test needs it not to be"
+        run = "r-7"
+        events = store.run_events(conn, run)
+        last = max((e for e in events if e.agent_id == "planner"), key=lambda e: e.seq)
+        params = {
+            "run": run,
+            "start": store.run_start(conn, run),
+            "event": uuid.UUID(last.event_id),
+        }
+        plan = explain(conn, getattr(store, query), params, analyze=True)
+        assert_routed(conn, plan, {partition_of(conn, run)}, executed_only=True)
+
+
+def _view_query(name: str, start: datetime) -> tuple[Any, Any]:
+    queries = {
+        "graph": (store._GRAPH, (RUN, start)),
+        "labels": (store._LABELS, (RUN, start, 0, 5, None, None)),
+        "detail": (store._DETAIL, (RUN, start, "planner/w1", 3)),
+        "version": (store._VERSION, {"run": RUN, "start": start}),
+        "texts": (store._EVENT_TEXTS, (RUN, start)),
+    }
+    if name == "labels of two agents":
+        agents = ["planner", "planner/w1"]
+        return store._LABELS, (RUN, start, 0, 5, agents, agents)
+    return queries[name]
+
+
+@pytest.mark.parametrize(
+    "name", ["graph", "labels", "labels of two agents", "detail", "version", "texts"]
+)
+def test_web_view_queries_read_one_partition_by_index(conn, name):
+    """The web view's run graph, label windows, event detail, change check and export read only
+    the run's partition, by index."""
+    query, params = _view_query(name, store.run_start(conn, RUN))
+    events = {partition_of(conn, RUN)}
+    conflicts = {partition_of(conn, RUN, "conflicts")}
+    plan = explain(conn, query, params, analyze=True)
+    scans = log_scans(conn, plan, executed_only=True)
+    # Conflicts partitions are tiny here, where a sequential scan is the right plan: only their
+    # routing is checked.
+    event_scans = [n for n in scans if n["Relation Name"] not in conflicts]
+    assert {n["Relation Name"] for n in scans} <= events | conflicts
+    assert event_scans and all(n["Node Type"] != "Seq Scan" for n in event_scans), event_scans
+
+
+def test_web_view_run_list_reads_one_partition_per_listed_run(conn):
+    """The web view's page of runs with totals reads each listed run's partition only, once."""
+    params = {"q": None, "limit": 25, "offset": 0}
+    plan = explain(conn, store._RUN_TOTALS_PAGE, params, analyze=True)
+    listed = store.run_totals(conn, limit=25)
+    events = {partition_of(conn, r.run_id) for r in listed}
+    conflicts = {partition_of(conn, r.run_id, "conflicts") for r in listed}
+    scans = log_scans(conn, plan, executed_only=True)
+    assert {n["Relation Name"] for n in scans} <= events | conflicts
+    event_scans = [n for n in scans if n["Relation Name"] in events]
+    assert all(n["Node Type"] in INDEX_SCANS | {"Bitmap Heap Scan"} for n in event_scans)
+    assert (
+        sum(n["Actual Loops"] for n in event_scans if n["Node Type"] != "Bitmap Index Scan") == 25
+    )
+
+
+@pytest.mark.parametrize("query", ["_SPANS", "_EVENTS", "_CONFLICTS"])
+def test_export_reads_one_partition_of_each_table(conn, query):
+    """otel-agentcap export reads the run's spans, events and conflicts in the run's partition
+    of each table (events by index; the small spans and conflicts partitions may be scanned)."""
+    from otel_agentcap.transfer import snapshot
+
+    start = store.run_start(conn, RUN)
+    plan = explain(conn, getattr(snapshot, query), (RUN, start), analyze=True)
+    tables = {partition_of(conn, RUN, t) for t in ("events", "spans", "conflicts")}
+    scans = log_scans(conn, plan, executed_only=False)
+    assert scans and {n["Relation Name"] for n in scans} <= tables
+    events = partition_of(conn, RUN)
+    assert all(n["Node Type"] != "Seq Scan" for n in scans if n["Relation Name"] == events)
