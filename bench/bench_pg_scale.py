@@ -102,7 +102,9 @@ def make_run(
     """One run of the shape described in the module docstring, with the span envelopes the
     exporter stores: the run's root span, one per agent (its start and end events) and one per
     operation (a tool's invocation and result share theirs)."""
-    run = Run(run_id, started, agents=[AgentRecord(run_id, "planner", name="planner")])
+    run = Run(
+        run_id, started, agents=[AgentRecord(run_id, "planner", name="planner", lineage_known=True)]
+    )
     clock = [started]
     trace = f"{rng.getrandbits(128):032x}"
     root = f"{rng.getrandbits(64):016x}"
@@ -179,7 +181,12 @@ def make_run(
         planner_seq += 1
         run.agents.append(
             AgentRecord(
-                run_id, child, name="worker", parent_agent_id="planner", spawned_at_event_id=spawn
+                run_id,
+                child,
+                name="worker",
+                parent_agent_id="planner",
+                spawned_at_event_id=spawn,
+                lineage_known=True,
             )
         )
         seq = 0

@@ -24,7 +24,7 @@ def run_batch(
     span, and the envelopes of those spans and of the run's root span, in one trace."""
     rng = random.Random(f"{run_id}/{seed}")
     events: list[Event] = []
-    agents: list[AgentRecord] = [AgentRecord(run_id, "planner", name="planner")]
+    agents: list[AgentRecord] = [AgentRecord(run_id, "planner", name="planner", lineage_known=True)]
     clock = [started]
     trace = hashlib.md5(run_id.encode()).hexdigest()
 
@@ -65,7 +65,12 @@ def run_batch(
         planner_seq += 1
         agents.append(
             AgentRecord(
-                run_id, child, name="worker", parent_agent_id="planner", spawned_at_event_id=spawn
+                run_id,
+                child,
+                name="worker",
+                parent_agent_id="planner",
+                spawned_at_event_id=spawn,
+                lineage_known=True,
             )
         )
         seq = 0

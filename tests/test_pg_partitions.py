@@ -52,22 +52,22 @@ def test_advisory_lock_keys_match_the_migration():
 def test_writer_creates_the_partition_of_a_new_run_start(pool):
     """A run whose start no partition holds gets one (for events and conflicts) on its first
     write, and its rows land in it."""
-    start = datetime(2031, 5, 10, 13, 0, tzinfo=UTC)
-    result = EventWriter(pool).write(run_batch("r-2031", start))
+    start = datetime(2025, 5, 10, 13, 0, tzinfo=UTC)
+    result = EventWriter(pool).write(run_batch("r-2025", start))
     assert result.inserted > 0
-    month = (datetime(2031, 5, 1, tzinfo=UTC), datetime(2031, 6, 1, tzinfo=UTC))
+    month = (datetime(2025, 5, 1, tzinfo=UTC), datetime(2025, 6, 1, tzinfo=UTC))
     with pool.connection() as conn:
         assert month in _ranges(conn)
         assert month in _ranges(conn, "agentcap.conflicts")
         holders = conn.execute(
-            "SELECT DISTINCT tableoid::regclass::text FROM agentcap.events WHERE run_id = 'r-2031'"
+            "SELECT DISTINCT tableoid::regclass::text FROM agentcap.events WHERE run_id = 'r-2025'"
         ).fetchall()
-    assert holders == [("agentcap.events_p20310501",)]
+    assert holders == [("agentcap.events_p20250501",)]
 
 
 def test_concurrent_writers_of_one_new_range_create_it_once(pg_dsn):
     """Eight writers storing runs of the same new month at once: one partition, every row stored."""
-    start = datetime(2032, 3, 3, tzinfo=UTC)
+    start = datetime(2025, 3, 3, tzinfo=UTC)
     barrier = threading.Barrier(8)
     errors: list[BaseException] = []
     inserted: list[int] = []
@@ -90,8 +90,8 @@ def test_concurrent_writers_of_one_new_range_create_it_once(pg_dsn):
         t.join()
     assert errors == []
     with psycopg.connect(pg_dsn) as conn:
-        assert [r for r in _ranges(conn) if r[0].year == 2032] == [
-            (datetime(2032, 3, 1, tzinfo=UTC), datetime(2032, 4, 1, tzinfo=UTC))
+        assert [r for r in _ranges(conn) if r[0].year == 2025] == [
+            (datetime(2025, 3, 1, tzinfo=UTC), datetime(2025, 4, 1, tzinfo=UTC))
         ]
         assert conn.execute("SELECT count(*) FROM agentcap.events").fetchone() == (sum(inserted),)
 
@@ -294,7 +294,7 @@ def test_a_role_without_create_rights_still_extends_the_log(pg_dsn):
                 )
             with ConnectionPool(dsn, min_size=1, max_size=1, open=True) as p:
                 writer = EventWriter(p)
-                result = writer.write(run_batch("r-2050", datetime(2050, 1, 5, tzinfo=UTC)))
+                result = writer.write(run_batch("r-2024", datetime(2024, 1, 5, tzinfo=UTC)))
                 writer.close()
             assert result.inserted > 0
         finally:

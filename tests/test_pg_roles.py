@@ -260,3 +260,36 @@ def test_the_tool_ledger_spawn_registry_and_memory_run_as_the_writer(granted: Gr
             conn.execute("DELETE FROM agentcap.tool_ledger")
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             conn.execute("UPDATE agentcap.spawns SET name = 'x'")
+
+
+def test_the_writer_extends_the_log_and_only_the_owner_prunes(granted):
+    """The writer role stores a run of a month no partition holds yet (the SECURITY DEFINER
+    function creates the partition as the owner) and a conflict of it, and lists partitions like
+    the reader; it may not prune."""
+    from datetime import UTC, datetime
+
+    from pg_log import run_batch
+    from psycopg_pool import ConnectionPool
+
+    from otel_agentcap.exporters.postgres import partitions, retention
+    from otel_agentcap.exporters.postgres.writer import EventWriter
+    from otel_agentcap.model import Batch, event_id_for
+
+    batch = run_batch("april", datetime(2025, 4, 4, tzinfo=UTC))
+    twin = batch.events[3]._replace(idempotency_key="twin", payload={"twin": True})
+    twin = twin._replace(event_id=event_id_for(twin.run_id, twin.agent_id, "twin"))
+    with ConnectionPool(granted.writer_dsn, min_size=1, max_size=1, open=True) as pool:
+        writer = EventWriter(pool)
+        stored = writer.write(batch)
+        collided = writer.write(Batch((twin,)))
+        writer.close()
+    assert stored.inserted == len(batch.events) and collided.conflicts == 1
+    april = datetime(2025, 4, 1, tzinfo=UTC)
+    for dsn in (granted.writer_dsn, granted.reader_dsn):
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            assert april in {p.lower for p in partitions.list_partitions(conn)}
+    with (
+        psycopg.connect(granted.writer_dsn, autocommit=True) as conn,
+        pytest.raises(psycopg.errors.InsufficientPrivilege),
+    ):
+        retention.prune(conn, datetime(2025, 5, 1, tzinfo=UTC))

@@ -850,15 +850,17 @@ def test_span_envelopes_through_the_direct_path_keep_the_first_writer(pool):
 
 def test_an_event_id_is_unique_within_its_run(pool: ConnectionPool[Any]) -> None:
     """The log's key is (run_id, event_id): the same id in another run is another event, in one
-    batch or in two, while a second copy in the same run is still a conflict."""
+    batch or in two, while a second copy in the same run is still a conflict. (Validation refuses
+    an id that is not derived from its run, agent and key; the batches here skip it to show that
+    the storage itself is keyed by run.)"""
     writer = EventWriter(pool)
     a = ev("r1", "a", 1)
     b = a._replace(run_id="r2", payload={"other": "run"})
     c = a._replace(payload={"same": "run, other content"}, seq=2, idempotency_key="k2")
-    result = writer.write(Batch((a, b)))
+    result = writer.write(Batch((a, b)), validated=True)
     assert (result.inserted, result.conflicts) == (2, 0)
-    assert writer.write(Batch((b._replace(run_id="r3"),))).inserted == 1
-    assert writer.write(Batch((c,))).conflicts == 1
+    assert writer.write(Batch((b._replace(run_id="r3"),)), validated=True).inserted == 1
+    assert writer.write(Batch((c,)), validated=True).conflicts == 1
     with pool.connection() as conn:
         rows = conn.execute(
             "SELECT run_id FROM agentcap.events WHERE event_id = %s ORDER BY 1", (a.event_id,)

@@ -67,6 +67,10 @@ WRITER_FUNCTIONS: Final = frozenset(
 )
 #: The functions the reader may execute: listing the partitions.
 READER_FUNCTIONS: Final = frozenset({"log_partitions", "run_partitioned_tables", "partition_range"})
+#: Sequences the writer draws from: ``conflicts.conflict_id`` (a sequence default since the table
+#: is partitioned; PostgreSQL 15 and 16 have no identity columns there).
+WRITER_SEQUENCES: Final = ("agentcap.conflicts_conflict_id_seq",)
+_DEFAULT_WRITER_PRIVILEGES: Final = "SELECT, INSERT"
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +141,9 @@ def _apply(conn: psycopg.Connection[Any], roles: Roles) -> None:
                 sql.SQL(privileges), sql.Identifier("agentcap", table), writer
             )
         )
+    for sequence in WRITER_SEQUENCES:
+        if conn.execute("SELECT to_regclass(%s)", (sequence,)).fetchone() != (None,):
+            execute(sql.SQL("GRANT USAGE ON SEQUENCE {} TO {}").format(sql.SQL(sequence), writer))
     functions = {
         function: function.split("(", 1)[0].rsplit(".", 1)[-1].strip('"')
         for function in _functions(conn)
