@@ -127,6 +127,92 @@ def write_runs(
     return inserted
 
 
+# --- the coordination tables (migration 0005) --------------------------------------------------
+
+#: The tables processes of a run write on the capture path, outside the exporter.
+COORDINATION_TABLES: Final = ("tool_ledger", "spawns", "memory")
+
+
+def coordinate(conn: psycopg.Connection[Any], run_id: str, at: datetime, *, n: int = 0) -> None:
+    """What the capture path of a process of ``run_id`` writes on its own, through the same SQL
+    functions: a tool claim, a spawn registration and a memory write (with its memory_write event
+    at sequence ``1000 + n`` of agent ``coordinator``), one per call (``n`` tells calls apart)."""
+    conn.execute(
+        "SELECT * FROM agentcap.tool_claim(%s, 'coordinator', %s, %s, 'search', 'pid-1', 30, false)",
+        (run_id, f"inv-{n}", hashlib.sha256(f"{run_id}/{n}".encode()).hexdigest()),
+    )
+    child = f"coordinator/c{n}"
+    conn.execute(
+        "SELECT * FROM agentcap.spawn_register(%s, %s, 'coordinator', 'c', NULL, %s, %s, NULL, NULL)",
+        (run_id, child, event_id_for(run_id, "coordinator", f"spawn:{child}"), 2000 + n),
+    )
+    conn.execute(
+        "SELECT * FROM agentcap.memory_write(%s, 'notes', %s, 'set', true, %s::jsonb, NULL,"
+        " 'coordinator', %s, %s, %s, NULL, NULL, NULL)",
+        (
+            run_id,
+            f"k{n}",
+            f'{{"n": {n}}}',
+            event_id_for(run_id, "coordinator", f"seq:{1000 + n}"),
+            1000 + n,
+            at,
+        ),
+    )
+
+
+def per_run_tables(conn: psycopg.Connection[Any]) -> list[str]:
+    """Every table of the schema with a run_id column (partitions counted through their parent;
+    a writer's staging tables are its own)."""
+    rows = conn.execute(
+        "SELECT c.relname FROM pg_class c JOIN pg_attribute a ON a.attrelid = c.oid"
+        " WHERE c.relnamespace = 'agentcap'::regnamespace AND c.relkind IN ('r', 'p')"
+        " AND NOT c.relispartition AND a.attname = 'run_id' AND NOT a.attisdropped"
+        " AND c.relname NOT IN ('runs', 'pruned_runs') AND c.relname NOT LIKE 'staging\\_%'"
+        " ORDER BY 1"
+    ).fetchall()
+    return [str(r[0]) for r in rows]
+
+
+def orphans(conn: psycopg.Connection[Any]) -> dict[str, int]:
+    """Rows of every per-run table whose run has no runs row, and rows of the run-partitioned
+    tables that sit in another partition than their run's start; all zero in a sound log."""
+    counts = {}
+    for table in per_run_tables(conn):
+        row = conn.execute(
+            sql.SQL(
+                "SELECT count(*) FROM agentcap.{} x"
+                " WHERE NOT EXISTS (SELECT 1 FROM agentcap.runs r WHERE r.run_id = x.run_id)"
+            ).format(sql.Identifier(table))
+        ).fetchone()
+        counts[table] = int(row[0]) if row else -1
+    for (table,) in conn.execute(
+        "SELECT c.relname FROM agentcap.run_partitioned_tables() t JOIN pg_class c ON c.oid = t"
+    ).fetchall():
+        row = conn.execute(
+            sql.SQL(
+                "SELECT count(*) FROM agentcap.{} x JOIN agentcap.runs r USING (run_id)"
+                " WHERE x.run_started_at <> r.started_at"
+            ).format(sql.Identifier(str(table)))
+        ).fetchone()
+        counts[f"{table} in the wrong partition"] = int(row[0]) if row else -1
+    return counts
+
+
+def rows_of_runs(conn: psycopg.Connection[Any], run_ids: Iterable[str]) -> dict[str, int]:
+    """Rows per per-run table (runs included) that belong to ``run_ids``."""
+    ids = list(run_ids)
+    counts = {}
+    for table in [*per_run_tables(conn), "runs"]:
+        row = conn.execute(
+            sql.SQL("SELECT count(*) FROM agentcap.{} WHERE run_id = ANY(%s)").format(
+                sql.Identifier(table)
+            ),
+            (ids,),
+        ).fetchone()
+        counts[table] = int(row[0]) if row else -1
+    return counts
+
+
 # --- query plans --------------------------------------------------------------------------------
 
 #: The scans that read a bounded part of an index (a Bitmap Heap Scan is judged by its children).

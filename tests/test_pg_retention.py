@@ -12,7 +12,7 @@ import psycopg
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from pg_log import run_batch, write_runs
+from pg_log import COORDINATION_TABLES, coordinate, orphans, rows_of_runs, run_batch, write_runs
 from psycopg_pool import ConnectionPool
 
 from otel_agentcap.exporters.postgres import partitions, retention
@@ -43,20 +43,20 @@ def _runs(conn: psycopg.Connection[Any]) -> set[str]:
     return {str(r[0]) for r in conn.execute("SELECT run_id FROM agentcap.runs")}
 
 
-def _orphans(conn: psycopg.Connection[Any]) -> dict[str, int]:
-    """Rows of any per-run table whose run has no runs row, or sits in another partition."""
-    counts = {}
-    for table in ("events", "conflicts", "spans", "agents", "agent_sequences"):
-        counts[table] = conn.execute(
-            f"SELECT count(*) FROM agentcap.{table} x"
-            " WHERE NOT EXISTS (SELECT 1 FROM agentcap.runs r WHERE r.run_id = x.run_id)"
-        ).fetchone()[0]
-    for table in ("events", "conflicts", "spans"):
-        counts[f"{table} in the wrong partition"] = conn.execute(
-            f"SELECT count(*) FROM agentcap.{table} x JOIN agentcap.runs r USING (run_id)"
-            " WHERE x.run_started_at <> r.started_at"
-        ).fetchone()[0]
-    return counts
+def _no_orphans(conn: psycopg.Connection[Any]) -> None:
+    """No row of any per-run table (the coordination tables and record_conflicts included) lacks
+    its run or sits in another partition than its run's start."""
+    found = orphans(conn)
+    assert {*COORDINATION_TABLES, "record_conflicts", "agents", "events", "spans"} <= set(found)
+    assert found == dict.fromkeys(found, 0)
+
+
+def _record_conflict(conn: psycopg.Connection[Any], run_id: str) -> None:
+    conn.execute(
+        "INSERT INTO agentcap.record_conflicts (run_id, agent_id, reason, stored, offered,"
+        " row_digest) VALUES (%s, 'planner', 'agent_name', '{}', '{}', %s)",
+        (run_id, f"digest-{run_id}"),
+    )
 
 
 def _event_ids(conn: psycopg.Connection[Any], run_ids: set[str]) -> set[str]:
@@ -67,17 +67,6 @@ def _event_ids(conn: psycopg.Connection[Any], run_ids: set[str]) -> set[str]:
         )
     }
 
-
-NO_ORPHANS = {
-    "events": 0,
-    "conflicts": 0,
-    "spans": 0,
-    "agents": 0,
-    "agent_sequences": 0,
-    "events in the wrong partition": 0,
-    "conflicts in the wrong partition": 0,
-    "spans in the wrong partition": 0,
-}
 
 
 def test_prune_removes_whole_runs_before_the_cut(pg_dsn, admin):
@@ -95,8 +84,13 @@ def test_prune_removes_whole_runs_before_the_cut(pg_dsn, admin):
         assert writer.write(Batch((collide,))).conflicts == 1
         for run in ("jan", "feb", "mar-15"):
             reserve_sequence_block(pool, run, "planner", at_least=0, size=10)
+    for n, (run, at) in enumerate((("jan", _at(1, 11)), ("feb", _at(4, 22)), ("mar", _at(3, 2)))):
+        coordinate(admin, run, at, n=n)  # a tool claim, a spawn, a memory write and its event
+        _record_conflict(admin, run)
     kept = {"mar", "mar-15", "apr"}
     kept_events = _event_ids(admin, kept)
+    kept_rows = rows_of_runs(admin, kept)
+    assert all(rows_of_runs(admin, {"jan", "feb"})[t] > 0 for t in COORDINATION_TABLES)
     agents = admin.execute(
         "SELECT count(*) FROM agentcap.agents WHERE run_id IN ('jan', 'feb')"
     ).fetchone()
@@ -112,8 +106,12 @@ def test_prune_removes_whole_runs_before_the_cut(pg_dsn, admin):
     assert _runs(admin) == kept
     assert _event_ids(admin, kept) == kept_events
     assert _event_ids(admin, {"jan", "feb"}) == set()
+    assert rows_of_runs(admin, kept) == kept_rows
+    gone = rows_of_runs(admin, {"jan", "feb"})
+    assert gone == dict.fromkeys(gone, 0)
+    assert all(result.rows[t] == 2 for t in (*COORDINATION_TABLES, "record_conflicts"))
     assert admin.execute("SELECT count(*) FROM agentcap.conflicts").fetchone() == (0,)
-    assert _orphans(admin) == NO_ORPHANS
+    _no_orphans(admin)
     assert [p.lower for p in partitions.list_partitions(admin, ["agentcap.events"])][:2] == [
         _at(3),
         _at(4),
@@ -167,12 +165,14 @@ def test_writes_of_pruned_runs_are_refused_and_counted(pg_dsn, admin):
     assert kept.inserted > 0 and kept.expired == 0
     assert _runs(admin) == {"mar"}
     assert min(p.lower for p in partitions.list_partitions(admin, ["agentcap.events"])) == _at(3)
-    assert _orphans(admin) == NO_ORPHANS
+    _no_orphans(admin)
 
 
 def test_prune_while_writers_keep_inserting(pg_dsn, admin):
-    """Two writers insert batches of old and new runs throughout a prune: no error; every event a
-    writer stored for a kept run is in the log; the old runs are gone whole; nothing is orphaned."""
+    """Two writers insert batches of old and new runs throughout a prune, and a process of those
+    runs claims tools, registers spawns and writes memory: no error; every event a writer stored
+    for a kept run is in the log, every memory write of a kept run too; the old runs are gone
+    whole, their late coordination refused; nothing is orphaned in any table."""
     write_runs(pg_dsn, [(f"old-{i}", _at(1, 1 + i)) for i in range(10)])
     write_runs(pg_dsn, [(f"new-{i}", _at(3, 1 + i)) for i in range(10)])
     stop = threading.Event()
@@ -201,7 +201,30 @@ def test_prune_while_writers_keep_inserting(pg_dsn, admin):
         except BaseException as exc:
             errors.append(exc)
 
+    refused = [0]
+    coordinated: set[tuple[str, str]] = set()
+
+    def keep_coordinating() -> None:
+        # What the capture path writes outside the exporter (tool ledger, spawns, memory with its
+        # event), for old and new runs alike, through the SQL functions it calls.
+        try:
+            with psycopg.connect(pg_dsn, autocommit=True) as conn:
+                i = 0
+                last = False
+                while not last:
+                    last = stop.is_set()
+                    try:
+                        coordinate(conn, f"old-{i % 10}", _at(1, 20), n=i)
+                    except psycopg.errors.ObjectNotInPrerequisiteState:
+                        refused[0] += 1
+                    coordinate(conn, f"new-{i % 10}", _at(3, 20), n=i)
+                    coordinated.add((f"new-{i % 10}", f"k{i}"))
+                    i += 1
+        except BaseException as exc:
+            errors.append(exc)
+
     threads = [threading.Thread(target=keep_writing, args=(f"w{n}",)) for n in range(2)]
+    threads.append(threading.Thread(target=keep_coordinating))
     for t in threads:
         t.start()
     time.sleep(0.5)
@@ -212,12 +235,16 @@ def test_prune_while_writers_keep_inserting(pg_dsn, admin):
     assert errors == []
     assert result.pruned_before == _at(2)
     assert expired[0] > 0  # old runs kept arriving after the cut, and were refused
+    assert refused[0] > 0
+    memory = set(admin.execute("SELECT run_id, key FROM agentcap.memory").fetchall())
+    assert coordinated <= memory
+    assert not any(run.startswith("old-") for run, _ in memory)
     runs = _runs(admin)
     assert not any(r.startswith("old-") for r in runs)
     assert set(stored) <= runs
     for run_id, ids in stored.items():
         assert _event_ids(admin, {run_id}) == ids, run_id
-    assert _orphans(admin) == NO_ORPHANS
+    _no_orphans(admin)
 
 
 def test_prune_waits_for_readers_without_blocking_writers(pg_dsn, admin):
@@ -300,7 +327,7 @@ def test_an_interrupted_prune_is_finished_by_the_next(pg_dsn, admin):
     assert result.pruned_before == _at(2)
     assert _runs(admin) == {"mar"}
     assert not any(p.lower < _at(2) for p in partitions.list_partitions(admin))
-    assert _orphans(admin) == NO_ORPHANS
+    _no_orphans(admin)
 
 
 _bound = st.integers(0, 60).map(lambda d: datetime(2025, 1, 1, tzinfo=UTC) + timedelta(days=d))
@@ -334,6 +361,27 @@ def test_a_date_in_the_future_is_refused(pg_dsn, admin):
         retention.prune(admin, future)
     assert partitions.read_settings(admin).pruned_before is None
     assert _runs(admin) == {"jan"}
+
+
+def test_coordination_of_a_pruned_run_is_refused(pg_dsn, admin):
+    """After a prune, the tool ledger, the spawn registry and the shared memory refuse a pruned run
+    (the error names db prune) and store nothing for it; a kept run goes on."""
+    write_runs(pg_dsn, [("jan", _at(1, 10)), ("mar", _at(3, 1))])
+    retention.prune(admin, _at(2))
+    calls = {
+        "tool_claim": "SELECT * FROM agentcap.tool_claim('jan', 'a', 'i', 'd', 't', 'o', 30, false)",
+        "spawn_register": "SELECT * FROM agentcap.spawn_register('jan', 'a/c', 'a', 'c', NULL,"
+        " gen_random_uuid(), 5, NULL, NULL)",
+        "memory_write": "SELECT * FROM agentcap.memory_write('jan', 'm', 'k', 'set', true,"
+        " '1'::jsonb, NULL, 'a', gen_random_uuid(), 7, now(), NULL, NULL, NULL)",
+    }
+    for name, call in calls.items():
+        with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState, match="db prune"):
+            admin.execute(call)
+    coordinate(admin, "mar", _at(3, 2))
+    assert rows_of_runs(admin, {"jan"}) == dict.fromkeys(rows_of_runs(admin, {"jan"}), 0)
+    assert all(rows_of_runs(admin, {"mar"})[t] == 1 for t in COORDINATION_TABLES)
+    _no_orphans(admin)
 
 
 def test_a_pruned_run_id_cannot_be_claimed_again(pg_dsn, admin):

@@ -63,6 +63,7 @@ WRITER_FUNCTIONS: Final = frozenset(
         "log_partitions",
         "run_partitioned_tables",
         "partition_range",
+        "run_start_for_write",
     }
 )
 #: The functions the reader may execute: listing the partitions.

@@ -282,4 +282,209 @@ CREATE INDEX conflicts_run_idx ON agentcap.conflicts (run_id, run_started_at, ag
 ALTER TABLE agentcap.spans
     ADD CONSTRAINT spans_pkey PRIMARY KEY (run_id, run_started_at, trace_id, span_id);
 
+-- ------------------------------------------------------------------------------------------------
+-- The coordination tables of 0005 (tool_ledger, spawns, memory) already lead their keys with
+-- run_id. They stay unpartitioned: a run has one row per tool call, child and memory key (the
+-- events hold every write), their functions name the run only, and db prune deletes their rows
+-- with the run's other per-run rows (agents, record_conflicts, agent_sequences). Their functions
+-- take the retention barrier like the writer and refuse a pruned run, so a late process of a run
+-- that db prune removed cannot leave rows without a run.
+
+-- The start of a run (null for a run no one has recorded yet), read under the retention barrier
+-- (the shared advisory lock "agcap_rt" that db prune takes exclusively while it moves
+-- pruned_before); raises for a run db prune removed.
+CREATE FUNCTION agentcap.run_start_for_write(p_run text) RETURNS timestamptz
+LANGUAGE plpgsql AS $$
+DECLARE
+    run_start timestamptz;
+    floor_at  timestamptz;
+BEGIN
+    PERFORM pg_advisory_xact_lock_shared(7018687814428488308);
+    SELECT s.pruned_before INTO floor_at FROM agentcap.log_settings s;
+    SELECT r.started_at INTO run_start FROM agentcap.runs r WHERE r.run_id = p_run;
+    IF run_start < floor_at OR EXISTS (SELECT 1 FROM agentcap.pruned_runs p WHERE p.run_id = p_run) THEN
+        RAISE EXCEPTION 'run % was removed by db prune', p_run
+            USING ERRCODE = 'object_not_in_prerequisite_state';
+    END IF;
+    RETURN run_start;
+END $$;
+
+-- 0005's functions again: each refuses a pruned run; spawn_register reads the spawn event of an
+-- earlier version in its run's partition; memory_write writes its event with the run's start
+-- (recording the run and creating its partition when it is the run's first write).
+CREATE OR REPLACE FUNCTION agentcap.tool_claim(
+    p_run text, p_agent text, p_invocation text, p_digest text, p_tool text,
+    p_owner text, p_lease_seconds double precision, p_at_most_once boolean)
+RETURNS TABLE (state text, attempt integer, ordinal integer, codec text, result jsonb,
+               error jsonb, result_event_id uuid, result_event_seq bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+    r agentcap.tool_ledger%ROWTYPE;
+    lease interval := make_interval(secs => p_lease_seconds);
+BEGIN
+    PERFORM agentcap.run_start_for_write(p_run);
+    -- Claims under one invocation id serialise here: a new identity's ordinal is counted, and two
+    -- first claims of one identity cannot both insert.
+    PERFORM pg_advisory_xact_lock(
+        hashtextextended(p_run || chr(31) || p_agent || chr(31) || p_invocation, 1634167153));
+    SELECT * INTO r FROM agentcap.tool_ledger l
+    WHERE l.run_id = p_run AND l.agent_id = p_agent AND l.invocation_id = p_invocation
+      AND l.call_digest = p_digest
+    FOR UPDATE;
+    IF NOT FOUND THEN
+        INSERT INTO agentcap.tool_ledger AS l (run_id, agent_id, invocation_id, call_digest, tool,
+            ordinal, status, owner, lease_expires_at)
+        VALUES (p_run, p_agent, p_invocation, p_digest, p_tool,
+            (SELECT count(*) FROM agentcap.tool_ledger x
+             WHERE x.run_id = p_run AND x.agent_id = p_agent AND x.invocation_id = p_invocation),
+            'running', p_owner, clock_timestamp() + lease)
+        RETURNING * INTO r;
+        RETURN QUERY SELECT 'claimed'::text, r.attempt, r.ordinal, NULL::text, NULL::jsonb,
+            NULL::jsonb, NULL::uuid, NULL::bigint;
+        RETURN;
+    END IF;
+    IF r.status IN ('succeeded', 'failed', 'unknown')
+       OR (r.status = 'running' AND r.lease_expires_at > clock_timestamp()) THEN
+        RETURN QUERY SELECT r.status, r.attempt, r.ordinal, r.codec, r.result, r.error,
+            r.result_event_id, r.result_event_seq;
+        RETURN;
+    END IF;
+    IF p_at_most_once THEN
+        -- Its holder died (lease expired) or was interrupted (released): the body may have acted.
+        UPDATE agentcap.tool_ledger l SET status = 'unknown', owner = NULL,
+            lease_expires_at = NULL, updated_at = now()
+        WHERE l.run_id = p_run AND l.agent_id = p_agent AND l.invocation_id = p_invocation
+          AND l.call_digest = p_digest;
+        RETURN QUERY SELECT 'unknown'::text, r.attempt, r.ordinal, NULL::text, NULL::jsonb,
+            NULL::jsonb, NULL::uuid, NULL::bigint;
+        RETURN;
+    END IF;
+    UPDATE agentcap.tool_ledger l SET status = 'running', attempt = r.attempt + 1,
+        owner = p_owner, lease_expires_at = clock_timestamp() + lease, updated_at = now()
+    WHERE l.run_id = p_run AND l.agent_id = p_agent AND l.invocation_id = p_invocation
+      AND l.call_digest = p_digest;
+    RETURN QUERY SELECT 'claimed'::text, r.attempt + 1, r.ordinal, NULL::text, NULL::jsonb,
+        NULL::jsonb, NULL::uuid, NULL::bigint;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION agentcap.spawn_register(
+    p_run text, p_child text, p_parent text, p_name text, p_key text, p_event uuid, p_seq bigint,
+    p_trace text, p_span text)
+RETURNS TABLE (won boolean, parent_agent_id text, name text, spawn_event_id uuid,
+               spawn_seq bigint, trace_id text, span_id text)
+LANGUAGE plpgsql AS $$
+DECLARE
+    s agentcap.spawns%ROWTYPE;
+BEGIN
+    PERFORM agentcap.run_start_for_write(p_run);
+    SELECT * INTO s FROM agentcap.spawns x WHERE x.run_id = p_run AND x.child_agent_id = p_child;
+    IF FOUND THEN
+        RETURN QUERY SELECT false, s.parent_agent_id, s.name, s.spawn_event_id, s.spawn_seq,
+            s.trace_id, s.span_id;
+        RETURN;
+    END IF;
+    INSERT INTO agentcap.spawns (run_id, child_agent_id, parent_agent_id, name, spawn_key,
+        spawn_event_id, spawn_seq, trace_id, span_id)
+    SELECT a.run_id, a.agent_id, a.parent_agent_id, a.name, NULL, a.spawned_at_event_id,
+        e.logical_seq, e.trace_id, e.span_id
+    FROM agentcap.agents a JOIN agentcap.runs r ON r.run_id = a.run_id
+    JOIN agentcap.events e ON e.run_id = a.run_id AND e.run_started_at = r.started_at
+        AND e.event_id = a.spawned_at_event_id
+    WHERE a.run_id = p_run AND a.agent_id = p_child AND a.parent_agent_id IS NOT NULL
+    ON CONFLICT DO NOTHING;
+    INSERT INTO agentcap.spawns (run_id, child_agent_id, parent_agent_id, name, spawn_key,
+        spawn_event_id, spawn_seq, trace_id, span_id)
+    VALUES (p_run, p_child, p_parent, p_name, p_key, p_event, p_seq, p_trace, p_span)
+    ON CONFLICT DO NOTHING
+    RETURNING * INTO s;
+    IF FOUND THEN
+        RETURN QUERY SELECT true, s.parent_agent_id, s.name, s.spawn_event_id, s.spawn_seq,
+            s.trace_id, s.span_id;
+        RETURN;
+    END IF;
+    -- Another process registered it first (this statement sees its committed row).
+    SELECT * INTO s FROM agentcap.spawns x WHERE x.run_id = p_run AND x.child_agent_id = p_child;
+    RETURN QUERY SELECT false, s.parent_agent_id, s.name, s.spawn_event_id, s.spawn_seq,
+        s.trace_id, s.span_id;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION agentcap.memory_write(
+    p_run text, p_memory text, p_key text, p_op text, p_found boolean, p_value jsonb,
+    p_expected_version bigint, p_agent text, p_event uuid, p_seq bigint,
+    p_wall_time timestamptz, p_parents uuid[], p_trace text, p_span text)
+RETURNS TABLE (outcome text, version bigint, before_found boolean, before_value jsonb,
+               previous_event_id uuid, previous_seq bigint, parents uuid[], payload text)
+LANGUAGE plpgsql AS $$
+DECLARE
+    r agentcap.memory%ROWTYPE;
+    had boolean;
+    all_parents uuid[];
+    body jsonb;
+    run_start timestamptz;
+BEGIN
+    run_start := agentcap.run_start_for_write(p_run);
+    PERFORM pg_advisory_xact_lock(
+        hashtextextended(p_run || chr(31) || p_memory || chr(31) || p_key, 1835363705));
+    SELECT * INTO r FROM agentcap.memory m
+    WHERE m.run_id = p_run AND m.memory = p_memory AND m.key = p_key;
+    had := FOUND;
+    IF p_expected_version IS NOT NULL AND COALESCE(r.version, 0) <> p_expected_version THEN
+        RETURN QUERY SELECT 'mismatch'::text, COALESCE(r.version, 0), COALESCE(r.found, false),
+            NULL::jsonb, r.writer_event_id, r.writer_seq, NULL::uuid[], NULL::text;
+        RETURN;
+    END IF;
+    IF NOT p_found AND NOT COALESCE(r.found, false) THEN
+        RETURN QUERY SELECT 'unchanged'::text, COALESCE(r.version, 0), false, NULL::jsonb,
+            r.writer_event_id, r.writer_seq, NULL::uuid[], NULL::text;
+        RETURN;
+    END IF;
+    IF had AND p_event IS NOT NULL AND r.writer_seq >= p_seq THEN
+        RETURN QUERY SELECT 'retry'::text, r.version, r.found, NULL::jsonb, r.writer_event_id,
+            r.writer_seq, NULL::uuid[], NULL::text;
+        RETURN;
+    END IF;
+    all_parents := CASE WHEN r.writer_event_id IS NOT NULL THEN ARRAY[r.writer_event_id]
+                        ELSE '{}'::uuid[] END;
+    all_parents := all_parents || ARRAY(
+        SELECT p FROM unnest(COALESCE(p_parents, '{}'::uuid[])) WITH ORDINALITY AS t(p, n)
+        WHERE p <> ALL (all_parents) ORDER BY n);
+    body := jsonb_build_object('memory', p_memory, 'key', p_key, 'op', p_op,
+        'before_found', COALESCE(r.found, false), 'after_found', p_found);
+    IF COALESCE(r.found, false) THEN
+        body := body || jsonb_build_object('before', r.value);
+    END IF;
+    IF p_found THEN
+        body := body || jsonb_build_object('after', p_value);
+    END IF;
+    IF p_event IS NOT NULL THEN
+        IF run_start IS NULL THEN
+            -- A run no registry claimed (PostgresMemory outside configure()): its first write
+            -- fixes its start, as the exporter's first batch of it would.
+            INSERT INTO agentcap.runs (run_id, started_at) VALUES (p_run, p_wall_time)
+            ON CONFLICT (run_id) DO NOTHING;
+            SELECT x.started_at INTO run_start FROM agentcap.runs x WHERE x.run_id = p_run;
+        END IF;
+        PERFORM agentcap.ensure_partitions(ARRAY[run_start]);
+        INSERT INTO agentcap.events (event_id, run_id, agent_id, logical_seq, wall_time,
+            event_type, causal_parent_ids, idempotency_key, trace_id, span_id, payload,
+            run_started_at)
+        VALUES (p_event, p_run, p_agent, p_seq, p_wall_time, 'memory_write', all_parents,
+            'seq:' || p_seq, p_trace, p_span, body, run_start);
+    END IF;
+    INSERT INTO agentcap.memory AS m (run_id, memory, key, found, value, version,
+        writer_event_id, writer_seq, writer_agent_id, writer_trace_id, writer_span_id)
+    VALUES (p_run, p_memory, p_key, p_found, CASE WHEN p_found THEN p_value END, 1, p_event,
+        p_seq, p_agent, p_trace, p_span)
+    ON CONFLICT (run_id, memory, key) DO UPDATE SET found = EXCLUDED.found,
+        value = EXCLUDED.value, version = m.version + 1, writer_event_id = EXCLUDED.writer_event_id,
+        writer_seq = EXCLUDED.writer_seq, writer_agent_id = EXCLUDED.writer_agent_id,
+        writer_trace_id = EXCLUDED.writer_trace_id, writer_span_id = EXCLUDED.writer_span_id,
+        updated_at = now();
+    RETURN QUERY SELECT 'written'::text, COALESCE(r.version, 0) + 1, COALESCE(r.found, false),
+        r.value, r.writer_event_id, r.writer_seq, all_parents, body::text;
+END
+$$;
+
 ANALYZE agentcap.runs, agentcap.events, agentcap.conflicts, agentcap.spans;
