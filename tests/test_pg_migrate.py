@@ -11,7 +11,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from pg_log import run_batch
+from pg_log import coordinate, orphans, run_batch
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
@@ -206,10 +206,11 @@ _V2_CONFLICT = (
 )
 
 
-def _seed_version_4(dsn: str) -> list[Batch]:
-    """A log written before 0005: runs over three months with their spans, one run with no runs
+def _seed_version_5(dsn: str) -> list[Batch]:
+    """A log written before 0006: runs over three months with their spans, one run with no runs
     row, one whose start is unknown, one runs row without events, one run of a root span only,
-    conflicts, agents and sequence blocks."""
+    conflicts, record conflicts, agents and sequence blocks, and what processes of the runs wrote
+    through the functions of 0005 (tool ledger, spawns, memory with its events)."""
     batches = []
     for i in range(10):
         batch = run_batch(f"run-{i}", datetime(2025, 1, 1, tzinfo=UTC) + timedelta(days=9 * i))
@@ -283,6 +284,13 @@ def _seed_version_4(dsn: str) -> list[Batch]:
                         Jsonb({"other": reason}),
                     ),
                 )
+            cur.execute(
+                "INSERT INTO agentcap.record_conflicts (run_id, agent_id, reason, stored, offered,"
+                " row_digest) VALUES (%s, 'planner', 'agent_name', '{}', %s, 'd')",
+                (run_id, Jsonb({"name": f"other-{n}"})),
+            )
+            # Through 0005's functions, as a process of the run does: run-3 (no runs row) too.
+            coordinate(cur.connection, run_id, batch.events[-1].wall_time, n=n)
         cur.execute(
             "INSERT INTO agentcap.runs (run_id, attributes, recorded_at)"
             " VALUES ('empty', '{}', '2025-02-02')"
@@ -304,6 +312,12 @@ def _snapshot(conn: psycopg.Connection[Any]) -> dict[str, set[tuple[Any, ...]]]:
         "runs": "run_id, attributes::text, recorded_at, trace_id, root_span_id",
         "spans": "run_id, trace_id, span_id, parent_span_id, name, kind, start_time, end_time,"
         " status_code, status_message, service_name, scope_name, recorded_at",
+        "record_conflicts": "run_id, conflict_id, agent_id, reason, stored::text, offered::text,"
+        " row_digest, detected_at",
+        "tool_ledger": "*",
+        "spawns": "*",
+        "memory": "run_id, memory, key, found, value::text, version, writer_event_id,"
+        " writer_seq, writer_agent_id, writer_trace_id, writer_span_id, updated_at",
     }
     return {
         table: {tuple(r) for r in conn.execute(f"SELECT {cols} FROM agentcap.{table}")}
@@ -311,12 +325,14 @@ def _snapshot(conn: psycopg.Connection[Any]) -> dict[str, set[tuple[Any, ...]]]:
     }
 
 
-def test_migration_0005_keeps_every_row_and_invariant(pg_empty_dsn: str) -> None:
-    """A log written before 0005 comes out of it with every row of every table unchanged, every
-    run with a start (its own, else its first event's, else when it was recorded) that all its
-    rows carry in one partition, keys led by run_id, and a writer that finds every event again."""
-    _at_version(pg_empty_dsn, 4)
-    batches = _seed_version_4(pg_empty_dsn)
+def test_migration_0006_keeps_every_row_and_invariant(pg_empty_dsn: str) -> None:
+    """A log written before 0006 comes out of it with every row of every table unchanged (the
+    tool ledger, spawns, memory and record conflicts included), every run with a start (its own,
+    else its first event's, else when it was recorded) that all its rows carry in one partition,
+    every key led by run_id, updates of events and conflicts refused in every partition, a
+    writer that finds every event again, and 0005's functions working on the partitioned log."""
+    _at_version(pg_empty_dsn, 5)
+    batches = _seed_version_5(pg_empty_dsn)
     with psycopg.connect(pg_empty_dsn) as conn:
         before = _snapshot(conn)
         starts = dict(conn.execute("SELECT run_id, started_at FROM agentcap.runs").fetchall())
@@ -324,9 +340,10 @@ def test_migration_0005_keeps_every_row_and_invariant(pg_empty_dsn: str) -> None
             conn.execute("SELECT run_id, min(wall_time) FROM agentcap.events GROUP BY 1")
         )
         max_conflict = conn.execute("SELECT max(conflict_id) FROM agentcap.conflicts").fetchone()
-    assert migrate(pg_empty_dsn) == [m.version for m in available_migrations()][4:]
+    assert migrate(pg_empty_dsn) == [m.version for m in available_migrations()][5:]
     with psycopg.connect(pg_empty_dsn) as conn:
         after = _snapshot(conn)
+        assert all(before[t] for t in ("tool_ledger", "spawns", "memory", "record_conflicts"))
         new_runs = after["runs"] - before["runs"]
         assert {r[0] for r in new_runs} == {"run-3", "root-only"}
         assert after == {**before, "runs": before["runs"] | new_runs}
@@ -369,6 +386,31 @@ def test_migration_0005_keeps_every_row_and_invariant(pg_empty_dsn: str) -> None
             )
         ]
         assert all("(run_id, run_started_at" in d for d in unique_indexes), unique_indexes
+        every_key = conn.execute(
+            "SELECT c.relname, pg_get_indexdef(x.indexrelid) FROM pg_index x"
+            " JOIN pg_class c ON c.oid = x.indrelid"
+            " WHERE c.relnamespace = 'agentcap'::regnamespace AND x.indisunique"
+            " AND NOT c.relispartition AND c.relname NOT IN"
+            " ('runs', 'pruned_runs', 'schema_version', 'roles', 'log_settings')"
+        ).fetchall()
+        assert {"tool_ledger", "spawns", "memory", "record_conflicts"} <= {t for t, _ in every_key}
+        assert all(" (run_id" in d for _, d in every_key), every_key
+        updated = 0
+        for table in ("events", "conflicts"):
+            for partition, triggers, size in conn.execute(
+                "SELECT p.partition::text, (SELECT count(*) FROM pg_trigger t"
+                "  WHERE t.tgrelid = p.partition AND t.tgname = %s),"
+                " pg_relation_size(p.partition) FROM agentcap.log_partitions(%s::regclass) p",
+                (f"{table}_append_only", f"agentcap.{table}"),
+            ).fetchall():
+                assert triggers == 1, partition  # 0004's trigger, on every partition
+                if not size:
+                    continue  # empty: no row for a row trigger to refuse
+                updated += 1
+                with pytest.raises(psycopg.errors.InsufficientPrivilege), conn.transaction():
+                    conn.execute(f"UPDATE {partition} SET wall_time = wall_time")
+        assert updated >= 6
+        assert orphans(conn) == dict.fromkeys(orphans(conn), 0)
     with ConnectionPool(pg_empty_dsn, min_size=1, max_size=1, open=True) as pool:
         writer = EventWriter(pool)
         for batch in batches:
@@ -383,12 +425,34 @@ def test_migration_0005_keeps_every_row_and_invariant(pg_empty_dsn: str) -> None
             "SELECT conflict_id FROM agentcap.conflicts WHERE idempotency_key = 'twin'"
         ).fetchone()
     assert max_conflict is not None and newest == (max_conflict[0] + 1,)
+    with psycopg.connect(pg_empty_dsn, autocommit=True) as conn:
+        # The memory of run-2 goes on: its next write names the migrated one as its parent, and
+        # its event lands in the run's partition; a spawn an earlier version exported is found.
+        conn.execute(
+            "SELECT * FROM agentcap.memory_write('run-2', 'notes', 'k2', 'set', true, '3'::jsonb,"
+            " NULL, 'coordinator', %s, 1100, '2025-06-01', NULL, NULL, NULL)",
+            (event_id_for("run-2", "coordinator", "seq:1100"),),
+        )
+        event = conn.execute(
+            "SELECT e.causal_parent_ids, e.run_started_at = r.started_at FROM agentcap.events e"
+            " JOIN agentcap.runs r USING (run_id)"
+            " WHERE e.run_id = 'run-2' AND e.event_type = 'memory_write'"
+            " ORDER BY e.logical_seq DESC LIMIT 1"
+        ).fetchone()
+        spawn = batches[4].agents[1]
+        found = conn.execute(
+            "SELECT won, spawn_event_id::text FROM agentcap.spawn_register(%s, %s, 'planner',"
+            " NULL, NULL, gen_random_uuid(), 99, NULL, NULL)",
+            (spawn.run_id, spawn.agent_id),
+        ).fetchone()
+    assert event is not None and event[1] is True and len(event[0]) == 1
+    assert found == (False, spawn.spawned_at_event_id)
 
 
-def test_migration_0005_waits_for_a_writer_of_an_earlier_version(pg_empty_dsn: str) -> None:
-    """A writer of version 4 that has not committed its events when 0005 starts: the migration
+def test_migration_0006_waits_for_a_writer_of_an_earlier_version(pg_empty_dsn: str) -> None:
+    """A writer of version 5 that has not committed its events when 0006 starts: the migration
     waits for it and carries its rows into the partitioned log."""
-    _at_version(pg_empty_dsn, 4)
+    _at_version(pg_empty_dsn, 5)
     with psycopg.connect(pg_empty_dsn) as writer:
         writer.execute(
             "INSERT INTO agentcap.runs (run_id, started_at) VALUES ('late', '2025-04-04')"
@@ -414,7 +478,7 @@ def test_migration_0005_waits_for_a_writer_of_an_earlier_version(pg_empty_dsn: s
             time.sleep(1.0)  # the migration now waits for this transaction
             assert not migrating.done()
             writer.commit()
-            assert migrating.result(timeout=60) == [5]
+            assert migrating.result(timeout=60) == [6]
     with psycopg.connect(pg_empty_dsn) as conn:
         row = conn.execute(
             "SELECT tableoid::regclass::text, run_started_at FROM agentcap.events"

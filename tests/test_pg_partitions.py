@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 import threading
 import uuid
 from collections.abc import Iterator
@@ -300,3 +302,66 @@ def test_a_role_without_create_rights_still_extends_the_log(pg_dsn):
         finally:
             admin.execute(sql.SQL("DROP OWNED BY {}").format(ident))
             admin.execute(sql.SQL("DROP ROLE {}").format(ident))
+
+
+def test_events_and_conflicts_stay_append_only_in_every_partition(pg_dsn, pool):
+    """0004's append-only triggers hold in every partition, the ones created later too: by the
+    writer for a new run start, by a memory write of a run of a new month, and ahead by
+    `otel-agentcap db partitions --ahead`; an UPDATE through the parent or of the partition itself
+    is refused."""
+    writer = EventWriter(pool)
+    writer.write(run_batch("written", datetime(2025, 3, 3, tzinfo=UTC)))
+    twin = _event("written", "planner", 0, datetime(2025, 3, 4, tzinfo=UTC), key="twin")
+    assert writer.write(Batch((twin,))).conflicts == 1
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(
+            "SELECT * FROM agentcap.memory_write('remembered', 'm', 'k', 'set', true, '1'::jsonb,"
+            " NULL, 'a', %s, 1, '2024-07-07', NULL, NULL, NULL)",
+            (event_id_for("remembered", "a", "seq:1"),),
+        )
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "otel_agentcap.cli",
+            "db",
+            "partitions",
+            "--ahead",
+            "3",
+            "--dsn",
+            pg_dsn,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        names = {p.partition for p in partitions.list_partitions(conn)}
+        assert {
+            "agentcap.events_p20250301",
+            "agentcap.conflicts_p20250301",
+            "agentcap.events_p20240701",
+        } <= names
+        refused = 0
+        for table in ("events", "conflicts"):
+            for (partition,) in conn.execute(
+                "SELECT partition::text FROM agentcap.log_partitions(%s::regclass)",
+                (f"agentcap.{table}",),
+            ).fetchall():
+                triggers = conn.execute(
+                    "SELECT tgname FROM pg_trigger WHERE tgrelid = %s::regclass AND tgenabled = 'O'",
+                    (partition,),
+                ).fetchall()
+                assert triggers == [(f"{table}_append_only",)], partition
+                held = conn.execute(f"SELECT count(*) FROM {partition}").fetchone()
+                if not held or not held[0]:
+                    continue
+                for target in (partition, f"agentcap.{table}"):
+                    with pytest.raises(psycopg.errors.InsufficientPrivilege, match="append-only"):
+                        conn.execute(
+                            f"UPDATE {target} SET payload = '{{}}' WHERE tableoid = %s::regclass",
+                            (partition,),
+                        )
+                refused += 1
+        assert refused == 3  # March 2025 (events, conflicts), July 2024 (events)

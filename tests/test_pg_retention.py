@@ -68,7 +68,6 @@ def _event_ids(conn: psycopg.Connection[Any], run_ids: set[str]) -> set[str]:
     }
 
 
-
 def test_prune_removes_whole_runs_before_the_cut(pg_dsn, admin):
     """Runs started in January and February go (also one whose events reach into April), with
     their agents, sequence rows and conflicts; runs from March on stay whole, even the one that
@@ -378,6 +377,7 @@ def test_coordination_of_a_pruned_run_is_refused(pg_dsn, admin):
     for name, call in calls.items():
         with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState, match="db prune"):
             admin.execute(call)
+            pytest.fail(f"{name} stored a pruned run")
     coordinate(admin, "mar", _at(3, 2))
     assert rows_of_runs(admin, {"jan"}) == dict.fromkeys(rows_of_runs(admin, {"jan"}), 0)
     assert all(rows_of_runs(admin, {"mar"})[t] == 1 for t in COORDINATION_TABLES)
