@@ -212,6 +212,7 @@ def test_prune_while_writers_keep_inserting(pg_dsn, admin):
                 last = False
                 while not last:
                     last = stop.is_set()
+                    reserve_sequence_block(conn, f"old-{i % 10}", "coordinator", at_least=0, size=8)
                     try:
                         coordinate(conn, f"old-{i % 10}", _at(1, 20), n=i)
                     except psycopg.errors.ObjectNotInPrerequisiteState:
@@ -364,7 +365,8 @@ def test_a_date_in_the_future_is_refused(pg_dsn, admin):
 
 def test_coordination_of_a_pruned_run_is_refused(pg_dsn, admin):
     """After a prune, the tool ledger, the spawn registry and the shared memory refuse a pruned run
-    (the error names db prune) and store nothing for it; a kept run goes on."""
+    (the error names db prune), a sequence reservation of it records nothing, so nothing is stored
+    for it; a kept run goes on."""
     write_runs(pg_dsn, [("jan", _at(1, 10)), ("mar", _at(3, 1))])
     retention.prune(admin, _at(2))
     calls = {
@@ -378,6 +380,8 @@ def test_coordination_of_a_pruned_run_is_refused(pg_dsn, admin):
         with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState, match="db prune"):
             admin.execute(call)
             pytest.fail(f"{name} stored a pruned run")
+    # A sequence block of a pruned run is handed out, not recorded.
+    assert reserve_sequence_block(admin, "jan", "planner", at_least=40, size=10) == 40
     coordinate(admin, "mar", _at(3, 2))
     assert rows_of_runs(admin, {"jan"}) == dict.fromkeys(rows_of_runs(admin, {"jan"}), 0)
     assert all(rows_of_runs(admin, {"mar"})[t] == 1 for t in COORDINATION_TABLES)

@@ -16,24 +16,43 @@ import psycopg
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from .errors import ConnectionFailed, SchemaNotReady, WriteFailed
+from .partitions import RETENTION_BARRIER_KEY
 
 PoolOrConn = ConnectionPool[Any] | psycopg.Connection[Any]
 
 # The stored events of the agent are read in its run's partition only: a run without a runs row
-# has no stored events (the writer stores a run's row with its first events).
+# has no stored events (the writer stores a run's row with its first events). A run that db prune
+# removed (or is removing: its start is below the retention watermark) gets a block that is not
+# recorded, so it leaves no row behind: its events are refused as expired anyway. The statement
+# runs under the retention barrier, taken by an earlier statement of the transaction, so it sees
+# a watermark prune has moved.
 _RESERVE: Final = """
-WITH stored AS (
+WITH gone AS (
+    SELECT EXISTS (SELECT 1 FROM agentcap.pruned_runs WHERE run_id = %(run)s)
+        OR EXISTS (SELECT 1 FROM agentcap.runs r CROSS JOIN agentcap.log_settings l
+                   WHERE r.run_id = %(run)s AND r.started_at < l.pruned_before) AS gone
+),
+stored AS (
     SELECT COALESCE(max(logical_seq) + 1, 0) AS next_free
     FROM agentcap.events
     WHERE run_id = %(run)s AND agent_id = %(agent)s
       AND run_started_at = (SELECT started_at FROM agentcap.runs WHERE run_id = %(run)s)
+),
+reserved AS (
+    INSERT INTO agentcap.agent_sequences AS s (run_id, agent_id, next_seq)
+    SELECT %(run)s, %(agent)s, GREATEST(%(at_least)s, stored.next_free) + %(size)s
+    FROM stored, gone WHERE NOT gone.gone
+    ON CONFLICT (run_id, agent_id) DO UPDATE
+        SET next_seq = GREATEST(s.next_seq, %(at_least)s, (SELECT next_free FROM stored))
+            + %(size)s
+    RETURNING next_seq - %(size)s AS start
 )
-INSERT INTO agentcap.agent_sequences AS s (run_id, agent_id, next_seq)
-SELECT %(run)s, %(agent)s, GREATEST(%(at_least)s, stored.next_free) + %(size)s FROM stored
-ON CONFLICT (run_id, agent_id) DO UPDATE
-    SET next_seq = GREATEST(s.next_seq, %(at_least)s, (SELECT next_free FROM stored)) + %(size)s
-RETURNING next_seq - %(size)s
+SELECT start FROM reserved
+UNION ALL
+SELECT %(at_least)s FROM gone WHERE gone.gone
 """
+
+_BARRIER: Final = b"SELECT pg_advisory_xact_lock_shared(%s)"
 
 _MAX_STORED: Final = """
 SELECT max(logical_seq) FROM agentcap.events
@@ -48,9 +67,11 @@ def _connection(target: PoolOrConn) -> AbstractContextManager[psycopg.Connection
     return nullcontext(target)
 
 
-def _run(target: PoolOrConn, query: str, params: dict[str, Any]) -> Any:
+def _run(target: PoolOrConn, query: str, params: dict[str, Any], *, barrier: bool = False) -> Any:
     try:
         with _connection(target) as conn, conn.transaction():
+            if barrier:
+                conn.execute(_BARRIER, (RETENTION_BARRIER_KEY,))
             row = conn.execute(query.encode(), params).fetchone()
     except PoolTimeout as exc:
         raise ConnectionFailed(f"no database connection available: {exc}") from exc
@@ -78,8 +99,8 @@ def reserve_sequence_block(
     if at_least < 0:
         raise ValueError("at_least must not be negative")
     params = {"run": run_id, "agent": agent_id, "at_least": at_least, "size": size}
-    start = _run(pool_or_conn, _RESERVE, params)
-    if start is None:  # pragma: no cover - RETURNING always yields a row
+    start = _run(pool_or_conn, _RESERVE, params, barrier=True)
+    if start is None:  # pragma: no cover - one of the two branches always yields a row
         raise WriteFailed("sequence reservation returned no row")
     return int(start)
 
