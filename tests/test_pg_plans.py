@@ -13,16 +13,18 @@ import pytest
 from pg_log import (
     INDEX_SCANS,
     assert_routed,
+    coordinate,
     explain,
     log_scans,
     partition_of,
+    plan_nodes,
     run_batch,
     write_runs,
 )
 from psycopg import sql
 from psycopg_pool import ConnectionPool
 
-from otel_agentcap.exporters.postgres import partitions, recovery, sequences, store
+from otel_agentcap.exporters.postgres import ledger, memory, partitions, recovery, sequences, store
 from otel_agentcap.exporters.postgres.embedded import dsn_for
 from otel_agentcap.exporters.postgres.migrate import migrate
 from otel_agentcap.exporters.postgres.rows import prepare
@@ -50,6 +52,9 @@ def seeded(pg_server_dsn: str) -> Iterator[str]:
         migrate(dsn)
         write_runs(dsn, ((f"run-{i:04d}", _start(i)) for i in range(RUNS)))
         with psycopg.connect(dsn, autocommit=True) as conn:
+            for i in range(RUNS):  # the tool ledger, spawns and memory of every run
+                for n in range(3):
+                    coordinate(conn, f"run-{i:04d}", _start(i) + timedelta(hours=1), n=n)
             conn.execute("ANALYZE")
         yield dsn
     finally:
@@ -102,7 +107,7 @@ def test_run_and_event_queries_read_one_partition_by_index(conn, query):
 
 def test_causal_queries_answer_what_the_seed_wrote(conn):
     """The planner's final call has the workers' ends as parents, and its causal past holds every
-    event of the run but the planner's last (its own end)."""
+    event of the run but the planner's last (its own end) and the memory writes the seed added."""
     params = _target(conn)
     run_id, event_id = params["run"], str(params["event"])
     parents = store.event_parents(conn, run_id, event_id)
@@ -112,6 +117,7 @@ def test_causal_queries_answer_what_the_seed_wrote(conn):
     events = store.run_events(conn, run_id)
     past = store.causal_past(conn, run_id, event_id)
     later = {e.event_id for e in events if e.agent_id == "planner" and e.event_type == "agent_end"}
+    later |= {e.event_id for e in events if e.agent_id == "coordinator"}  # memory, unrelated
     assert {e.event_id for e in past} == {e.event_id for e in events} - later - {event_id}
     end = parents[0]
     assert [e.event_id for e in store.event_children(conn, run_id, end.event_id)] == [event_id]
@@ -140,6 +146,36 @@ def test_spawn_lookup_reads_one_partition(conn):
     """A spawn retried in a new process finds its spawn event in the run's partition only."""
     plan = explain(conn, recovery._FIND, {"run": RUN, "agent": "planner/w1"}, analyze=True)
     assert_routed(conn, plan, {partition_of(conn, RUN)}, executed_only=True)
+
+
+_COORDINATION = {
+    "memory read": (memory._READ, (RUN, "notes", "k1")),
+    "memory keys": (memory._KEYS, (RUN, "notes")),
+    "ledger completion": (
+        ledger._COMPLETE,
+        ("succeeded", None, None, None, None, None, None, RUN, "coordinator", "inv-1", "x", "o", 1),
+    ),
+    "registered spawn": (recovery._FIND_REGISTERED, {"run": RUN, "child": "coordinator/c1"}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_COORDINATION))
+def test_coordination_queries_read_their_run_by_key(conn, name):
+    """The capture path's own queries (memory, tool ledger, spawn registry) read their tables by
+    the primary key that leads with run_id, whatever the number of other runs."""
+    query, params = _COORDINATION[name]
+    plan = explain(conn, query, params, analyze=True)
+    conn.rollback()
+    tables = {"tool_ledger", "spawns", "memory"}
+    reads = [
+        n
+        for n in plan_nodes(plan)
+        if n.get("Relation Name") in tables and n["Node Type"] != "ModifyTable"
+    ]
+    assert reads, plan
+    for node in reads:
+        assert node["Node Type"] in INDEX_SCANS, node
+        assert node["Index Name"].endswith("_pkey") and "run_id" in node["Index Cond"], node
 
 
 def test_writer_probes_read_one_partition(seeded, conn):
