@@ -31,7 +31,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
-from otel_agentcap.exporters.postgres import embedded
+from otel_agentcap.exporters.postgres import embedded, partitions
 from otel_agentcap.exporters.postgres.migrate import migrate
 from otel_agentcap.exporters.postgres.rows import STAGING_COLUMNS
 from otel_agentcap.exporters.postgres.writer import EventWriter
@@ -39,7 +39,7 @@ from otel_agentcap.model import AgentRecord, Batch, Event, RunRecord, SpanRecord
 
 AGENTS = 16
 RUN_ID = "bench-run"
-COLUMNS = STAGING_COLUMNS[:11]
+COLUMNS = (*STAGING_COLUMNS[:11], ("run_started_at", "timestamptz"))
 
 
 def make_payload(i: int, call_ids: bool = False) -> dict[str, object]:
@@ -110,8 +110,12 @@ def run_copy(pool: ConnectionPool[psycopg.Connection[object]], batches: list[Bat
     types = [t for _, t in COLUMNS]
     query = f"COPY agentcap.events ({names}) FROM STDIN (FORMAT BINARY)".encode()
     count = 0
+    with pool.connection() as conn:  # the partition of the runs' start, outside the timing
+        partitions.ensure_partitions(conn, {r.started_at for b in batches for r in b.runs})
+        conn.commit()
     t0 = time.perf_counter()
     for batch in batches:
+        start = batch.runs[0].started_at
         with pool.connection() as conn, conn.transaction(), conn.cursor() as cur:
             with cur.copy(query) as copy:
                 copy.set_types(types)
@@ -129,27 +133,32 @@ def run_copy(pool: ConnectionPool[psycopg.Connection[object]], batches: list[Bat
                             e.trace_id,
                             e.span_id,
                             Jsonb(e.payload),
+                            start,
                         )
                     )
                     count += 1
             if batch.spans:
-                _copy_spans(cur, batch.spans)
+                _copy_spans(cur, batch.spans, start)
     return count / (time.perf_counter() - t0)
 
 
 _SPAN_COPY = (
     b"COPY agentcap.spans (run_id, trace_id, span_id, parent_span_id, name, kind, start_time,"
-    b" end_time, status_code, status_message, service_name, scope_name) FROM STDIN (FORMAT BINARY)"
+    b" end_time, status_code, status_message, service_name, scope_name, run_started_at)"
+    b" FROM STDIN (FORMAT BINARY)"
 )
-_SPAN_TYPES = ["text"] * 5 + ["int2", "timestamptz", "timestamptz", "int2"] + ["text"] * 3
+_SPAN_TYPES = (
+    ["text"] * 5 + ["int2", "timestamptz", "timestamptz", "int2"] + ["text"] * 3 + ["timestamptz"]
+)
 
 
-def _copy_spans(cur: psycopg.Cursor[object], spans: Sequence[SpanRecord]) -> None:
-    """The span envelopes of a batch (what the exporter stores next to the events), by COPY."""
+def _copy_spans(cur: psycopg.Cursor[object], spans: Sequence[SpanRecord], start: datetime) -> None:
+    """The span envelopes of a batch (what the exporter stores next to the events), by COPY,
+    each with its run's start (the partition key)."""
     with cur.copy(_SPAN_COPY) as copy:
         copy.set_types(_SPAN_TYPES)
         for span in spans:
-            copy.write_row(span)
+            copy.write_row((*span, start))
 
 
 def run_writer(pool: ConnectionPool[psycopg.Connection[object]], batches: list[Batch]) -> float:

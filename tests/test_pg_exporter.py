@@ -556,3 +556,36 @@ def test_spans_of_a_pruned_run_are_counted_as_expired(pg_dsn):
     assert (again.events_inserted, again.events_expired) == (0, first.events_inserted)
     assert _count(pg_dsn, "SELECT count(*) FROM agentcap.runs") == 0
     assert _count(pg_dsn, "SELECT count(*) FROM agentcap.agents") == 0
+
+
+def test_later_batches_of_a_run_are_copied_as_built_ahead(pg_dsn, monkeypatch):
+    """The first batch of a run is built by its writer once the run's start is read; later
+    batches of the run are built ahead with the start the writers share, and that data is what
+    the server receives; every row of the run carries the run's start."""
+    from otel_agentcap.exporters.postgres import writer as writer_module
+
+    with capture_events() as captured:
+        _program("run-ahead")
+    spans = list(captured.spans)
+    sent: list[tuple[bool, bool]] = []
+    original = writer_module.EventWriter.write_prepared
+
+    def spy(self, prepared, **kwargs):
+        sent.append((kwargs.get("starts") is not None, kwargs.get("data") is not None))
+        return original(self, prepared, **kwargs)
+
+    monkeypatch.setattr(writer_module.EventWriter, "write_prepared", spy)
+    exporter = PostgresSpanExporter(pg_dsn, writers=1)
+    try:
+        half = len(spans) // 2
+        assert exporter.export(spans[:half]) is SpanExportResult.SUCCESS
+        assert exporter.export(spans[half:]) is SpanExportResult.SUCCESS
+    finally:
+        exporter.shutdown()
+    assert sent[0] == (False, False) and sent[-1] == (True, True)
+    with psycopg.connect(pg_dsn) as conn:
+        rows = conn.execute(
+            "SELECT DISTINCT e.run_started_at = r.started_at FROM agentcap.events e"
+            " JOIN agentcap.runs r USING (run_id) WHERE run_id = 'run-ahead'"
+        ).fetchall()
+    assert rows == [(True,)]

@@ -27,7 +27,7 @@ from psycopg_pool import ConnectionPool
 from otel_agentcap.exporters.postgres import ledger, memory, partitions, recovery, sequences, store
 from otel_agentcap.exporters.postgres.embedded import dsn_for
 from otel_agentcap.exporters.postgres.migrate import migrate
-from otel_agentcap.exporters.postgres.rows import prepare
+from otel_agentcap.exporters.postgres.rows import copy_data, prepare
 from otel_agentcap.exporters.postgres.writer import EventWriter
 
 pytestmark = pytest.mark.storage
@@ -189,7 +189,8 @@ def test_writer_probes_read_one_partition(seeded, conn):
             writer._ensure_staging(wconn)
             with wconn.transaction(force_rollback=True):
                 wconn.execute(sql.SQL("TRUNCATE {}").format(writer._staging))
-                writer._copy_rows(wconn, [(row, start) for row in batch.events])
+                with wconn.cursor() as cur, cur.copy(writer._copy) as copy:
+                    copy.write(copy_data(batch.events, staging=True, starts={RUN: start}))
                 wconn.execute(sql.SQL("ANALYZE {}").format(writer._staging))
                 plan = explain(wconn, writer._classify_full, analyze=True)
                 scans = assert_routed(wconn, plan, {partition_of(wconn, RUN)}, executed_only=True)

@@ -15,10 +15,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from psycopg_pool import ConnectionPool
 
+from otel_agentcap.exporters.postgres import writer as writer_module
 from otel_agentcap.exporters.postgres.errors import ConnectionFailed, WriteFailed
 from otel_agentcap.exporters.postgres.rows import prepare
 from otel_agentcap.exporters.postgres.store import conflicts_count, run_agents, run_events
-from otel_agentcap.exporters.postgres import writer as writer_module
 from otel_agentcap.exporters.postgres.writer import EventWriter, WriteResult
 from otel_agentcap.model import AgentRecord, Batch, Event, RunRecord, event_id_for, validate_id
 
@@ -702,8 +702,12 @@ def test_reason_of_a_conflict_does_not_depend_on_the_classifying_variant(pool):
 
 
 def test_direct_copy_of_new_rows_stores_them_without_staging(pool):
-    """A batch of new rows written with direct=True lands in one attempt, with its runs and
-    agents, and this writer never creates a staging table."""
+    """A batch of new rows written with direct=True lands in one attempt (its run's partition
+    exists), with its runs and agents, and this writer never creates a staging table."""
+    from otel_agentcap.exporters.postgres import partitions
+
+    with pool.connection() as conn:
+        partitions.ensure_partitions(conn, [T0])
     writer = EventWriter(pool)
     batch = Batch(
         tuple(ev("r", "a", i) for i in range(20)),
@@ -866,3 +870,82 @@ def test_an_event_id_is_unique_within_its_run(pool: ConnectionPool[Any]) -> None
             "SELECT run_id FROM agentcap.events WHERE event_id = %s ORDER BY 1", (a.event_id,)
         ).fetchall()
     assert rows == [("r1",), ("r2",), ("r3",)]
+
+
+def test_direct_copy_creates_the_partition_of_a_new_run_start(pool):
+    """A direct COPY of a run whose start no partition holds yet: the partition is created for
+    every run-partitioned table, and the events and span envelopes land in it."""
+    from otel_agentcap.model import SpanRecord
+
+    start = datetime(2025, 6, 9, 8, 0, tzinfo=UTC)
+    envelope = SpanRecord("june", "1" * 32, "2" * 16, None, "invoke_agent a", 0, start, start)
+    batch = Batch(
+        tuple(ev("june", "a", i)._replace(wall_time=start) for i in range(5)),
+        runs=(RunRecord("june", start),),
+        spans=(envelope,),
+    )
+    result = _write(EventWriter(pool), batch, True)
+    assert (result.inserted, result.expired) == (5, 0)
+    with pool.connection() as conn:
+        where = {
+            table: conn.execute(
+                f"SELECT DISTINCT tableoid::regclass::text, run_started_at FROM agentcap.{table}"
+            ).fetchall()
+            for table in ("events", "spans")
+        }
+    assert where == {
+        "events": [("agentcap.events_p20250601", start)],
+        "spans": [("agentcap.spans_p20250601", start)],
+    }
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_copy_data_built_with_another_start_is_built_again(pool, direct):
+    """COPY data built ahead with a start that is not the run's stored one (a stale cache, a run
+    another process stored first) is not sent: the rows are built again with the stored start,
+    so every row of the run stays in its run's partition."""
+    from otel_agentcap.exporters.postgres.rows import copy_data, span_copy_data
+    from otel_agentcap.model import SpanRecord
+
+    writer = EventWriter(pool)
+    writer.write(Batch((ev("r", "a", 0),), runs=(RunRecord("r", T0),)))
+    wrong = {"r": T0 + timedelta(days=40)}
+    envelope = SpanRecord("r", "1" * 32, "3" * 16, None, "invoke_agent b", 0, T0, T0)
+    prepared = prepare(Batch(tuple(ev("r", "b", i) for i in range(4)), spans=(envelope,)))
+    result = writer.write_prepared(
+        prepared,
+        direct=direct,
+        data=copy_data(prepared.events, staging=not direct, starts=wrong),
+        span_data=span_copy_data(prepared.spans, starts=wrong),
+        starts=wrong,
+    )
+    assert result.inserted == 4
+    with pool.connection() as conn:
+        starts = {
+            row[0]
+            for table in ("events", "spans")
+            for row in conn.execute(f"SELECT DISTINCT run_started_at FROM agentcap.{table}")
+        }
+    assert starts == {T0}
+    assert writer.run_starts.known(["r"]) == {"r": T0}
+
+
+def test_direct_copy_of_a_pruned_run_is_expired(pg_dsn, pool):
+    """After db prune, a direct COPY of a late batch of a pruned run stores nothing, creates no
+    partition and counts its events as expired; the writer forgets the run's start."""
+    from otel_agentcap.exporters.postgres import partitions, retention
+
+    january = datetime(2025, 1, 10, tzinfo=UTC)
+    writer = EventWriter(pool)
+    writer.write(Batch((ev("jan", "a", 0)._replace(wall_time=january),)))
+    assert writer.run_starts.known(["jan"]) == {"jan": january}
+    with psycopg.connect(pg_dsn, autocommit=True) as admin:
+        retention.prune(admin, datetime(2025, 2, 1, tzinfo=UTC))
+    late = Batch(tuple(ev("jan", "a", i)._replace(wall_time=january) for i in range(1, 4)))
+    result = _write(writer, late, True)
+    assert (result.inserted, result.expired) == (0, 3)
+    assert writer.run_starts.known(["jan"]) is None
+    with pool.connection() as conn:
+        lowers = [p.lower for p in partitions.list_partitions(conn, ["agentcap.events"])]
+    assert datetime(2025, 1, 1, tzinfo=UTC) not in lowers
+    assert count(pool, "events") == 0

@@ -171,9 +171,7 @@ def _text(value: str | None) -> bytes:
     return _I32.pack(len(data)) + data
 
 
-def copy_data(
-    rows: Sequence[EventRow], *, staging: bool, starts: Mapping[str, datetime]
-) -> bytes:
+def copy_data(rows: Sequence[EventRow], *, staging: bool, starts: Mapping[str, datetime]) -> bytes:
     """The binary COPY data of ``rows``: the signature and one tuple per row, without the
     trailer (psycopg's ``Copy`` adds it): the ``EVENT_COLUMNS``, or with ``staging`` all of
     ``STAGING_COLUMNS``; each row's ``run_started_at`` is its run's start in ``starts`` (every
