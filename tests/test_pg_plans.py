@@ -301,3 +301,46 @@ def test_export_reads_one_partition_of_each_table(conn, query):
     assert scans and {n["Relation Name"] for n in scans} <= tables
     events = partition_of(conn, RUN)
     assert all(n["Node Type"] != "Seq Scan" for n in scans if n["Relation Name"] == events)
+
+
+def test_a_writer_filling_a_new_partition_keeps_probing_by_key(pg_dsn):
+    """One run of 12,000 events written in batches into a partition no analyze has seen yet:
+    the writer has the partition analyzed as it fills it, so the classification of the next
+    batch probes each row by the primary key, reading one event, not the whole run."""
+    from otel_agentcap.model import Batch, Event, RunRecord, event_id_for
+
+    start = datetime(2025, 2, 3, tzinfo=UTC)
+
+    def batch(first: int, size: int = 2_000) -> Batch:
+        events = tuple(
+            Event(
+                event_id_for("big", f"a{i % 8}", f"seq:{i // 8}"),
+                "big",
+                f"a{i % 8}",
+                i // 8,
+                "model_call",
+                f"seq:{i // 8}",
+                start + timedelta(milliseconds=i),
+                payload={"note": "x" * 300},
+            )
+            for i in range(first, first + size)
+        )
+        return Batch(events, runs=(RunRecord("big", start),))
+
+    with ConnectionPool(pg_dsn, min_size=1, max_size=1, open=True) as pool:
+        writer = EventWriter(pool)
+        for first in range(0, 12_000, 2_000):
+            assert writer.write(batch(first)).inserted == 2_000
+        prepared = prepare(batch(12_000))
+        with pool.connection() as wconn, wconn.transaction(force_rollback=True):
+            wconn.execute(sql.SQL("TRUNCATE {}").format(writer._staging))
+            with wconn.cursor() as cur, cur.copy(writer._copy) as copy:
+                copy.write(copy_data(prepared.events, staging=True, starts={"big": start}))
+            plan = explain(wconn, writer._classify_fast, analyze=True)
+            scans = assert_routed(wconn, plan, {partition_of(wconn, "big")}, executed_only=True)
+        writer.close()
+    probes = [n for n in scans if n["Actual Loops"] >= 2_000]
+    assert probes, scans
+    for node in probes:
+        assert node["Index Name"].endswith("_pkey"), node
+        assert node["Actual Rows"] + node.get("Rows Removed by Filter", 0) <= 1, node

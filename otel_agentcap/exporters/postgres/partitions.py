@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import bisect
 import re
+import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -222,6 +223,57 @@ class PartitionCache:
         self._uppers = []
 
 
+#: Rows a writer inserts into a partition before it asks for the partition to be analyzed the
+#: first time; each later ask waits for twice as many (up to ``ANALYZE_CHECK_MAX``).
+ANALYZE_CHECK_FIRST: Final = 1_000
+ANALYZE_CHECK_MAX: Final = 1_000_000
+
+
+class AnalyzeSchedule:
+    """When a writer asks ``agentcap.analyze_partitions`` about the partitions it fills: after
+    ``ANALYZE_CHECK_FIRST`` rows of a run start, then after twice as many each time, so the asks
+    cost nothing next to the rows (the function analyzes only partitions that have grown past
+    what their last analyze saw)."""
+
+    def __init__(self) -> None:
+        self._counts: dict[datetime, int] = {}
+        self._next: dict[datetime, int] = {}
+        self._lock = threading.Lock()
+
+    def add(self, rows_by_start: dict[datetime, int]) -> list[datetime]:
+        """Count inserted rows per run start; the starts whose partitions are due for an ask."""
+        with self._lock:
+            return self._add(rows_by_start)
+
+    def _add(self, rows_by_start: dict[datetime, int]) -> list[datetime]:
+        due = []
+        for start, rows in rows_by_start.items():
+            count = self._counts.get(start, 0) + rows
+            self._counts[start] = count
+            threshold = self._next.get(start, ANALYZE_CHECK_FIRST)
+            if count >= threshold:
+                due.append(start)
+                self._next[start] = min(count + max(threshold, count), count + ANALYZE_CHECK_MAX)
+        if len(self._counts) > 10_000:  # runs of the past: start afresh
+            self._counts.clear()
+            self._next.clear()
+        return due
+
+
+def analyze_partitions(conn: psycopg.Connection[Any], starts: Iterable[datetime]) -> int:
+    """Have the partitions that hold runs started at ``starts`` analyzed where they have grown
+    past their last analyze (see ``agentcap.analyze_partitions``); in its own transaction.
+    Returns how many were analyzed."""
+    values = sorted(set(starts))
+    if not values:
+        return 0
+    with conn.transaction():
+        row = conn.execute(
+            b"SELECT agentcap.analyze_partitions(%s::timestamptz[])", (values,)
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
 def is_missing_partition(exc: BaseException) -> bool:
     """Whether ``exc`` is PostgreSQL's "no partition of relation ... found for row"."""
     if not isinstance(exc, psycopg.errors.CheckViolation):
@@ -231,13 +283,17 @@ def is_missing_partition(exc: BaseException) -> bool:
 
 
 __all__ = [
+    "ANALYZE_CHECK_FIRST",
+    "ANALYZE_CHECK_MAX",
     "EVENTS_TABLE",
     "PARTITIONS_LOCK_KEY",
     "RETENTION_BARRIER_KEY",
+    "AnalyzeSchedule",
     "LogPartition",
     "LogSettings",
     "PartitionCache",
     "PartitionSummary",
+    "analyze_partitions",
     "ensure_ahead",
     "ensure_partitions",
     "is_missing_partition",

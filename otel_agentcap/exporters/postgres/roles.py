@@ -52,8 +52,9 @@ WRITER_PRIVILEGES: Final[Mapping[str, str]] = {
 }
 #: The functions the writer may execute, by name (the others stay the owner's): what the capture
 #: path calls (tool_claim, spawn_register, memory_write: migration 0005) and the partitions of the
-#: log by run start (migration 0006). ``ensure_partitions`` is SECURITY DEFINER: the writer
-#: creates the partition a new run start needs, as the owner, and nothing else.
+#: log by run start (migration 0006). ``ensure_partitions`` and ``analyze_partitions`` are
+#: SECURITY DEFINER: the writer creates the partition a new run start needs, and has a partition it
+#: fills analyzed, as the owner, and nothing else.
 WRITER_FUNCTIONS: Final = frozenset(
     {
         "tool_claim",
@@ -64,6 +65,7 @@ WRITER_FUNCTIONS: Final = frozenset(
         "run_partitioned_tables",
         "partition_range",
         "run_start_for_write",
+        "analyze_partitions",
     }
 )
 #: The functions the reader may execute: listing the partitions.

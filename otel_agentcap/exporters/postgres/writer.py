@@ -56,7 +56,7 @@ import socket
 import threading
 import time
 import uuid
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Iterable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -80,7 +80,9 @@ from .errors import (
 )
 from .partitions import (
     RETENTION_BARRIER_KEY,
+    AnalyzeSchedule,
     PartitionCache,
+    analyze_partitions,
     ensure_partitions,
     is_missing_partition,
 )
@@ -486,6 +488,7 @@ class EventWriter:
         self._partitions = PartitionCache()
         #: Starts of stored runs, shared with the exporter that builds COPY data ahead.
         self.run_starts = run_starts if run_starts is not None else RunStartCache()
+        self._analyze = AnalyzeSchedule()
         self._use_schema("agentcap")
 
     def _use_schema(self, schema: str) -> None:
@@ -620,6 +623,19 @@ class EventWriter:
         missing = self._partitions.missing(starts)
         if missing:
             raise _PartitionsMissing(missing)
+
+    def _analyze_due(self, conn: psycopg.Connection[Any], starts: list[datetime]) -> None:
+        """Ask for the partitions this writer fills to be analyzed, now and then (see
+        ``partitions.AnalyzeSchedule``); best effort, after the batch committed."""
+        due = self._analyze.add(dict(Counter(starts)))
+        if not due:
+            return
+        try:
+            analyze_partitions(conn, due)
+        except psycopg.Error as exc:
+            if isinstance(exc, psycopg.OperationalError) and conn.broken:
+                return  # the connection is replaced; the next ask comes later
+            _log.debug("agentcap: partitions not analyzed: %s", exc)
 
     def _open(
         self, conn: psycopg.Connection[Any], batch: PreparedBatch, everywhere: bool
@@ -790,6 +806,8 @@ class EventWriter:
                         inserted, duplicates, conflicts, records, opened = self._write_once(
                             conn, prepared, staging_data, spans, full=full, everywhere=everywhere
                         )
+                    if inserted:
+                        self._analyze_due(conn, [opened.starts[r.run_id] for r in opened.events])
             except _PartitionsMissing as exc:
                 last = exc
                 create = exc.starts

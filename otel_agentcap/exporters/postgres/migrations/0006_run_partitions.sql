@@ -177,6 +177,42 @@ END $$;
 -- EXECUTE stays with PUBLIC (a role needs USAGE on the schema to call it anyway), so a writer
 -- role given table privileges only keeps working when a new month starts.
 
+-- Analyze the partitions (of every run-partitioned table) that hold runs started at the given
+-- times, when they have grown to twice the size their last analyze saw, and to at least 32 pages
+-- (256 kB). Until a partition is first analyzed the planner knows nothing of how many rows a run has
+-- there, and may read the whole run where the primary key names one event (a writer's probes
+-- then cost the size of the run per row); autovacuum analyzes it too, but only after its naptime.
+-- The writers call it as they fill a partition; a session that finds another analyzing the same
+-- partition skips it. SECURITY DEFINER: a writer role owns no partition. Returns how many it
+-- analyzed.
+CREATE FUNCTION agentcap.analyze_partitions(starts timestamptz[]) RETURNS integer
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp SET TimeZone = 'UTC' SET DateStyle = 'ISO' AS $$
+DECLARE
+    part     regclass;
+    analyzed integer := 0;
+BEGIN
+    FOR part IN
+        SELECT DISTINCT p.partition
+        FROM agentcap.run_partitioned_tables() t
+        CROSS JOIN LATERAL agentcap.log_partitions(t) p
+        JOIN unnest(starts) s ON p.lower <= s AND s < p.upper
+        WHERE NOT p.detach_pending
+    LOOP
+        -- relpages is the size the last analyze (or vacuum) saw; the file's size is exact now.
+        CONTINUE WHEN NOT EXISTS (
+            SELECT 1 FROM pg_class c
+            WHERE c.oid = part
+              AND pg_relation_size(part) / current_setting('block_size')::bigint
+                  >= greatest(2 * c.relpages, 32));
+        -- "agcp" and the partition: one analyzer per partition, the others go on.
+        CONTINUE WHEN NOT pg_try_advisory_xact_lock(1634165616, (part::oid::bigint % 2147483647)::integer);
+        EXECUTE format('ANALYZE %s', part);
+        analyzed := analyzed + 1;
+    END LOOP;
+    RETURN analyzed;
+END $$;
+
 -- events, conflicts and spans move into partitioned tables of the same columns (and whatever
 -- columns, defaults and CHECK constraints earlier migrations gave them) plus run_started_at.
 -- The triggers of events, conflicts and spans (0004's append-only ones, any a later migration
