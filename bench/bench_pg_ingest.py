@@ -186,6 +186,7 @@ def _uuid_batch(batch: Batch) -> Batch:
             )
             for e in batch.events
         ),
+        runs=batch.runs,
         spans=batch.spans,
     )
 
