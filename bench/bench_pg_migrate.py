@@ -1,11 +1,13 @@
-"""Time of migration 0005 (run-leading keys, partitions by run start) on a log written before it.
+"""Time of migration 0006 (run-leading keys, partitions by run start) on a log written before it.
 
-Builds the schema of migrations 0001 to 0004 in an embedded PostgreSQL (temporary directory,
+Builds the schema of migrations 0001 to 0005 in an embedded PostgreSQL (temporary directory,
 deleted afterwards), fills it with ``--events`` events in runs of 150 (five agents each, one
 causal parent per event, ~600-byte payloads, a response id on every fourth event, as model calls
-have) plus their runs, agents and span envelopes (one per agent and a root span per run), then
-times ``migrate()``, which copies events, conflicts and spans into the partitioned tables and
-builds their keys. Those tables and runs are locked (ACCESS EXCLUSIVE) for that whole time.
+have) plus their runs, agents and span envelopes (one per agent and a root span per run), a tool
+ledger row and a memory key per run, then times ``migrate()``, which copies events, conflicts
+and spans into the partitioned tables and builds their keys. Those tables and runs are locked
+(ACCESS EXCLUSIVE) for that whole time; meanwhile another session tries to read every table of
+the schema, each with a 200 ms lock timeout, and the tables it could not read are printed.
 
     .venv/bin/python bench/bench_pg_migrate.py [--events 1000000 3000000] [--days 120]
 """
@@ -16,6 +18,7 @@ import argparse
 import os
 import shutil
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Final
@@ -57,7 +60,7 @@ FROM agentcap.events GROUP BY run_id
 """
 
 
-def build_version_4(dsn: str, events: int, days: int) -> None:
+def build_version_5(dsn: str, events: int, days: int) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("DROP SCHEMA IF EXISTS agentcap CASCADE")
         conn.execute("CREATE SCHEMA agentcap")
@@ -65,7 +68,7 @@ def build_version_4(dsn: str, events: int, days: int) -> None:
             "CREATE TABLE agentcap.schema_version (version integer PRIMARY KEY, name text NOT NULL,"
             " applied_at timestamptz NOT NULL DEFAULT now())"
         )
-        for migration in available_migrations()[:4]:
+        for migration in available_migrations()[:5]:
             conn.execute(migration.sql_text.encode())
             conn.execute(
                 "INSERT INTO agentcap.schema_version VALUES (%s, %s)",
@@ -87,8 +90,41 @@ def build_version_4(dsn: str, events: int, days: int) -> None:
             " SELECT DISTINCT run_id, agent_id FROM agentcap.events"
         )
         conn.execute(_SPANS)
+        conn.execute(
+            "INSERT INTO agentcap.tool_ledger (run_id, agent_id, invocation_id, call_digest, tool,"
+            " ordinal, status, result) SELECT run_id, 'agent-0', 'call-1', md5(run_id), 'search',"
+            " 0, 'succeeded', '{\"hits\": 3}' FROM agentcap.runs"
+        )
+        conn.execute(
+            "INSERT INTO agentcap.memory (run_id, memory, key, found, value, version)"
+            " SELECT run_id, 'notes', 'plan', true, '[\"a\", \"b\"]', 1 FROM agentcap.runs"
+        )
         conn.execute("VACUUM ANALYZE")
         conn.execute("CHECKPOINT")
+
+
+def _probe(dsn: str, stop: threading.Event, blocked: set[str]) -> None:
+    """Until ``stop``: read one row of every table of the schema with a 200 ms lock timeout;
+    collect the tables that timed out."""
+    time.sleep(0.5)  # the migration has taken its locks
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SET lock_timeout = '200ms'")
+        tables = [
+            str(r[0])
+            for r in conn.execute(
+                "SELECT c.relname FROM pg_class c WHERE c.relnamespace = 'agentcap'::regnamespace"
+                " AND c.relkind IN ('r', 'p') AND NOT c.relispartition ORDER BY 1"
+            )
+        ]
+        while not stop.is_set():
+            for table in tables:
+                try:
+                    conn.execute(f"SELECT 1 FROM agentcap.{table} LIMIT 1")
+                except psycopg.errors.LockNotAvailable:
+                    blocked.add(table)
+                except psycopg.Error:
+                    pass  # renamed or dropped by the migration
+            stop.wait(0.5)
 
 
 def main() -> None:
@@ -101,25 +137,32 @@ def main() -> None:
         dsn = embedded.start(root / "pg")
         print(f"load average at start: {os.getloadavg()}, cpus: {os.cpu_count()}")
         for events in args.events:
-            build_version_4(dsn, events, args.days)
+            build_version_5(dsn, events, args.days)
             with psycopg.connect(dsn, autocommit=True) as conn:
                 size = conn.execute("SELECT pg_total_relation_size('agentcap.events')").fetchone()[
                     0
                 ]  # type: ignore[index]
+            stop = threading.Event()
+            blocked: set[str] = set()
+            prober = threading.Thread(target=_probe, args=(dsn, stop, blocked), daemon=True)
             started = time.perf_counter()
+            prober.start()
             applied = migrate(dsn)
             seconds = time.perf_counter() - started
+            stop.set()
+            prober.join()
             with psycopg.connect(dsn, autocommit=True) as conn:
                 after = conn.execute(
                     "SELECT count(*), count(DISTINCT tableoid) FROM agentcap.events"
                 ).fetchone()
-            assert applied[-1] >= 5 and after is not None and after[0] == events
+            assert applied == [6] and after is not None and after[0] == events
             print(
                 f"{events:,} events ({size / 1e9:.2f} GB with indexes) in {after[1]} partitions:"
                 f" migrate {applied} took {seconds:.1f} s, {seconds / events * 1e6:.1f} s per"
                 f" million events (load {os.getloadavg()[0]:.1f})",
                 flush=True,
             )
+            print(f"  tables another session could not read meanwhile: {sorted(blocked)}")
     finally:
         embedded.destroy(root / "pg")
         shutil.rmtree(root, ignore_errors=True)
