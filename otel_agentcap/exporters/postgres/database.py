@@ -120,7 +120,9 @@ class Database:
         self._quick_pool: SmallPool | None = None
         self._coordination_pool: ConnectionPool[Any] | None = None
         self._schema_ready = False
+        self._ahead_done = False
         self._lock = threading.Lock()
+        self._ahead_lock = threading.Lock()
         self._pool_lock = threading.Lock()
         self._down_until = 0.0
         self._closed = False
@@ -139,6 +141,7 @@ class Database:
             _left_in_parent.append(self._quick_pool)
         self._pool = self._quick_pool = self._coordination_pool = None
         self._lock = threading.Lock()
+        self._ahead_lock = threading.Lock()
         self._pool_lock = threading.Lock()
 
     def _open_pool(self, name: str, **kwargs: Any) -> ConnectionPool[Any]:
@@ -212,7 +215,7 @@ class Database:
             raise ConnectionFailed("the database handle is closed")
         try:
             with instrumentation_suppressed():
-                self.ensure_schema(timeout)
+                self.ensure_schema(timeout, partitions_ahead=False)
                 with self._quick().connection(timeout=timeout) as conn:
                     yield conn
         except Exception:
@@ -236,7 +239,7 @@ class Database:
             raise ConnectionFailed("the database handle is closed")
         with instrumentation_suppressed():
             try:
-                self.ensure_schema(timeout)
+                self.ensure_schema(timeout, partitions_ahead=False)
                 pool = self._coordination()  # this one, also when close() drops it meanwhile
                 conn = pool.getconn(timeout=timeout)
             except PoolTimeout as exc:
@@ -265,35 +268,42 @@ class Database:
         """Check (and migrate) the schema again before the next use: a table was found missing."""
         self._schema_ready = False
 
-    def ensure_schema(self, timeout: float = 5.0) -> None:
+    def ensure_schema(self, timeout: float = 5.0, *, partitions_ahead: bool = True) -> None:
         """Migrate once per process; raises ConnectionFailed while the server is unreachable
         (after at most ``timeout`` seconds of trying to connect; libpq counts whole seconds, at
-        least 2)."""
-        if self._schema_ready:
-            return
-        with self._lock:
-            if self._schema_ready:
-                return
-            connect_timeout = max(2, math.ceil(timeout))
-            try:
-                with psycopg.connect(
-                    self.dsn, connect_timeout=connect_timeout, autocommit=True
-                ) as conn:
-                    migrate(conn)
-                    self._partitions_ahead(conn)
-            except psycopg.OperationalError as exc:
-                raise ConnectionFailed(f"cannot reach PostgreSQL: {first_line(exc)}") from exc
-            self._schema_ready = True
+        least 2). With ``partitions_ahead`` (the exporter's and the ingest's writers), also
+        create the partitions of this and the next interval once per process; the capture path
+        leaves that out, since it may wait for a lock on the log (a write creates a missing
+        partition anyway)."""
+        if not self._schema_ready:
+            with self._lock:
+                if not self._schema_ready:
+                    connect_timeout = max(2, math.ceil(timeout))
+                    try:
+                        with psycopg.connect(
+                            self.dsn, connect_timeout=connect_timeout, autocommit=True
+                        ) as conn:
+                            migrate(conn)
+                    except psycopg.OperationalError as exc:
+                        raise ConnectionFailed(
+                            f"cannot reach PostgreSQL: {first_line(exc)}"
+                        ) from exc
+                    self._schema_ready = True
+        if partitions_ahead and not self._ahead_done:
+            with self._ahead_lock:
+                if not self._ahead_done:
+                    self._partitions_ahead(max(2, math.ceil(timeout)))
+                    self._ahead_done = True
 
-    @staticmethod
-    def _partitions_ahead(conn: psycopg.Connection[Any]) -> None:
+    def _partitions_ahead(self, connect_timeout: int) -> None:
         """Create the log's partitions for this and the next interval, so the first batches of a
         new month do not wait for one (best effort: a write creates a missing one anyway)."""
         try:
-            ensure_ahead(conn, 1, lock_timeout=1.0)
+            with psycopg.connect(
+                self.dsn, connect_timeout=connect_timeout, autocommit=True
+            ) as conn:
+                ensure_ahead(conn, 1, lock_timeout=1.0)
         except psycopg.Error as exc:
-            if isinstance(exc, psycopg.OperationalError) and conn.broken:
-                raise
             _logger.debug("agentcap: partitions not created ahead: %s", exc)
 
     def close(self) -> None:
