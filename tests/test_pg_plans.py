@@ -272,11 +272,22 @@ def test_web_view_queries_read_one_partition_by_index(conn, name):
     assert event_scans and all(n["Node Type"] != "Seq Scan" for n in event_scans), event_scans
 
 
-def test_web_view_run_list_reads_one_partition_per_listed_run(conn):
-    """The web view's page of runs with totals reads each listed run's partition only, once."""
-    params = {"q": None, "limit": 25, "offset": 0}
+@pytest.mark.parametrize("within", [None, ([RUN], ["run-01"])])
+def test_web_view_run_list_reads_one_partition_per_listed_run(conn, within):
+    """The web view's page of runs with totals reads each listed run's partition only, once, also
+    for a token scoped to some runs."""
+    ids, prefixes = within if within is not None else ([], [])
+    params = {
+        "q": None,
+        "limit": 25,
+        "offset": 0,
+        "within": within is not None,
+        "ids": ids,
+        "prefixes": prefixes,
+    }
     plan = explain(conn, store._RUN_TOTALS_PAGE, params, analyze=True)
-    listed = store.run_totals(conn, limit=25)
+    listed = store.run_totals(conn, limit=25, within=within)
+    assert len(listed) == 25
     events = {partition_of(conn, r.run_id) for r in listed}
     conflicts = {partition_of(conn, r.run_id, "conflicts") for r in listed}
     scans = log_scans(conn, plan, executed_only=True)
