@@ -50,8 +50,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, Sp
 
 import otel_agentcap as ac
 from otel_agentcap.instrumentation.anthropic import AnthropicInstrumentor
-from otel_agentcap.mapping import batch_from_spans
-from otel_agentcap.processor import AgentCapSpanProcessor
+from otel_agentcap.pipeline.mapping import batch_from_spans
+from otel_agentcap.pipeline.processor import AgentCapSpanProcessor
 
 ROUNDS = 41
 CALLS = 40

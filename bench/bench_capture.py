@@ -32,7 +32,7 @@ from opentelemetry.trace import Link
 
 import otel_agentcap as oa
 from otel_agentcap.capture.tools import invocations
-from otel_agentcap.processor import AgentCapSpanProcessor
+from otel_agentcap.pipeline.processor import AgentCapSpanProcessor
 
 
 class DropExporter(SpanExporter):

@@ -81,7 +81,7 @@ def _worker(workload: str, calls: int) -> None:
         from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
         import otel_agentcap as oa
-        from otel_agentcap.processor import AgentCapSpanProcessor
+        from otel_agentcap.pipeline.processor import AgentCapSpanProcessor
 
         provider = TracerProvider()
         provider.add_span_processor(AgentCapSpanProcessor())

@@ -45,7 +45,7 @@ import otel_agentcap as oa
 from otel_agentcap.capture.ledger import set_tool_ledger
 from otel_agentcap.exporters.postgres import Database, embedded, migrate
 from otel_agentcap.exporters.postgres.ledger import PostgresToolLedger
-from otel_agentcap.processor import AgentCapSpanProcessor
+from otel_agentcap.pipeline.processor import AgentCapSpanProcessor
 
 
 class DropExporter(SpanExporter):

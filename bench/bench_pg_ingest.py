@@ -284,7 +284,7 @@ def main() -> None:
     args = parser.parse_args()
 
     batches = make_batches(args.events, args.batch, args.call_ids)
-    from otel_agentcap.mapping import batch_from_spans
+    from otel_agentcap.pipeline.mapping import batch_from_spans
 
     spans = make_spans(args.events)
     span_batches = [

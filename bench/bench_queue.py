@@ -43,7 +43,7 @@ from otel_agentcap.exporters.durable.directory import QueueDirectory
 from otel_agentcap.exporters.durable.processor import DurableSpanProcessor, QueueSettings
 from otel_agentcap.exporters.postgres import PostgresSpanExporter
 from otel_agentcap.exporters.queue import EventLogSpanProcessor
-from otel_agentcap.processor import AgentCapSpanProcessor
+from otel_agentcap.pipeline.processor import AgentCapSpanProcessor
 
 NOWHERE = "postgresql://agentcap@127.0.0.1:1/none?connect_timeout=2"
 _collected = InMemorySpanExporter()

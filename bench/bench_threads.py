@@ -40,7 +40,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
 
 import otel_agentcap as oa
-from otel_agentcap.processor import AgentCapSpanProcessor
+from otel_agentcap.pipeline.processor import AgentCapSpanProcessor
 
 THREADS = (1, 2, 4, 8)
 

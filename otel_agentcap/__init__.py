@@ -24,6 +24,7 @@ from otel_agentcap.capture import (
     spawn,
     tool,
 )
+from otel_agentcap.capture.tool_uses import arun_tool_uses, run_tool_uses
 from otel_agentcap.context import (
     ContextThreadPoolExecutor,
     caused_by,
@@ -43,7 +44,6 @@ from otel_agentcap.errors import (
     ToolOutcomeUnknown,
 )
 from otel_agentcap.model import Event, EventRef, EventType
-from otel_agentcap.tool_uses import arun_tool_uses, run_tool_uses
 from otel_agentcap.version import __version__
 
 __all__ = [

@@ -24,6 +24,8 @@ from otel_agentcap.capture.agents import set_spawn_registry, spawn_registry
 from otel_agentcap.capture.ledger import set_tool_ledger
 from otel_agentcap.capture.ledger import tool_ledger as current_tool_ledger
 from otel_agentcap.capture.runs import run_registry, set_run_registry
+from otel_agentcap.capture.tool_uses import sdk_tools_exactly_once as current_sdk_tools_exactly_once
+from otel_agentcap.capture.tool_uses import set_sdk_tools_exactly_once
 from otel_agentcap.clock import SequenceSource, clocks
 from otel_agentcap.errors import ConfigurationError
 from otel_agentcap.exporters import metrics
@@ -59,9 +61,7 @@ from otel_agentcap.exporters.postgres.migrate import migrate
 from otel_agentcap.exporters.postgres.recovery import PostgresRunRegistry, PostgresSpawnRegistry
 from otel_agentcap.exporters.queue import EventLogSpanProcessor, Overflow
 from otel_agentcap.instrumentation import instrument_installed
-from otel_agentcap.processor import AgentCapSpanProcessor
-from otel_agentcap.tool_uses import sdk_tools_exactly_once as current_sdk_tools_exactly_once
-from otel_agentcap.tool_uses import set_sdk_tools_exactly_once
+from otel_agentcap.pipeline.processor import AgentCapSpanProcessor
 
 _logger = logging.getLogger(__name__)
 

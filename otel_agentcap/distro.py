@@ -51,7 +51,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 
 from otel_agentcap import private_parts
-from otel_agentcap.processor import AgentCapSpanProcessor
+from otel_agentcap.pipeline.processor import AgentCapSpanProcessor
 
 _logger = logging.getLogger(__name__)
 

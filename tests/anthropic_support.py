@@ -15,10 +15,10 @@ import pytest
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExportResult
 
-from otel_agentcap import causal_links
 from otel_agentcap.exporters.postgres import PostgresSpanExporter
 from otel_agentcap.instrumentation.anthropic import AnthropicInstrumentor, sdk_traces_itself
 from otel_agentcap.model import Event
+from otel_agentcap.pipeline import causal_links
 from otel_agentcap.testing import InMemoryEventExporter, capture_events
 from otel_agentcap.testing.messages_server import MessagesServer
 

@@ -20,14 +20,14 @@ from opentelemetry.sdk.trace import ReadableSpan
 
 import otel_agentcap as ac
 from otel_agentcap import jsonsafe
-from otel_agentcap.model_calls import SUPERSEDED, is_content_attribute
+from otel_agentcap.capture.tool_uses import arun_tool_uses, run_tool_uses
+from otel_agentcap.pipeline.model_calls import SUPERSEDED, is_content_attribute
 from otel_agentcap.testing.messages_server import (
     MessagesServer,
     ToolCall,
     text_reply,
     tool_use_reply,
 )
-from otel_agentcap.tool_uses import arun_tool_uses, run_tool_uses
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -360,7 +360,7 @@ def test_content_stripped_for_the_collector_kept_in_the_log(server, captured, in
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
     from otel_agentcap.exporters.strip_content import ContentStrippingExporter
-    from otel_agentcap.mapping import batch_from_spans
+    from otel_agentcap.pipeline.mapping import batch_from_spans
 
     server.enqueue(text_reply("kept in the log"))
     cli = anthropic.Anthropic(
@@ -386,7 +386,7 @@ def test_strip_payloads_removes_tool_results_from_outcome_records_too(captured):
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
     from otel_agentcap.exporters.strip_content import ContentStrippingExporter
-    from otel_agentcap.mapping import batch_from_spans
+    from otel_agentcap.pipeline.mapping import batch_from_spans
 
     @ac.tool
     def secret(x: str) -> str:

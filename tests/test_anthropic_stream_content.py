@@ -30,7 +30,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 
 import otel_agentcap as ac
 from otel_agentcap.instrumentation.anthropic import AnthropicInstrumentor
-from otel_agentcap.model_calls import is_sdk_scope
+from otel_agentcap.pipeline.model_calls import is_sdk_scope
 from otel_agentcap.testing import InMemoryEventExporter
 from otel_agentcap.testing.messages_server import (
     MessageReply,

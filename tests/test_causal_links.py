@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from otel_agentcap.causal_links import _Bounded
 from otel_agentcap.model import EventRef
+from otel_agentcap.pipeline.causal_links import _Bounded
 
 
 def _ref(n: int) -> EventRef:

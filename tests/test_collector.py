@@ -26,8 +26,8 @@ from opentelemetry.sdk.trace.export import SpanExportResult
 import otel_agentcap as ac
 from otel_agentcap.ingest import OtlpIngestServer, spans_from_otlp
 from otel_agentcap.ingest.service import Outcome, RetryLater
-from otel_agentcap.mapping import batch_from_spans
 from otel_agentcap.model import Batch
+from otel_agentcap.pipeline.mapping import batch_from_spans
 from otel_agentcap.testing import capture_events
 from otel_agentcap.tokens import ANONYMOUS
 

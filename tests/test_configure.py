@@ -21,6 +21,7 @@ from psycopg.conninfo import make_conninfo
 from otel_agentcap.capture.agents import spawn_registry
 from otel_agentcap.capture.ledger import tool_ledger
 from otel_agentcap.capture.runs import run_registry
+from otel_agentcap.capture.tool_uses import sdk_tools_exactly_once
 from otel_agentcap.clock import clocks
 from otel_agentcap.configure import AgentCap, configure, exporter_of
 from otel_agentcap.errors import ConfigurationError
@@ -33,7 +34,6 @@ from otel_agentcap.testing.messages_server import (
     text_reply,
     tool_use_reply,
 )
-from otel_agentcap.tool_uses import sdk_tools_exactly_once
 
 # A model call asks for a tool, the tool runs, the next call sends its result back: the edge
 # tool_result -> model_call is only known to the request wrapper AnthropicInstrumentor installs.

@@ -25,8 +25,8 @@ from otel_agentcap.exporters.durable.records import (
     encode_span,
     event_count,
 )
-from otel_agentcap.mapping import batch_from_spans
 from otel_agentcap.model import event_id_for
+from otel_agentcap.pipeline.mapping import batch_from_spans
 from otel_agentcap.testing import capture_events
 
 

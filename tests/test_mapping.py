@@ -15,7 +15,7 @@ from opentelemetry.trace import SpanContext, Status, StatusCode
 import otel_agentcap as oa
 from otel_agentcap import attributes as attr
 from otel_agentcap import jsonsafe
-from otel_agentcap.mapping import agents_from_span, batch_from_spans, events_from_span
+from otel_agentcap.pipeline.mapping import agents_from_span, batch_from_spans, events_from_span
 from otel_agentcap.testing import capture_events
 
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from opentelemetry.trace import Status, StatusCode
 
-from otel_agentcap.model_calls import OUTPUT_MESSAGES, model_call_payload
+from otel_agentcap.pipeline.model_calls import OUTPUT_MESSAGES, model_call_payload
 
 SDK = [{"role": "assistant", "parts": [{"type": "text", "content": "from the SDK"}]}]
 OURS = [{"role": "assistant", "parts": [{"type": "text", "content": "from agentcap"}]}]

@@ -12,7 +12,7 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from otel_agentcap import private_parts
 from otel_agentcap.exporters.postgres import embedded
-from otel_agentcap.processor import (
+from otel_agentcap.pipeline.processor import (
     AgentCapSpanProcessor,
     has_agentcap_processor,
     span_processors_of,

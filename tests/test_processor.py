@@ -8,7 +8,7 @@ import pytest
 from anthropic_support import MODEL, RECORDS_TOOL_USE_IDS, USER, needs_sdk_tracing
 
 import otel_agentcap as ac
-from otel_agentcap import causal_links
+from otel_agentcap.pipeline import causal_links
 from otel_agentcap.testing.messages_server import (
     MessagesServer,
     ToolCall,

@@ -9,11 +9,11 @@ import uuid
 import pytest
 
 import otel_agentcap as oa
-from otel_agentcap import causal_links
 from otel_agentcap.capture import agents as agents_module
 from otel_agentcap.capture.tools import _stored_error, invocations
 from otel_agentcap.clock import ClockRegistry, clocks
 from otel_agentcap.model import EventRef
+from otel_agentcap.pipeline import causal_links
 from otel_agentcap.runs import lifetimes
 from otel_agentcap.testing import capture_events
 

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from opentelemetry.sdk.trace import SpanLimits, TracerProvider
 
-from otel_agentcap.span_attributes import add_attributes, attributes_of
+from otel_agentcap.pipeline.span_attributes import add_attributes, attributes_of
 
 STAMPS: dict[str, Any] = {
     "agentcap.run.id": "run-with-a-long-id",

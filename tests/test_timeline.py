@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from otel_agentcap.cli.timeline import Totals, event_positions, parent_text, totals
 from otel_agentcap.model import Event
-from otel_agentcap.timeline import Totals, event_positions, parent_text, totals
 
 _NOW = datetime(2026, 1, 1, tzinfo=UTC)
 

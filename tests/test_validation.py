@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 import otel_agentcap as ac
 from otel_agentcap.clock import LamportClock
-from otel_agentcap.mapping import batch_from_spans
 from otel_agentcap.model import AgentRecord, Event, RunRecord, event_id_for
+from otel_agentcap.pipeline.mapping import batch_from_spans
 from otel_agentcap.testing import capture_events
 from otel_agentcap.validation import (
     SEQUENCE_CEILING,

@@ -38,8 +38,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, Sp
 import otel_agentcap as ac
 from otel_agentcap.capture import _telemetry
 from otel_agentcap.instrumentation.anthropic import AnthropicInstrumentor
-from otel_agentcap.mapping import batch_from_spans
-from otel_agentcap.processor import AgentCapSpanProcessor
+from otel_agentcap.pipeline.mapping import batch_from_spans
+from otel_agentcap.pipeline.processor import AgentCapSpanProcessor
 from otel_agentcap.version import __version__
 
 

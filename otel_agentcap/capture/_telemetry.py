@@ -15,8 +15,8 @@ from opentelemetry.util.types import AttributeValue
 
 from otel_agentcap import attributes as attr
 from otel_agentcap import jsonsafe
-from otel_agentcap.span_attributes import add_attributes
-from otel_agentcap.stamping import Stamp
+from otel_agentcap.pipeline.span_attributes import add_attributes
+from otel_agentcap.pipeline.stamping import Stamp
 from otel_agentcap.version import __version__
 
 _logger = logging.getLogger("otel_agentcap")

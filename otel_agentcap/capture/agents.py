@@ -36,8 +36,8 @@ from otel_agentcap.context import (
 )
 from otel_agentcap.errors import AgentCancelled, AgentTimeoutError, SpawnConflictError
 from otel_agentcap.model import MAX_ID_LENGTH, EventRef, EventType, validate_id
+from otel_agentcap.pipeline.stamping import stamp
 from otel_agentcap.runs import lifetimes
-from otel_agentcap.stamping import stamp
 
 _logger = logging.getLogger("otel_agentcap")
 

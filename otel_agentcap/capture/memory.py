@@ -38,8 +38,8 @@ from otel_agentcap.capture import _telemetry as tel
 from otel_agentcap.capture.values import private_copy
 from otel_agentcap.context import AgentContext, current_agent
 from otel_agentcap.model import EventRef, EventType, validate_id
-from otel_agentcap.span_attributes import add_attributes
-from otel_agentcap.stamping import Stamp, stamp
+from otel_agentcap.pipeline.span_attributes import add_attributes
+from otel_agentcap.pipeline.stamping import Stamp, stamp
 
 _logger = logging.getLogger("otel_agentcap")
 

@@ -25,10 +25,11 @@ from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
-from otel_agentcap import causal_links, jsonsafe
+from otel_agentcap import jsonsafe
 from otel_agentcap.capture.tools import Tool, invocations
 from otel_agentcap.context import caused_by, current_agent
 from otel_agentcap.model import EventRef, validate_id
+from otel_agentcap.pipeline import causal_links
 
 __all__ = [
     "arun_tool_uses",
@@ -149,8 +150,8 @@ def tool_use_scope(
 
 def remember_tool_result(tool_use_id: str) -> None:
     """Index the result (or error) event of the current agent's invocation ``tool_use_id`` in
-    :mod:`otel_agentcap.causal_links`, so the request carrying its tool_result names it. Never
-    raises."""
+    :mod:`otel_agentcap.pipeline.causal_links`, so the request carrying its tool_result names
+    it. Never raises."""
     try:
         ctx = current_agent()
         if ctx is None:

@@ -46,8 +46,8 @@ from otel_agentcap.capture.values import private_copy
 from otel_agentcap.context import AgentContext, current_agent
 from otel_agentcap.errors import ToolOutcomeUnknown
 from otel_agentcap.model import EventRef, EventType, event_id_for, from_fields, validate_id
+from otel_agentcap.pipeline.stamping import stamp
 from otel_agentcap.runs import lifetimes
-from otel_agentcap.stamping import stamp
 
 P = ParamSpec("P")
 R = TypeVar("R")

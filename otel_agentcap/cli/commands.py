@@ -19,6 +19,14 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
+from otel_agentcap.cli.timeline import (
+    Totals,
+    event_positions,
+    layout,
+    parent_text,
+    summary,
+    totals,
+)
 from otel_agentcap.errors import RunExistsError
 from otel_agentcap.exporters.postgres import embedded, partitions, retention, store
 from otel_agentcap.exporters.postgres.database import ENV_DSN, resolve_dsn
@@ -28,14 +36,6 @@ from otel_agentcap.exporters.postgres.errors import (
     RunNotFound,
 )
 from otel_agentcap.exporters.postgres.migrate import migrate
-from otel_agentcap.timeline import (
-    Totals,
-    event_positions,
-    layout,
-    parent_text,
-    summary,
-    totals,
-)
 from otel_agentcap.tokens import (
     INGEST_TOKENS_ENV,
     UI_TOKENS_ENV,
@@ -981,7 +981,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

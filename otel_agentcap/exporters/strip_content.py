@@ -7,12 +7,12 @@ event log (a separate exporter on the same provider) keeps it.
         BatchSpanProcessor(ContentStrippingExporter(OTLPSpanExporter()))              # without
     )
 
-Removes the attributes that :func:`otel_agentcap.model_calls.is_content_attribute` names (input
-and output messages, system instructions, tool definitions, tool call arguments and results, the
-``gen_ai.prompt.*`` / ``gen_ai.completion.*`` attributes of add-on instrumentations) from spans
-and span events, and with ``strip_payloads=True`` also agentcap's own payloads (``agentcap.event.payload`` and the
-payload inside ``agentcap.outcome`` and span-event records: tool arguments and results, memory
-values).
+Removes the attributes that :func:`otel_agentcap.pipeline.model_calls.is_content_attribute`
+names (input and output messages, system instructions, tool definitions, tool call arguments and
+results, the ``gen_ai.prompt.*`` / ``gen_ai.completion.*`` attributes of add-on instrumentations)
+from spans and span events, and with ``strip_payloads=True`` also agentcap's own payloads
+(``agentcap.event.payload`` and the payload inside ``agentcap.outcome`` and span-event records:
+tool arguments and results, memory values).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from opentelemetry.util.types import AttributeValue
 
 from otel_agentcap import attributes as attr
 from otel_agentcap import jsonsafe
-from otel_agentcap.model_calls import is_content_attribute
+from otel_agentcap.pipeline.model_calls import is_content_attribute
 
 __all__ = ["ContentStrippingExporter"]
 

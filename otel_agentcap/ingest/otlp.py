@@ -1,7 +1,8 @@
 """OTLP spans as objects the agentcap mapping reads (pure conversion, no I/O).
 
 :func:`spans_from_otlp` converts an ``ExportTraceServiceRequest`` (or its serialized protobuf
-bytes) into :class:`OtlpSpan` objects that satisfy :class:`otel_agentcap.mapping.SpanLike`, so
+bytes) into :class:`OtlpSpan` objects that satisfy
+:class:`otel_agentcap.pipeline.mapping.SpanLike`, so
 ``batch_from_spans(spans_from_otlp(request))`` yields the same events, agents and runs as mapping
 the SDK spans the request was encoded from (in the request's span order). The server
 (:mod:`otel_agentcap.ingest.server`) reads requests span by span with
@@ -66,7 +67,7 @@ _NO_RESOURCE: Final[Mapping[str, Any]] = MappingProxyType({})
 
 class OtlpSpan(NamedTuple):
     """One span of an OTLP request, shaped like the parts of an SDK ``ReadableSpan`` that
-    :mod:`otel_agentcap.mapping` reads (it satisfies ``mapping.SpanLike``)."""
+    :mod:`otel_agentcap.pipeline.mapping` reads (it satisfies ``mapping.SpanLike``)."""
 
     name: str
     context: OtlpSpanContext

@@ -36,9 +36,9 @@ from otel_agentcap.exporters.postgres.errors import (
 from otel_agentcap.exporters.postgres.writer import EventWriter, WriteResult
 from otel_agentcap.ingest.otlp import OtlpSpan
 from otel_agentcap.ingest.wire import DecodedRequest
-from otel_agentcap.mapping import SpanCheck, SpanLike, batch_from_spans
 from otel_agentcap.model import AgentRecord, Batch, Event
-from otel_agentcap.span_attributes import attributes_of
+from otel_agentcap.pipeline.mapping import SpanCheck, SpanLike, batch_from_spans
+from otel_agentcap.pipeline.span_attributes import attributes_of
 from otel_agentcap.tokens import ANONYMOUS, Principal
 from otel_agentcap.validation import Validator
 

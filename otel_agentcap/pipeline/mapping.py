@@ -7,8 +7,8 @@ Spans without stamps are ignored.
 
 One model call is one event: of two ``model_call`` events of a batch that record the same API call
 under different event ids (same run, and the same response id or request id, see
-:func:`otel_agentcap.model_calls.call_ids`), the one from the anthropic SDK's own span is kept,
-else the first; the other goes to ``Batch.superseded``, which storage keeps as a conflict.
+:func:`otel_agentcap.pipeline.model_calls.call_ids`), the one from the anthropic SDK's own span is
+kept, else the first; the other goes to ``Batch.superseded``, which storage keeps as a conflict.
 """
 
 from __future__ import annotations
@@ -33,8 +33,13 @@ from otel_agentcap.model import (
     SpanRecord,
     from_fields,
 )
-from otel_agentcap.model_calls import SUPERSEDED, call_ids, is_sdk_scope, model_call_payload
-from otel_agentcap.span_attributes import attributes_of, has_events
+from otel_agentcap.pipeline.model_calls import (
+    SUPERSEDED,
+    call_ids,
+    is_sdk_scope,
+    model_call_payload,
+)
+from otel_agentcap.pipeline.span_attributes import attributes_of, has_events
 
 _MODEL_CALL: Final = EventType.MODEL_CALL.value
 
@@ -110,8 +115,9 @@ def _scope_name(span: SpanLike) -> str | None:
 
 
 def _model_call_payload(span: SpanLike, attributes: Mapping[str, AttributeValue]) -> dict[str, Any]:
-    """A model-call span as the event payload (see :mod:`otel_agentcap.model_calls` for the keys;
-    content only where present, which is only when the user opted in to content capture)."""
+    """A model-call span as the event payload (see :mod:`otel_agentcap.pipeline.model_calls` for
+    the keys; content only where present, which is only when the user opted in to content
+    capture)."""
     return model_call_payload(
         span.name,
         attributes,

@@ -30,12 +30,13 @@ from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerPro
 from opentelemetry.util.types import AttributeValue
 
 from otel_agentcap import attributes as attr
-from otel_agentcap import causal_links, private_parts
+from otel_agentcap import private_parts
 from otel_agentcap.context import AgentContext, current_agent
 from otel_agentcap.model import EventRef, EventType
-from otel_agentcap.model_calls import STOP_REASON, SUPERSEDED, TOOL_USE_IDS, is_sdk_scope
-from otel_agentcap.span_attributes import add_attributes, attributes_of
-from otel_agentcap.stamping import stamp
+from otel_agentcap.pipeline import causal_links
+from otel_agentcap.pipeline.model_calls import STOP_REASON, SUPERSEDED, TOOL_USE_IDS, is_sdk_scope
+from otel_agentcap.pipeline.span_attributes import add_attributes, attributes_of
+from otel_agentcap.pipeline.stamping import stamp
 
 _logger = logging.getLogger(__name__)
 

@@ -11,9 +11,9 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from otel_agentcap.mapping import batch_from_spans
 from otel_agentcap.model import AgentRecord, Event
-from otel_agentcap.processor import AgentCapSpanProcessor, has_agentcap_processor
+from otel_agentcap.pipeline.mapping import batch_from_spans
+from otel_agentcap.pipeline.processor import AgentCapSpanProcessor, has_agentcap_processor
 
 
 class InMemoryEventExporter(SpanExporter):

@@ -19,8 +19,8 @@ from otel_agentcap.exporters.postgres.database import Database, instrumentation_
 from otel_agentcap.exporters.postgres.exporter import write_spans
 from otel_agentcap.exporters.postgres.partitions import ensure_partitions
 from otel_agentcap.exporters.postgres.writer import EventWriter, WriteResult
-from otel_agentcap.mapping import batch_from_spans
 from otel_agentcap.model import AgentRecord, Batch, Event, RunRecord, SpanRecord
+from otel_agentcap.pipeline.mapping import batch_from_spans
 from otel_agentcap.transfer import agentcap_pb
 from otel_agentcap.transfer.otlp_json import spans_from_json
 from otel_agentcap.transfer.snapshot import EventRow, RunSnapshot

@@ -9,6 +9,7 @@ import anthropic
 
 assert anthropic.__version__ == "0.40.0", anthropic.__version__
 import otel_agentcap as ac
+from otel_agentcap.capture.tool_uses import run_tool_uses
 from otel_agentcap.instrumentation.anthropic import AnthropicInstrumentor, sdk_traces_itself
 from otel_agentcap.testing import capture_events
 from otel_agentcap.testing.messages_server import (
@@ -18,7 +19,6 @@ from otel_agentcap.testing.messages_server import (
     text_reply,
     tool_use_reply,
 )
-from otel_agentcap.tool_uses import run_tool_uses
 
 assert not sdk_traces_itself()
 

@@ -31,7 +31,7 @@ from otel_agentcap.exporters.faults import FaultLog
 from otel_agentcap.exporters.forks import call_in_child_after_fork
 from otel_agentcap.exporters.postgres.exporter import DATABASE_CONDITION, PostgresSpanExporter
 from otel_agentcap.model import EventType
-from otel_agentcap.span_attributes import attributes_of
+from otel_agentcap.pipeline.span_attributes import attributes_of
 
 from .delivery import (
     DEFAULT_ADOPT_INTERVAL,

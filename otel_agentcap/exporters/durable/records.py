@@ -59,7 +59,7 @@ from opentelemetry.util.types import AttributeValue
 
 from otel_agentcap import attributes as attr
 from otel_agentcap.model import from_fields
-from otel_agentcap.span_attributes import attributes_of, has_events
+from otel_agentcap.pipeline.span_attributes import attributes_of, has_events
 
 _logger = logging.getLogger(__name__)
 
@@ -120,7 +120,7 @@ OWN_EVENT_QUEUED: Final = 1
 
 class StoredSpan(NamedTuple):
     """A span read back from the queue: the parts of an SDK ``ReadableSpan`` that the mapping
-    (``otel_agentcap.mapping.SpanLike``) and exporters read. A tuple, built in C: delivery
+    (``otel_agentcap.pipeline.mapping.SpanLike``) and exporters read. A tuple, built in C: delivery
     decodes one per span."""
 
     name: str

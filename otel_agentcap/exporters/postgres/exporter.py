@@ -45,9 +45,9 @@ from otel_agentcap.exporters.postgres.rows import (
     span_copy_data,
 )
 from otel_agentcap.exporters.postgres.writer import EventWriter, WriteResult
-from otel_agentcap.mapping import SpanLike, batch_from_spans
 from otel_agentcap.model import Batch
-from otel_agentcap.span_attributes import attributes_of
+from otel_agentcap.pipeline.mapping import SpanLike, batch_from_spans
+from otel_agentcap.pipeline.span_attributes import attributes_of
 
 _logger = logging.getLogger(__name__)
 

@@ -44,9 +44,9 @@ from otel_agentcap.context import AgentContext, current_agent, current_run
 from otel_agentcap.errors import MemoryUnavailable
 from otel_agentcap.exporters.postgres.database import Database
 from otel_agentcap.exporters.postgres.recovery import span_context_of
-from otel_agentcap.mapping import wall_time
 from otel_agentcap.model import EventRef, EventType, validate_id
-from otel_agentcap.stamping import stamp
+from otel_agentcap.pipeline.mapping import wall_time
+from otel_agentcap.pipeline.stamping import stamp
 
 _READ: Final = b"""
 SELECT found, value, version, writer_event_id, writer_seq, writer_agent_id, writer_trace_id,

@@ -31,7 +31,7 @@ from otel_agentcap.model import (
     SpanRecord,
     from_fields,
 )
-from otel_agentcap.model_calls import call_ids
+from otel_agentcap.pipeline.model_calls import call_ids
 from otel_agentcap.validation import Validator
 
 from .errors import InvalidBatch

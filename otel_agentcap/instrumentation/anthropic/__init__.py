@@ -10,10 +10,11 @@ What it does depends on the installed SDK (range in :mod:`.package`):
 
 * An SDK that traces itself (``anthropic._tracing`` exists, 1.17 and later): no span of ours. The
   SDK's ``anthropic.messages.create`` span is stamped by
-  :class:`~otel_agentcap.processor.AgentCapSpanProcessor` and becomes the ``model_call`` event. The
-  instrumentor wraps ``Messages.create`` / ``Messages.stream`` (sync, async, beta) to bind the
-  causal parents of a request (the tool_result events of the ``tool_result`` blocks it carries),
-  and adds the requested ``tool_use`` ids (``agentcap.model_call.tool_use_ids``) to the SDK's span.
+  :class:`~otel_agentcap.pipeline.processor.AgentCapSpanProcessor` and becomes the ``model_call``
+  event. The instrumentor wraps ``Messages.create`` / ``Messages.stream`` (sync, async, beta)
+  to bind the causal parents of a request (the tool_result events of the ``tool_result`` blocks
+  it carries), and adds the requested ``tool_use`` ids (``agentcap.model_call.tool_use_ids``) to
+  the SDK's span.
   Content follows the SDK's own content mode (``ANTHROPIC_OPEN_TELEMETRY_TRACES_CONTENT_MODE``);
   the output of a raw ``messages.create(stream=True)`` that completed, which the SDK leaves off its
   span, is added as ``agentcap.model_call.output_messages`` (see :mod:`.stream_content`).
@@ -26,8 +27,8 @@ What it does depends on the installed SDK (range in :mod:`.package`):
   once (exhausted, failed, closed, left, dropped). Content only with
   ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true``.
 
-``instrument()`` also adds an :class:`~otel_agentcap.processor.AgentCapSpanProcessor` to the global
-SDK TracerProvider when it has none (for ``opentelemetry-instrument`` with
+``instrument()`` also adds an :class:`~otel_agentcap.pipeline.processor.AgentCapSpanProcessor`
+to the global SDK TracerProvider when it has none (for ``opentelemetry-instrument`` with
 ``OTEL_TRACES_EXPORTER=agentcap``). API keys and headers are never read.
 """
 
@@ -141,7 +142,7 @@ def ensure_agentcap_processor() -> bool:
     try:
         from opentelemetry.sdk.trace import TracerProvider
 
-        from otel_agentcap.processor import AgentCapSpanProcessor, has_agentcap_processor
+        from otel_agentcap.pipeline.processor import AgentCapSpanProcessor, has_agentcap_processor
 
         provider = trace.get_tracer_provider()
         if not isinstance(provider, TracerProvider):

@@ -1,6 +1,6 @@
 """Pure mapping from anthropic SDK objects (request keyword arguments, Messages, stream events,
 exceptions) to span attributes, with the attribute names the SDK's own tracing uses, so that
-:mod:`otel_agentcap.model_calls` reads both the same way. Nothing here raises."""
+:mod:`otel_agentcap.pipeline.model_calls` reads both the same way. Nothing here raises."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from opentelemetry.util.types import AttributeValue
 
 from otel_agentcap import jsonsafe
 from otel_agentcap.instrumentation.anthropic.stream_blocks import StreamedBlocks
-from otel_agentcap.model_calls import TOOL_USE_IDS
+from otel_agentcap.pipeline.model_calls import TOOL_USE_IDS
 
 _logger = logging.getLogger(__name__)
 

@@ -3,8 +3,9 @@
 Two kinds:
 
 * causal wrappers, for an SDK that traces itself: they add no span; they bind, around the request,
-  the causal parents found in its ``tool_result`` blocks (see :mod:`otel_agentcap.causal_links`),
-  so the SDK's span, stamped by the processor when it starts, names them;
+  the causal parents found in its ``tool_result`` blocks (see
+  :mod:`otel_agentcap.pipeline.causal_links`), so the SDK's span, stamped by the processor when
+  it starts, names them;
 * span wrappers, for an SDK without tracing: the same, plus one ``chat`` span per call with the
   attribute names of the SDK's own tracing.
 
@@ -25,7 +26,6 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Tracer
 
-from otel_agentcap import causal_links
 from otel_agentcap.context import caused_by, current_agent
 from otel_agentcap.instrumentation.anthropic import extractors
 from otel_agentcap.instrumentation.anthropic.wrappers import (
@@ -37,6 +37,7 @@ from otel_agentcap.instrumentation.anthropic.wrappers import (
     TracedStreamManager,
 )
 from otel_agentcap.model import EventRef
+from otel_agentcap.pipeline import causal_links
 
 _logger = logging.getLogger(__name__)
 

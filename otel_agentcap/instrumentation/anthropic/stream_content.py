@@ -6,8 +6,9 @@ The SDK records a stream's output content (``gen_ai.output.messages``) only when
 output content on the SDK's span, on purpose (its own tests assert it), and neither does a raw
 stream that ends early or is closed. Instrumenting the SDK never changes its telemetry, so the
 SDK's attributes stay as the SDK sets them, and agentcap records the output of such a stream in
-:data:`~otel_agentcap.model_calls.OUTPUT_MESSAGES` (``agentcap.model_call.output_messages``) on
-the same span, from which the ``model_call`` event's payload takes it (``content.output_messages``).
+:data:`~otel_agentcap.pipeline.model_calls.OUTPUT_MESSAGES` (``agentcap.model_call.output_messages``)
+on the same span, from which the ``model_call`` event's payload takes it
+(``content.output_messages``).
 
 Only a completed stream gets it: read to the end of its body, after ``message_stop``, with no
 error (the span's status is OK); not one closed, dropped, failed or cut off, even after
@@ -34,7 +35,7 @@ from typing import Any
 
 from otel_agentcap import jsonsafe, private_parts
 from otel_agentcap.instrumentation.anthropic.stream_blocks import StreamedBlocks
-from otel_agentcap.model_calls import OUTPUT_MESSAGES
+from otel_agentcap.pipeline.model_calls import OUTPUT_MESSAGES
 
 _logger = logging.getLogger(__name__)
 

@@ -49,16 +49,16 @@ from typing import Any, NamedTuple
 
 from otel_agentcap import attributes as attr
 from otel_agentcap import private_parts
-from otel_agentcap.capture.tools import Tool
-from otel_agentcap.context import current_agent
-from otel_agentcap.instrumentation.anthropic.wrappers import ObjectProxy
-from otel_agentcap.model import EventRef, EventType, validate_id
-from otel_agentcap.tool_uses import (
+from otel_agentcap.capture.tool_uses import (
     remember_tool_result,
     sdk_tools_exactly_once,
     set_sdk_tools_exactly_once,
     tool_use_scope,
 )
+from otel_agentcap.capture.tools import Tool
+from otel_agentcap.context import current_agent
+from otel_agentcap.instrumentation.anthropic.wrappers import ObjectProxy
+from otel_agentcap.model import EventRef, EventType, validate_id
 
 __all__ = [
     "RUNNERS",

@@ -1,0 +1,3 @@
+from otel_agentcap.cli.commands import main
+
+raise SystemExit(main())
