@@ -17,23 +17,16 @@ import random
 import threading
 import time
 from collections import OrderedDict
-from typing import Final, Protocol
+from typing import Final
 
+# Defined in otel_agentcap.protocols, with the package's other interfaces.
+from otel_agentcap.protocols import SequenceSource as SequenceSource
 from otel_agentcap.runs import lifetimes
 
 _logger = logging.getLogger(__name__)
 
 DEFAULT_BLOCK_SIZE: Final = 1024
 DEFAULT_MAX_FINISHED_RUNS: Final = 100_000
-
-
-class SequenceSource(Protocol):
-    """Reserves blocks of sequences for one agent, exclusively across processes."""
-
-    def reserve(self, run_id: str, agent_id: str, *, at_least: int, size: int) -> int:
-        """Return ``start >= at_least`` such that ``[start, start + size)`` belongs to the caller
-        alone, and is above every sequence stored for the agent."""
-        ...
 
 
 class LamportClock:

@@ -9,9 +9,8 @@ import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Final, NamedTuple, Protocol, TypeVar
+from typing import Any, Final, TypeVar
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -37,6 +36,12 @@ from otel_agentcap.context import (
 from otel_agentcap.errors import AgentCancelled, AgentTimeoutError, SpawnConflictError
 from otel_agentcap.model import MAX_ID_LENGTH, EventRef, EventType, validate_id
 from otel_agentcap.pipeline.stamping import stamp
+
+# Defined in otel_agentcap.protocols, with the package's other interfaces.
+from otel_agentcap.protocols import SpawnClaim as SpawnClaim
+from otel_agentcap.protocols import SpawnLookup as SpawnLookup
+from otel_agentcap.protocols import SpawnRecord as SpawnRecord
+from otel_agentcap.protocols import SpawnRegistry as SpawnRegistry
 from otel_agentcap.runs import lifetimes
 
 _logger = logging.getLogger("otel_agentcap")
@@ -414,59 +419,6 @@ class _PendingSpawn:
 
     def __init__(self) -> None:
         self.done = threading.Event()
-
-
-@dataclass(frozen=True, slots=True)
-class SpawnRecord:
-    """A child's registered spawn: its parent and name, the ``agent_spawn`` event, the span that
-    carries it (the ``create_agent`` span), under which the child's executions run so that a
-    child resumed in another process joins the run's trace, and whether the caller's own spawn
-    was the one registered (``won``)."""
-
-    parent_agent_id: str
-    name: str | None
-    spawned_at: EventRef
-    span_context: SpanContext | None = None
-    won: bool = False
-
-    @property
-    def spawn_span(self) -> SpanContext | None:
-        """The ``create_agent`` span of the spawn, if known."""
-        return self.span_context if self.span_context is not None else self.spawned_at.span
-
-
-class SpawnClaim(NamedTuple):
-    """A spawn as the caller would register it (trace and span ids in hex, as the log stores
-    them)."""
-
-    run_id: str
-    child_agent_id: str
-    parent_agent_id: str
-    name: str
-    key: str | None
-    spawn_event_id: str
-    spawn_seq: int
-    trace_id: str | None
-    span_id: str | None
-
-
-class SpawnRegistry(Protocol):
-    """Registers spawns where every process serving a run sees them, when they happen: the first
-    registration of a child wins, and every later one (from any process) gets the winner's record.
-    ``configure()`` installs the PostgreSQL one."""
-
-    def find(self, run_id: str, child_agent_id: str) -> SpawnRecord | None:
-        """The registered spawn of the child, if any (a retry then starts no span at all)."""
-        ...
-
-    def register(self, claim: SpawnClaim) -> SpawnRecord: ...
-
-
-class SpawnLookup(Protocol):
-    """Finds a child spawned by an earlier process (the interface of earlier versions; a
-    :class:`SpawnRegistry` replaces it)."""
-
-    def find(self, run_id: str, child_agent_id: str) -> SpawnRecord | None: ...
 
 
 _spawn_registry: SpawnRegistry | None = None

@@ -13,88 +13,26 @@ import base64
 import hashlib
 import pickle
 import sys
-from typing import Any, Final, Literal, NamedTuple, Protocol
+from typing import Any, Final
 
 from otel_agentcap import jsonsafe
 from otel_agentcap.errors import RecordedToolError
 
-CrashPolicy = Literal["at_least_once", "at_most_once"]
-#: What happens to an invocation whose claim was held by a process that died (its lease expired):
-#: ``at_least_once`` runs the body again (as the next attempt), ``at_most_once`` raises
-#: :class:`~otel_agentcap.errors.ToolOutcomeUnknown` naming the invocation, now and on every retry.
-DEFAULT_CRASH_POLICY: Final[CrashPolicy] = "at_least_once"
-CRASH_POLICIES: Final = frozenset({"at_least_once", "at_most_once"})
-
-ClaimState = Literal["claimed", "running", "succeeded", "failed", "unknown"]
+# Defined in otel_agentcap.protocols, with the package's other interfaces.
+from otel_agentcap.protocols import CRASH_POLICIES as CRASH_POLICIES
+from otel_agentcap.protocols import DEFAULT_CRASH_POLICY as DEFAULT_CRASH_POLICY
+from otel_agentcap.protocols import ClaimState as ClaimState
+from otel_agentcap.protocols import Codec as Codec
+from otel_agentcap.protocols import CrashPolicy as CrashPolicy
+from otel_agentcap.protocols import LedgerCall as LedgerCall
+from otel_agentcap.protocols import LedgerClaim as LedgerClaim
+from otel_agentcap.protocols import ToolLedger as ToolLedger
 
 
 def call_digest(tool: str, canonical_input: str) -> str:
     """The identity of a call within its invocation id: SHA-256 (hex) of the tool name and the
     canonical JSON of its input (keys sorted, as ``jsonsafe.dumps(..., sort_keys=True)``)."""
     return hashlib.sha256(f"{tool}\x1f{canonical_input}".encode()).hexdigest()
-
-
-class LedgerCall(NamedTuple):
-    """One invocation identity, as the ledger keys it."""
-
-    run_id: str
-    agent_id: str
-    invocation_id: str
-    tool: str
-    digest: str
-    crash_policy: CrashPolicy = DEFAULT_CRASH_POLICY
-
-
-class LedgerClaim(NamedTuple):
-    """The answer to :meth:`ToolLedger.claim`.
-
-    ``state`` is ``claimed`` (the caller runs the body, as ``attempt``), ``running`` (another
-    process holds a live claim: ask again later), ``succeeded`` / ``failed`` (the recorded outcome:
-    ``result`` in the ``codec``'s encoding, or ``error`` as :func:`encode_error` wrote it), or
-    ``unknown`` (the claim's holder died and the tool's policy is at most once). ``ordinal`` is 0
-    for the first call recorded under the invocation id and k > 0 for the k-th call that reused the
-    id with another tool or input."""
-
-    state: ClaimState
-    attempt: int = 1
-    ordinal: int = 0
-    result: Any = None
-    error: Any = None
-    codec: str | None = None
-    result_event_id: str | None = None
-    result_event_seq: int | None = None
-
-
-class ToolLedger(Protocol):
-    """Records tool invocations in a store shared by processes, before their bodies run.
-
-    Calls are synchronous; ``claim`` and ``complete`` are one round trip each on the success path.
-    Implementations keep a claim alive while its body runs (``claim`` ... ``complete`` /
-    ``release``) and let it expire when the process dies."""
-
-    def claim(self, call: LedgerCall) -> LedgerClaim: ...
-
-    def complete(
-        self,
-        call: LedgerCall,
-        attempt: int,
-        *,
-        succeeded: bool,
-        result: Any,
-        error: Any,
-        codec: str,
-        invocation_event_id: str,
-        result_event_id: str,
-        result_event_seq: int,
-    ) -> None:
-        """Record the outcome of the caller's claim (never raises: a store that is down gets it
-        later)."""
-        ...
-
-    def release(self, call: LedgerCall, attempt: int) -> None:
-        """Give up the caller's claim without an outcome (the body was interrupted), so the next
-        claim runs it again. Never raises."""
-        ...
 
 
 _ledger: ToolLedger | None = None
@@ -110,19 +48,6 @@ def set_tool_ledger(ledger: ToolLedger | None) -> None:
 def tool_ledger() -> ToolLedger | None:
     """The installed ledger, or None."""
     return _ledger
-
-
-class Codec(Protocol):
-    """How a tool's result is written to the ledger and read back in another process.
-
-    ``encode`` returns a value JSON can hold (it is stored as ``jsonb``); ``decode`` gets that value
-    back, parsed."""
-
-    name: str
-
-    def encode(self, value: Any) -> Any: ...
-
-    def decode(self, data: Any) -> Any: ...
 
 
 class JsonCodec:

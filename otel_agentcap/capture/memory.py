@@ -23,9 +23,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from abc import ABC, abstractmethod
 from collections import OrderedDict
-from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Final
@@ -40,6 +38,10 @@ from otel_agentcap.context import AgentContext, current_agent
 from otel_agentcap.model import EventRef, EventType, validate_id
 from otel_agentcap.pipeline.span_attributes import add_attributes
 from otel_agentcap.pipeline.stamping import Stamp, stamp
+
+# Defined in otel_agentcap.protocols, with the package's other interfaces.
+from otel_agentcap.protocols import Lookup as Lookup
+from otel_agentcap.protocols import MemoryBase as MemoryBase
 
 _logger = logging.getLogger("otel_agentcap")
 
@@ -57,79 +59,9 @@ class _Missing:
 MISSING: Final = _Missing()
 
 
-@dataclass(frozen=True, slots=True)
-class Lookup:
-    """The outcome of a read: ``found`` is False for a missing key, True for a stored ``None``.
-    ``version`` is the key's version as read (0 for a key never written), for
-    :meth:`Memory.compare_and_set`."""
-
-    found: bool
-    value: Any = None
-    written_by: EventRef | None = None
-    version: int = 0
-
-
 #: Deleted keys whose delete the key's next write still names as causal parent (the most recent
 #: ones are kept).
 DEFAULT_MAX_DELETED_KEYS: Final = 10_000
-
-
-class MemoryBase(ABC):
-    """The mapping interface shared by :class:`Memory` and ``PostgresMemory``: implementations
-    provide :meth:`lookup`, :meth:`set`, :meth:`delete`, :meth:`compare_and_set`, :meth:`keys`."""
-
-    name: str
-
-    @abstractmethod
-    def lookup(self, key: str) -> Lookup:
-        """Read ``key``, recording a ``memory_read`` event inside an agent."""
-
-    @abstractmethod
-    def set(self, key: str, value: Any) -> EventRef | None:
-        """Store a copy of ``value``; returns the ``memory_write`` event (None outside an
-        agent)."""
-
-    @abstractmethod
-    def delete(self, key: str) -> bool:
-        """Remove ``key``; returns whether it was there. Recorded as a write with
-        ``after_found: false``."""
-
-    @abstractmethod
-    def compare_and_set(self, key: str, expected_version: int, value: Any) -> EventRef | bool:
-        """Write ``value`` (or delete, with :data:`MISSING`) only if ``key`` is at
-        ``expected_version`` (as :attr:`Lookup.version` reported it; 0 for a key never written).
-        Returns the ``memory_write`` event (True outside an agent) if it wrote, False if the
-        version differed (nothing is written or recorded)."""
-
-    @abstractmethod
-    def keys(self) -> list[str]:
-        """The keys present now, without recording a read."""
-
-    def __contains__(self, key: object) -> bool:
-        return isinstance(key, str) and self.lookup(key).found
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.keys())
-
-    def __len__(self) -> int:
-        return len(self.keys())
-
-    def __getitem__(self, key: str) -> Any:
-        found = self.lookup(key)
-        if not found.found:
-            raise KeyError(key)
-        return found.value
-
-    def __setitem__(self, key: str, value: Any) -> None:
-        self.set(key, value)
-
-    def __delitem__(self, key: str) -> None:
-        if not self.delete(key):
-            raise KeyError(key)
-
-    def get(self, key: str, default: Any = None) -> Any:
-        found = self.lookup(key)
-        return found.value if found.found else default
 
 
 @dataclass(slots=True)

@@ -27,7 +27,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Final, Protocol
+from typing import Any, Final
 from urllib.parse import quote, unquote
 
 from opentelemetry import context as otel_context
@@ -42,6 +42,10 @@ from otel_agentcap.capture import _telemetry as tel
 from otel_agentcap.context import RunContext, bind_run, current_run, new_id, reset_run
 from otel_agentcap.errors import RunExistsError
 from otel_agentcap.model import validate_id
+
+# Defined in otel_agentcap.protocols, with the package's other interfaces.
+from otel_agentcap.protocols import RunRegistry as RunRegistry
+from otel_agentcap.protocols import StoredRun as StoredRun
 from otel_agentcap.runs import lifetimes
 
 _logger = logging.getLogger("otel_agentcap")
@@ -141,28 +145,6 @@ def run_context() -> RunCarrier:
 
 
 # --------------------------------------------------------------------------- run identity
-
-
-@dataclass(frozen=True, slots=True)
-class StoredRun:
-    """A run the store knows, with its root span when that was recorded."""
-
-    run_id: str
-    root_span: SpanContext | None = None
-
-
-class RunRegistry(Protocol):
-    """Claims run ids in a store shared by processes (``configure()`` installs the PostgreSQL
-    one). Called when a run opens, outside any lock; may raise (the run then opens unchecked,
-    with a warning)."""
-
-    def claim(
-        self, run_id: str, root_span: SpanContext | None, started_at: datetime
-    ) -> StoredRun | None:
-        """Record ``run_id`` as started at ``started_at`` (its root span's start), with its root
-        span; return None when this call created it, or the stored run, unchanged, when it
-        existed."""
-        ...
 
 
 _registry: RunRegistry | None = None

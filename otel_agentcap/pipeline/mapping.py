@@ -16,9 +16,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
 from opentelemetry.util.types import AttributeValue
 
@@ -41,48 +41,11 @@ from otel_agentcap.pipeline.model_calls import (
 )
 from otel_agentcap.pipeline.span_attributes import attributes_of, has_events
 
+# Defined in otel_agentcap.protocols, with the package's other interfaces.
+from otel_agentcap.protocols import SpanCheck as SpanCheck
+from otel_agentcap.protocols import SpanLike as SpanLike
+
 _MODEL_CALL: Final = EventType.MODEL_CALL.value
-
-
-class _SpanContextLike(Protocol):
-    @property
-    def trace_id(self) -> int: ...
-
-    @property
-    def span_id(self) -> int: ...
-
-
-class _SpanEventLike(Protocol):
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def attributes(self) -> Mapping[str, AttributeValue] | None: ...
-
-    @property
-    def timestamp(self) -> int: ...
-
-
-class SpanLike(Protocol):
-    """What the mapping reads of an SDK ``ReadableSpan``."""
-
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def attributes(self) -> Mapping[str, AttributeValue] | None: ...
-
-    @property
-    def events(self) -> Sequence[_SpanEventLike]: ...
-
-    @property
-    def start_time(self) -> int | None: ...
-
-    @property
-    def end_time(self) -> int | None: ...
-
-    @property
-    def context(self) -> _SpanContextLike | None: ...
 
 
 def _time(ns: int | None) -> datetime:
@@ -535,21 +498,6 @@ def declared_run_attributes(attributes: Mapping[str, AttributeValue]) -> dict[st
         return None
     parsed = jsonsafe.loads(declared)
     return parsed if isinstance(parsed, dict) else None
-
-
-class SpanCheck(Protocol):
-    """A check :func:`batch_from_spans` applies to each span's records before it takes them:
-    returns why the span must be rejected, or None. ``root_run`` is the run id of a run's root
-    span (which has no events), else None."""
-
-    def __call__(
-        self,
-        span: SpanLike,
-        events: Sequence[Event],
-        agents: Sequence[AgentRecord],
-        run_attributes: Mapping[str, Any] | None,
-        root_run: str | None,
-    ) -> str | None: ...
 
 
 def _span_agents(attributes: Mapping[str, AttributeValue]) -> tuple[AgentRecord, ...]:
