@@ -7,7 +7,8 @@
   SDK's spans) and :mod:`.causal_links` (where model calls and the tool results sent back to the
   model meet).
 * :mod:`.processor`: ``AgentCapSpanProcessor``, which stamps the spans started inside an agent.
-* :mod:`.model_calls`: what a model-call span records, read into the ``model_call`` payload.
+* :mod:`.model_calls`: what a model-call span records, read into the ``model_call`` payload, and
+  :mod:`.call_identity`: the rule that one model call is one event, which every step applies.
 * :mod:`.mapping`: finished spans to event-log records (``model.Batch``), which the exporters
   store.
 

@@ -5,10 +5,10 @@ the closing event of the same operation (``tool_result``, ``agent_end``, ``agent
 events named ``agentcap.*`` holding such a record (what earlier versions wrote) are read too.
 Spans without stamps are ignored.
 
-One model call is one event: of two ``model_call`` events of a batch that record the same API call
-under different event ids (same run, and the same response id or request id, see
-:func:`otel_agentcap.pipeline.model_calls.call_ids`), the one from the anthropic SDK's own span is
-kept, else the first; the other goes to ``Batch.superseded``, which storage keeps as a conflict.
+One model call is one event (:mod:`otel_agentcap.pipeline.call_identity`): of two ``model_call``
+events of a batch that record the same API call under different event ids, the one from the
+anthropic SDK's own span is kept, else the first; the other goes to ``Batch.superseded``, which
+storage keeps as a conflict.
 """
 
 from __future__ import annotations
@@ -33,12 +33,8 @@ from otel_agentcap.model import (
     SpanRecord,
     from_fields,
 )
-from otel_agentcap.pipeline.model_calls import (
-    SUPERSEDED,
-    call_ids,
-    is_sdk_scope,
-    model_call_payload,
-)
+from otel_agentcap.pipeline.call_identity import SUPERSEDED, CallIndex, call_ids, replaces
+from otel_agentcap.pipeline.model_calls import is_sdk_scope, model_call_payload
 from otel_agentcap.pipeline.span_attributes import attributes_of, has_events
 
 # Defined in otel_agentcap.protocols, with the package's other interfaces.
@@ -366,16 +362,16 @@ def _remember_agents(
 
 
 class _ModelCalls:
-    """The model calls of one batch, by (run, response id) and (run, request id): keeps one event
-    per call in ``events`` and moves the others to ``superseded``."""
+    """The model calls of one batch: keeps one event per call in ``events`` and moves the others
+    to ``superseded`` (:mod:`otel_agentcap.pipeline.call_identity`)."""
 
-    __slots__ = ("by_id", "events", "sdk", "superseded")
+    __slots__ = ("calls", "events", "sdk", "superseded")
 
     def __init__(self, events: list[Event]) -> None:
         self.events = events
         #: Each set-aside record with the index in ``events`` of the record kept for its call.
         self.superseded: list[tuple[Event, int]] = []
-        self.by_id: dict[tuple[str, str, str], int] = {}
+        self.calls: CallIndex[int] = CallIndex()
         self.sdk: set[int] = set()
 
     def set_aside(self) -> tuple[tuple[Event, ...], tuple[str, ...]]:
@@ -388,30 +384,20 @@ class _ModelCalls:
         )
 
     def add(self, event: Event, sdk: bool) -> None:
+        run_id = event.run_id
         response_id, request_id = call_ids(event.payload)
-        by_id = self.by_id
         events = self.events
-        by_response: int | None = None
-        by_request: int | None = None
-        response_key = request_key = None
-        if response_id is not None:
-            response_key = ("response", event.run_id, response_id)
-            by_response = by_id.get(response_key)
-        if request_id is not None:
-            request_key = ("request", event.run_id, request_id)
-            by_request = by_id.get(request_key)
+        by_response, by_request = self.calls.matches(run_id, response_id, request_id)
         matched = by_response if by_response is not None else by_request
         if matched is None:
             index = len(events)
             events.append(event)
         else:
             index = matched
-            if (
-                sdk
-                and index not in self.sdk
-                and (by_response is None or by_request is None or by_response == by_request)
+            if replaces(sdk, index in self.sdk) and (
+                by_response is None or by_request is None or by_response == by_request
             ):
-                # Takes the place of the non-SDK record. Not when its ids name two kept events:
+                # Takes the place of the kept record. Not when its ids name two kept events:
                 # it would then share an id with the other one.
                 self.superseded.append((events[index], index))
                 events[index] = event
@@ -419,10 +405,7 @@ class _ModelCalls:
                 self.superseded.append((event, index))
         if sdk and events[index] is event:
             self.sdk.add(index)
-        if response_key is not None:
-            by_id.setdefault(response_key, index)
-        if request_key is not None:
-            by_id.setdefault(request_key, index)
+        self.calls.add(run_id, response_id, request_id, index)
 
 
 def _enum_value(value: Any, default: int) -> int:

@@ -51,7 +51,11 @@ from opentelemetry.trace import StatusCode
 from opentelemetry.util.types import AttributeValue
 
 from otel_agentcap import attributes as attr
-from otel_agentcap.jsonsafe import RawJson, to_jsonable
+
+# Defined in otel_agentcap.pipeline.call_identity, with the rule they serve.
+from otel_agentcap.pipeline.call_identity import REQUEST_ID, RESPONSE_ID
+from otel_agentcap.pipeline.call_identity import SUPERSEDED as SUPERSEDED
+from otel_agentcap.pipeline.call_identity import call_ids as call_ids
 
 PAYLOAD_SCHEMA: Final = 1
 
@@ -64,8 +68,6 @@ TOOL_USE_IDS: Final = "agentcap.model_call.tool_use_ids"
 #: (content: set only when content capture is on). JSON: the GenAI output messages, as the SDK
 #: writes ``gen_ai.output.messages``.
 OUTPUT_MESSAGES: Final = "agentcap.model_call.output_messages"
-#: Set on a model-call span whose event another span of the same call records instead.
-SUPERSEDED: Final = "agentcap.event.superseded"
 
 # Attribute spellings, first match wins.
 _INPUT_TOKENS = ("gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens")
@@ -112,38 +114,6 @@ _OUTPUT_ATTRIBUTES: Final = ("gen_ai.output.messages", OUTPUT_MESSAGES)
 def is_sdk_scope(scope: str | None) -> bool:
     """Whether ``scope`` is the anthropic SDK's own instrumentation scope (any platform suffix)."""
     return scope is not None and scope.startswith(SDK_SCOPE)
-
-
-def call_ids(payload: Any) -> tuple[str | None, str | None]:
-    """The response id and the request id a ``model_call`` payload records (``None`` when absent).
-
-    They identify the API call: two ``model_call`` events of one run with the same response id,
-    or the same request id, record the same call. Only string values count, as in the log's
-    unique indexes (``jsonb_typeof(...) = 'string'``): a value storage encodes as a JSON string
-    (a ``uuid.UUID``, say) counts as that string. A payload still in its JSON text form
-    (``jsonsafe.RawJson``) is parsed for this."""
-    if type(payload) is dict:
-        response_id = payload.get("response_id")
-        request_id = payload.get("request_id")
-        if (response_id is None or type(response_id) is str) and (
-            request_id is None or type(request_id) is str
-        ):
-            return response_id, request_id  # as model_call_payload writes them
-    if isinstance(payload, RawJson):
-        try:
-            payload = json.loads(payload)
-        except (ValueError, RecursionError):
-            return None, None
-    if not isinstance(payload, dict):
-        return None, None
-    return _id_text(payload.get("response_id")), _id_text(payload.get("request_id"))
-
-
-def _id_text(value: Any) -> str | None:
-    if value is None or isinstance(value, str):
-        return value
-    stored = to_jsonable(value)
-    return stored if isinstance(stored, str) else None
 
 
 def is_content_attribute(key: str) -> bool:
@@ -241,12 +211,12 @@ def model_call_payload(
     payload["stream"] = bool(get("gen_ai.request.stream"))
     response_id = get(attr.GEN_AI_RESPONSE_ID)
     if response_id is not None:
-        payload["response_id"] = str(response_id)
+        payload[RESPONSE_ID] = str(response_id)
     request_id = get(_REQUEST_ID[0])
     if request_id is None:
         request_id = get(_REQUEST_ID[1])
     if request_id is not None:
-        payload["request_id"] = str(request_id)
+        payload[REQUEST_ID] = str(request_id)
     stop = get(_STOP_REASON[0])
     if stop is None:
         stop = get(_STOP_REASON[1])

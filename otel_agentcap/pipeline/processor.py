@@ -34,7 +34,8 @@ from otel_agentcap import private_parts
 from otel_agentcap.context import AgentContext, current_agent
 from otel_agentcap.model import EventRef, EventType
 from otel_agentcap.pipeline import causal_links
-from otel_agentcap.pipeline.model_calls import STOP_REASON, SUPERSEDED, TOOL_USE_IDS, is_sdk_scope
+from otel_agentcap.pipeline.call_identity import SUPERSEDED, replaces
+from otel_agentcap.pipeline.model_calls import STOP_REASON, TOOL_USE_IDS, is_sdk_scope
 from otel_agentcap.pipeline.span_attributes import add_attributes, attributes_of
 from otel_agentcap.pipeline.stamping import stamp
 
@@ -112,12 +113,13 @@ class AgentCapSpanProcessor(SpanProcessor):
     """Stamps spans started inside an agent. Add it to the TracerProvider before any exporting
     processor, so exporters see the stamps.
 
-    One model call is one event, however many instrumentations record it. Of two model-call spans
-    of the same call (one started while the other is current, or an add-on's span that is not
-    made current followed, in the same thread or task and under the same parent, by the SDK's own
-    span), one keeps the event and the other is marked ``agentcap.event.superseded`` while it is
-    still running, so the mapping skips it: the SDK's span wins, else the inner one. Both carry the
-    same stamp, so the log holds one event whichever is exported.
+    One model call is one event, however many instrumentations record it
+    (:mod:`otel_agentcap.pipeline.call_identity`). Of two model-call spans of the same call (one
+    started while the other is current, or an add-on's span that is not made current followed,
+    in the same thread or task and under the same parent, by the SDK's own span), one keeps the
+    event and the other is marked ``agentcap.event.superseded`` while it is still running, so the
+    mapping skips it: the SDK's span wins, else the inner one. Both carry the same stamp, so the
+    log holds one event whichever is exported.
     """
 
     def __init__(self, classifiers: tuple[SpanClassifier, ...] = (classify_genai_span,)) -> None:
@@ -225,14 +227,10 @@ class AgentCapSpanProcessor(SpanProcessor):
         for link in other.links:
             if link.attributes and attr.LINK_EVENT_ID in link.attributes:
                 span.add_link(link.context, dict(link.attributes))
-        if sdk and not is_sdk_scope(other_scope):
+        other_sdk = is_sdk_scope(other_scope)
+        if replaces(sdk, other_sdk) or (other is parent and not other_sdk):
+            # The SDK's span wins; of two other spans, the inner one (the outer one wraps it).
             other.set_attribute(SUPERSEDED, True)
-        elif other is parent:
-            # The inner span wins unless the outer one is the SDK's.
-            if is_sdk_scope(other_scope):
-                span.set_attribute(SUPERSEDED, True)
-            else:
-                other.set_attribute(SUPERSEDED, True)
         else:
             span.set_attribute(SUPERSEDED, True)
         return True

@@ -31,7 +31,7 @@ from otel_agentcap.model import (
     SpanRecord,
     from_fields,
 )
-from otel_agentcap.pipeline.model_calls import call_ids
+from otel_agentcap.pipeline.call_identity import CallIndex, call_ids, conflict_reason
 from otel_agentcap.validation import Validator
 
 from .errors import InvalidBatch
@@ -349,7 +349,8 @@ def resolve_events(
     earlier row of the same batch marked with ``batch_reason`` and the id they collided with.
 
     Two ``model_call`` rows of one run with the same response id, or the same request id, collide
-    too (``model_call_response_id`` / ``model_call_request_id``). ``superseded`` rows (model calls
+    too (``model_call_response_id`` / ``model_call_request_id``; see
+    :mod:`otel_agentcap.pipeline.call_identity`). ``superseded`` rows (model calls
     the mapping found recorded twice) collide with the event the mapping kept for them, given in
     ``superseded_by``; without it they come after all of ``events`` and are matched by their ids."""
     rows = _sorted_rows(events, dumps)
@@ -360,8 +361,7 @@ def resolve_events(
     by_id: dict[tuple[str, bytes], EventRow] = {}
     by_seq: dict[tuple[str, str, int], bytes] = {}
     by_key: dict[tuple[str, str, str], bytes] = {}
-    by_response: dict[tuple[str, str], bytes] = {}
-    by_request: dict[tuple[str, str], bytes] = {}
+    calls: CallIndex[bytes] = CallIndex()
     out: list[EventRow] = []
     duplicates = 0
     # A row colliding with an earlier row of the same batch gets the reason it would get against
@@ -382,30 +382,18 @@ def resolve_events(
             continue
         # The model-call checks come before the (run, agent, seq) and (run, agent, key) ones, in
         # the order the writer's classification uses.
-        response_key = request_key = None
+        call: tuple[str | None, str | None] | None = None
         if row.event_type == _MODEL_CALL and row.payload is not None:
             # Broader than the SQL test (a Python str may be stored as an encoded object), never
             # narrower: two rows the log's unique indexes would refuse never both reach the INSERT.
-            response_id, request_id = call_ids(row.payload.obj)
-            response_key = None if response_id is None else (row.run_id, response_id)
-            request_key = None if request_id is None else (row.run_id, request_id)
-            # A row of a call already in the batch also lends the call its other id (as the
-            # mapping does), so a third record that shares only that id is found too.
-            if response_key is not None and response_key in by_response:
-                kept = by_response[response_key]
-                if request_key is not None:
-                    by_request.setdefault(request_key, kept)
-                out.append(
-                    row._replace(batch_reason="model_call_response_id", batch_conflict_with=kept)
-                )
-                continue
-            if request_key is not None and request_key in by_request:
-                kept = by_request[request_key]
-                if response_key is not None:
-                    by_response.setdefault(response_key, kept)
-                out.append(
-                    row._replace(batch_reason="model_call_request_id", batch_conflict_with=kept)
-                )
+            call = call_ids(row.payload.obj)
+            found = calls.find(row.run_id, *call)
+            if found is not None:
+                kept, reason = found
+                # Lends the call its other id (as the mapping does), so a third record that
+                # shares only that id is found too.
+                calls.add(row.run_id, *call, kept)
+                out.append(row._replace(batch_reason=reason, batch_conflict_with=kept))
                 continue
         if seq_key in by_seq:
             out.append(
@@ -417,10 +405,8 @@ def resolve_events(
                 row._replace(batch_reason="run_agent_key", batch_conflict_with=by_key[idem_key])
             )
             continue
-        if response_key is not None:
-            by_response[response_key] = row.event_id
-        if request_key is not None:
-            by_request[request_key] = row.event_id
+        if call is not None:
+            calls.add(row.run_id, *call, row.event_id)
         by_id[(row.run_id, row.event_id)] = row
         by_seq[seq_key] = row.event_id
         by_key[idem_key] = row.event_id
@@ -436,10 +422,10 @@ def resolve_events(
                 continue
             if first is not None:
                 reason = "event_id_content"
-            elif row.payload is not None and call_ids(row.payload.obj)[0] is not None:
-                reason = "model_call_response_id"
             else:
-                reason = "model_call_request_id"
+                reason = conflict_reason(
+                    call_ids(row.payload.obj)[0] if row.payload is not None else None
+                )
             conflict_with = first.event_id if first is not None else uuid_bytes(kept_id, "event id")
             out.append(row._replace(batch_reason=reason, batch_conflict_with=conflict_with))
     return out, duplicates

@@ -68,6 +68,12 @@ from psycopg import sql
 from psycopg_pool import PoolTimeout
 
 from otel_agentcap.model import EVENT_TYPES, Batch
+from otel_agentcap.pipeline.call_identity import (
+    BY_REQUEST_ID,
+    BY_RESPONSE_ID,
+    REQUEST_ID,
+    RESPONSE_ID,
+)
 
 from .errors import (
     AgentCapStorageError,
@@ -267,9 +273,10 @@ _FAST_PROBES: Final = """
         NULL::uuid AS k_id
 """
 # Both variants probe for the same model call stored under another event id (same run, and the
-# same response id, else the same request id; migration 0002's partial unique indexes), only for
-# model_call rows that carry such an id. The WHERE clauses repeat the index predicates verbatim so
-# the planner uses those indexes.
+# same response id, else the same request id: otel_agentcap.pipeline.call_identity, with
+# migration 0002's partial unique indexes as the backstop), only for model_call rows that carry
+# such an id. The WHERE clauses repeat the index predicates verbatim so the planner uses those
+# indexes.
 _CALL_PROBE: Final = """
         CASE WHEN e.event_id IS NULL AND s.batch_reason IS NULL AND s.event_type = 'model_call'
                   AND jsonb_typeof(s.payload -> '{key}') = 'string' THEN (
@@ -282,8 +289,8 @@ _CALL_PROBE: Final = """
         ) END AS {alias}"""
 _CALL_PROBES: Final = ",".join(
     (
-        _CALL_PROBE.format(key="response_id", alias="r_id"),
-        _CALL_PROBE.format(key="request_id", alias="t_id"),
+        _CALL_PROBE.format(key=RESPONSE_ID, alias="r_id"),
+        _CALL_PROBE.format(key=REQUEST_ID, alias="t_id"),
     )
 )
 _CLASSIFY_AND_INSERT: Final = """
@@ -313,8 +320,8 @@ c AS MATERIALIZED (
             -- Before the (run, agent, seq) and (run, agent, key) probes, which the fast variant
             -- skips: a row's reason must not depend on the variant that classified it, or a
             -- re-sent row would be filed again under another reason.
-            WHEN r_id IS NOT NULL THEN 'model_call_response_id'
-            WHEN t_id IS NOT NULL THEN 'model_call_request_id'
+            WHEN r_id IS NOT NULL THEN {by_response_id}
+            WHEN t_id IS NOT NULL THEN {by_request_id}
             WHEN q_id IS NOT NULL THEN 'run_agent_seq'
             WHEN k_id IS NOT NULL THEN 'run_agent_key'
             ELSE 'new'
@@ -559,6 +566,8 @@ class EventWriter:
             columns=columns,
             probes=sql.SQL(probes),
             call_probes=sql.SQL(_CALL_PROBES),
+            by_response_id=sql.Literal(BY_RESPONSE_ID),
+            by_request_id=sql.Literal(BY_REQUEST_ID),
         )
 
     def _ensure_staging(self, conn: psycopg.Connection[Any]) -> None:
