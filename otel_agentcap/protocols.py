@@ -8,7 +8,8 @@ this process only. ``configure()`` installs the PostgreSQL implementations
 =========================  ==================================  ======================================
 interface                  used by                             implementations
 =========================  ==================================  ======================================
-:class:`SequenceSource`    the Lamport clocks                  ``PostgresSequenceSource``
+:class:`SequenceSource`    the Lamport clocks                  ``PostgresSequenceSource``,
+                                                               ``HostAwareSequenceSource``
 :class:`ToolLedger`        ``Tool.invoke`` (exactly once)      ``PostgresToolLedger``
 :class:`Codec`             the tool ledger's results           ``JsonCodec``, ``PickleCodec``
 :class:`SpawnRegistry`     ``spawn()`` across processes        ``PostgresSpawnRegistry``
@@ -19,24 +20,30 @@ interface                  used by                             implementations
 :class:`SpanLike`          the mapping of spans to events      the SDK's ``ReadableSpan``, the
                                                                ingest's ``OtlpSpan``
 :class:`SpanCheck`         ``batch_from_spans``                the ingest's field validation
+:class:`ConnectionSource`  ``EventWriter``                     ``psycopg_pool.ConnectionPool``,
+                                                               ``DedicatedConnection``
 =========================  ==================================  ======================================
 
-Only the standard library, ``opentelemetry-api`` and :mod:`otel_agentcap.model` are imported here,
-so every layer of the package can name these types.
+Only the standard library, ``opentelemetry-api`` and :mod:`otel_agentcap.model` are imported here
+(psycopg for type checking only), so every layer of the package can name these types.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Final, Literal, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, Final, Literal, NamedTuple, Protocol
 
 from opentelemetry.trace import SpanContext
 from opentelemetry.util.types import AttributeValue
 
 from otel_agentcap.model import AgentRecord, Event, EventRef
+
+if TYPE_CHECKING:
+    import psycopg
 
 # Sequences: blocks reserved across processes.
 
@@ -350,3 +357,15 @@ class SpanCheck(Protocol):
         run_attributes: Mapping[str, Any] | None,
         root_run: str | None,
     ) -> str | None: ...
+
+
+# Storage: where the event writer gets its connections.
+
+
+class ConnectionSource(Protocol):
+    """Where a writer gets its connection: a ``psycopg_pool.ConnectionPool`` or a
+    ``connection.DedicatedConnection``."""
+
+    def connection(
+        self, timeout: float | None = None
+    ) -> AbstractContextManager[psycopg.Connection[Any]]: ...

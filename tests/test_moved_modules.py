@@ -111,6 +111,8 @@ PROTOCOLS: dict[str, tuple[str, ...]] = {
     "otel_agentcap.capture.runs": ("RunRegistry", "StoredRun"),
     "otel_agentcap.capture.memory": ("Lookup", "MemoryBase"),
     "otel_agentcap.pipeline.mapping": ("SpanCheck", "SpanLike"),
+    "otel_agentcap.exporters.durable.host_sequences": ("SequenceSource",),
+    "otel_agentcap.exporters.postgres.writer": ("ConnectionSource",),
 }
 
 

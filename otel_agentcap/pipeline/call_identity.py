@@ -26,6 +26,8 @@ Each step a record passes applies the rule with what this module gives:
    ``(run_id, payload ->> 'response_id')`` and ``(run_id, payload ->> 'request_id')`` are the
    backstop: whatever a writer does, the database refuses a second event of a call (the
    migration moved the extra records of logs written before it to conflicts, keeping the SDK's).
+   The writer's direct COPY path counts on them: a row of a stored call makes the COPY fail, and
+   the batch takes the classifying path.
 
 Only string ids count, as in those indexes (``jsonb_typeof(...) = 'string'``).
 """

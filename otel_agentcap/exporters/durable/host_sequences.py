@@ -30,10 +30,11 @@ import sqlite3
 import threading
 import time
 from pathlib import Path
-from typing import Final, Protocol
+from typing import Final
 
 from otel_agentcap.exporters.faults import FaultLog
 from otel_agentcap.exporters.forks import call_in_child_after_fork
+from otel_agentcap.protocols import SequenceSource
 
 _logger = logging.getLogger(__name__)
 #: What a forked child inherited and must neither use nor close (it is the parent's).
@@ -55,10 +56,6 @@ CREATE TABLE IF NOT EXISTS floors (
     PRIMARY KEY (run_id, agent_id)
 )
 """
-
-
-class SequenceSource(Protocol):
-    def reserve(self, run_id: str, agent_id: str, *, at_least: int, size: int) -> int: ...
 
 
 class RemoteFailed(Exception):

@@ -58,10 +58,9 @@ import time
 import uuid
 from collections import Counter, OrderedDict
 from collections.abc import Iterable, Mapping
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
 import psycopg
 from psycopg import sql
@@ -74,6 +73,7 @@ from otel_agentcap.pipeline.call_identity import (
     REQUEST_ID,
     RESPONSE_ID,
 )
+from otel_agentcap.protocols import ConnectionSource
 
 from .errors import (
     AgentCapStorageError,
@@ -366,15 +366,6 @@ _RETRYABLE_DB_ERRORS: Final = (
 _DIRECT_COPY: Final = sql.SQL("COPY agentcap.events ({}) FROM STDIN (FORMAT BINARY)").format(
     sql.SQL(", ").join(sql.Identifier(n) for n in _EVENT_COLUMNS)
 )
-
-
-class ConnectionSource(Protocol):
-    """Where a writer gets its connection: a ``psycopg_pool.ConnectionPool`` or a
-    ``connection.DedicatedConnection``."""
-
-    def connection(
-        self, timeout: float | None = None
-    ) -> AbstractContextManager[psycopg.Connection[Any]]: ...
 
 
 @dataclass(frozen=True, slots=True)
