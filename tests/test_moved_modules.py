@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import ast
 import importlib
 import subprocess
 import sys
 from importlib.metadata import entry_points
+from pathlib import Path
 
 import pytest
 
@@ -132,6 +134,25 @@ def test_interfaces_keep_their_old_module(module: str) -> None:
     old = importlib.import_module(module)
     for name in PROTOCOLS[module]:
         assert getattr(old, name) is getattr(protocols, name), f"{module}.{name}"
+
+
+def test_command_line_package_keeps_the_old_modules_names() -> None:
+    """otel_agentcap.cli was one module: the package re-exports every public name of its
+    commands module."""
+    import otel_agentcap.cli
+    from otel_agentcap.cli import commands
+
+    defined: list[str] = []
+    for node in ast.parse(Path(commands.__file__).read_text()).body:
+        if isinstance(node, ast.FunctionDef | ast.ClassDef):
+            defined.append(node.name)
+        elif isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            defined += [t.id for t in targets if isinstance(t, ast.Name)]
+    public = sorted(name for name in defined if not name.startswith("_"))
+    assert "main" in public
+    for name in public:
+        assert getattr(otel_agentcap.cli, name) is getattr(commands, name), name
 
 
 def test_command_line_keeps_its_entry_points() -> None:
