@@ -247,6 +247,40 @@ def test_prune_while_writers_keep_inserting(pg_dsn, admin):
     _no_orphans(admin)
 
 
+def test_moving_the_watermark_and_a_write_creating_a_partition_do_not_deadlock(pg_dsn, admin):
+    """A write transaction holds the retention barrier shared, then creates a partition (as
+    memory_write does for a run's first event). A prune that moves the watermark in between waits
+    for it; with the locks taken in the other order PostgreSQL aborted one of the two as a
+    deadlock (seen in CI on PostgreSQL 15)."""
+    errors: list[BaseException] = []
+    moved: list[datetime] = []
+    with psycopg.connect(pg_dsn) as writer:
+        writer.execute(
+            "SELECT pg_advisory_xact_lock_shared(%s)", (partitions.RETENTION_BARRIER_KEY,)
+        )
+
+        def move() -> None:
+            try:
+                with psycopg.connect(pg_dsn, autocommit=True) as conn:
+                    moved.append(retention._move_watermark(conn, datetime(2000, 1, 1, tzinfo=UTC)))
+            except BaseException as exc:
+                errors.append(exc)
+
+        mover = threading.Thread(target=move)
+        mover.start()
+        deadline = time.monotonic() + 30
+        while not admin.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+        ).fetchone()[0]:
+            assert time.monotonic() < deadline, "the prune never waited for the writer"
+            time.sleep(0.02)
+        writer.execute("SELECT agentcap.ensure_partitions(ARRAY[%s::timestamptz])", (_at(6),))
+        writer.commit()
+        mover.join(timeout=60)
+    assert errors == []
+    assert len(moved) == 1
+
+
 def test_prune_waits_for_readers_without_blocking_writers(pg_dsn, admin):
     """While DETACH ... CONCURRENTLY waits for an open reader, writers of kept runs go on; prune
     finishes once the reader is done."""

@@ -3,10 +3,11 @@
 1. The cut is the latest partition bound at or before the date that no partition of any
    run-partitioned table straddles, so every run started before it lies wholly in partitions that
    end at or before it (a run is in the partition of its start, whatever the time of its events).
-2. ``agentcap.log_settings.pruned_before`` moves to the cut, under the partition lock and, taken
-   exclusively, the retention barrier that every write transaction holds shared: once it has moved,
-   no write transaction that read the earlier value is still running, and later ones refuse rows of
-   runs started before it (counted as expired), so no partition below it is created again.
+2. ``agentcap.log_settings.pruned_before`` moves to the cut, under the retention barrier that
+   every write transaction holds shared (taken exclusively, first) and the partition lock
+   (second): once it has moved, no write transaction that read the earlier value is still
+   running, and later ones refuse rows of runs started before it (counted as expired), so no
+   partition below it is created again.
 3. Each partition below the cut is detached with ``DETACH PARTITION ... CONCURRENTLY`` (the parent
    stays open to readers and writers; a detach left pending by an interrupted prune is finalized)
    and dropped.
@@ -91,8 +92,11 @@ def prune_cut(partitions: list[LogPartition], before: datetime) -> datetime | No
 
 def _move_watermark(conn: psycopg.Connection[Any], cut: datetime) -> datetime:
     with conn.transaction():
-        conn.execute(b"SELECT pg_advisory_xact_lock(%s)", (PARTITIONS_LOCK_KEY,))
+        # The barrier first, then the partition lock: the order of a write transaction that holds
+        # the barrier shared and creates a partition (memory_write's first event of a run), so
+        # the two can only wait for each other, never deadlock.
         conn.execute(b"SELECT pg_advisory_xact_lock(%s)", (RETENTION_BARRIER_KEY,))
+        conn.execute(b"SELECT pg_advisory_xact_lock(%s)", (PARTITIONS_LOCK_KEY,))
         row = conn.execute(
             b"UPDATE agentcap.log_settings SET pruned_before = greatest(pruned_before, %s)"
             b" RETURNING pruned_before",
