@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import gzip
 import os
 import socket
@@ -22,13 +21,12 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExportResult
+from otlp_support import captured
 
-import otel_agentcap as ac
 from otel_agentcap.ingest import OtlpIngestServer, spans_from_otlp
 from otel_agentcap.ingest.service import Outcome, RetryLater
 from otel_agentcap.model import Batch
 from otel_agentcap.pipeline.mapping import batch_from_spans
-from otel_agentcap.testing import capture_events
 from otel_agentcap.tokens import ANONYMOUS
 
 pytestmark = [pytest.mark.collector, pytest.mark.storage]
@@ -43,37 +41,6 @@ def _rotel_binary() -> Path:
     if not binary.exists():
         pytest.skip("the rotel wheel has no rotel-agent binary for this platform")
     return binary
-
-
-def _program(run_id: str) -> None:
-    """A small agent program: memory write and read, a spawn, a tool call, a failing tool."""
-    memory = ac.Memory("notes")
-
-    @ac.tool
-    def double(x: int) -> int:
-        return 2 * x
-
-    @ac.tool
-    def broken() -> None:
-        raise RuntimeError("tool failed")
-
-    with ac.run(run_id), ac.agent("planner") as planner:
-        memory["topics"] = ["clocks", "logs"]
-        child = planner.spawn("worker", key="w")
-
-        def work() -> None:
-            double.invoke("call-1", len(memory["topics"]))
-            with contextlib.suppress(RuntimeError):
-                broken.invoke("call-2")
-
-        child.run(work)
-
-
-def _captured(run_id: str) -> tuple[list[ReadableSpan], int]:
-    with capture_events() as captured:
-        _program(run_id)
-    assert captured.events
-    return captured.spans, len(captured.events)
 
 
 def _canonical(batch: Batch) -> tuple[list[object], list[object], list[object]]:
@@ -196,7 +163,7 @@ def rotel_to(tmp_path: Path) -> Iterator[Callable[..., str]]:
 
 def test_otlp_round_trip_maps_to_the_same_batch():
     """SDK spans encoded as an OTLP request and decoded again map to exactly the same batch."""
-    spans, expected = _captured("run-otlp-pure")
+    spans, expected = captured("run-otlp-pure")
     request = encode_spans(spans)
     original = batch_from_spans(spans)
     decoded = batch_from_spans(spans_from_otlp(request.SerializeToString()))
@@ -217,7 +184,7 @@ def test_otlp_round_trip_maps_to_the_same_batch():
 
 def test_spans_through_rotel_land_in_postgres(pg_dsn, rotel_to):
     """Spans exported over OTLP/HTTP to rotel and forwarded to the ingest are stored once each."""
-    spans, expected = _captured("run-rotel")
+    spans, expected = captured("run-rotel")
     with OtlpIngestServer(pg_dsn, port=0) as server:
         url = rotel_to(server.port)
         exporter = OTLPSpanExporter(endpoint=url, timeout=5)
@@ -251,7 +218,7 @@ def _lose_first_ack(server: OtlpIngestServer) -> None:
 
 def test_rotel_redelivery_after_lost_ack_stores_each_event_once(pg_dsn, rotel_to):
     """rotel retries a request whose answer was 503 after it was stored: no event is stored twice."""
-    spans, expected = _captured("run-redeliver")
+    spans, expected = captured("run-redeliver")
     with OtlpIngestServer(pg_dsn, port=0) as server:
         _lose_first_ack(server)
         url = rotel_to(server.port)
@@ -274,7 +241,7 @@ def test_rotel_redelivery_after_lost_ack_stores_each_event_once(pg_dsn, rotel_to
 
 def test_ingest_redelivery_is_deduplicated(pg_dsn):
     """The same OTLP request posted twice (plain, then gzip) stores each event once."""
-    spans, expected = _captured("run-twice")
+    spans, expected = captured("run-twice")
     body = encode_spans(spans).SerializeToString()
     with OtlpIngestServer(pg_dsn, port=0) as server:
         first = _post(server.endpoint, body)
@@ -292,7 +259,7 @@ def test_ingest_redelivery_is_deduplicated(pg_dsn):
 
 def test_ingest_answers_503_when_the_database_is_unreachable():
     """A write that fails because PostgreSQL is down answers 503, so the collector retries."""
-    spans, _ = _captured("run-down")
+    spans, _ = captured("run-down")
     body = encode_spans(spans).SerializeToString()
     dsn = f"postgresql://agentcap@127.0.0.1:{_free_port()}/agentcap?connect_timeout=1"
     with OtlpIngestServer(dsn, port=0, connect_timeout=0.5) as server:
@@ -323,7 +290,7 @@ def test_ingest_command_stores_posted_spans_and_reports_its_counters(pg_dsn):
     import sys
 
     run_id = "run-ingest-cli"
-    spans, expected = _captured(run_id)
+    spans, expected = captured(run_id)
     port = _free_port()
     proc = subprocess.Popen(
         [
@@ -549,7 +516,7 @@ def test_bad_and_forged_spans_through_rotel_do_not_hold_up_good_ones(pg_dsn, rot
     good: list[ReadableSpan] = []
     expected = 0
     for run_id in runs:
-        spans, events = _captured(run_id)
+        spans, events = captured(run_id)
         good += spans
         expected += events
     write = next(s for s in good if s.name == "memory_write")
@@ -591,7 +558,7 @@ def test_rotel_sends_the_bearer_token_the_ingest_requires(pg_dsn, rotel_to):
     from otel_agentcap.ingest import Authenticator
 
     token = "rotel-token-0123456789"
-    spans, expected = _captured("run-rotel-token")
+    spans, expected = captured("run-rotel-token")
     authenticator = Authenticator([(token, "run-rotel-*")])
     with OtlpIngestServer(pg_dsn, port=0, authenticator=authenticator) as server:
         url = rotel_to(
