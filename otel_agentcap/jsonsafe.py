@@ -288,7 +288,9 @@ def dumps(
     try:
         # Fast path: most payloads are plain JSON; json.dumps in C plus a scan of its output is
         # far cheaper than walking the value in Python. Anything else takes the general path.
-        text = _encode(value, sort_keys)
+        # (_encode, inlined for the C encoder: this runs twice per captured tool call.)
+        encoder = _c_sorted_encoder if sort_keys else _c_encoder
+        text = "".join(encoder(value, 0)) if encoder is not None else _encode(value, sort_keys)
         fast = _jsonb_safe(text)
     except (TypeError, ValueError, RecursionError):
         fast = False
@@ -297,7 +299,7 @@ def dumps(
             text = _encode(to_jsonable(value), sort_keys)
     except Exception as exc:  # recursion limits and the like: keep a record rather than nothing
         text = json.dumps({"$agentcap.error": f"{type(exc).__name__}: could not encode payload"})
-    return truncate(text, max_chars)
+    return text if len(text) <= max_chars else truncate(text, max_chars)
 
 
 def truncate(text: str, max_chars: int = DEFAULT_MAX_PAYLOAD_CHARS) -> str:
