@@ -290,7 +290,16 @@ def dumps(
         # far cheaper than walking the value in Python. Anything else takes the general path.
         # (_encode, inlined for the C encoder: this runs twice per captured tool call.)
         encoder = _c_sorted_encoder if sort_keys else _c_encoder
-        text = "".join(encoder(value, 0)) if encoder is not None else _encode(value, sort_keys)
+        if encoder is None:
+            text = _encode(value, sort_keys)
+        else:
+            text = "".join(encoder(value, 0))
+            if not sort_keys and "{" in text:
+                # json writes the keys 0 and "0" of one dict both as "0": duplicate keys, of
+                # which jsonb keeps one. Sorting the keys of a dict that mixes str keys with
+                # other keys raises TypeError (and no two keys of other types read the same):
+                # such values take the general path, which keeps every pair.
+                _c_sorted_encoder(value, 0)
         fast = _jsonb_safe(text)
     except (TypeError, ValueError, RecursionError):
         fast = False

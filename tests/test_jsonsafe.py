@@ -356,3 +356,24 @@ def test_keys_jsonb_cannot_hold_are_kept_apart():
     assert (
         base64.b64decode(pairs[2][0]["$agentcap.str"]).decode("utf-8", "surrogatepass") == "a\ud800"
     )
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"0": None, 0: None},
+        {"true": 1, True: 2},
+        {"null": 1, None: 2},
+        {"1.5": "a", 1.5: "b"},
+        [{"x": 1}, {"7": "str key", 7: "int key"}],
+        {"outer": {"2": 1, 2: 2}},
+    ],
+)
+def test_keys_that_read_the_same_in_json_are_all_kept(value):
+    """A dict whose keys differ in Python but read the same as JSON object keys ("0" and 0) is
+    recorded with every pair, not as an object with duplicate keys (jsonb would keep one)."""
+    expected = json.dumps(
+        jsonsafe.to_jsonable(value), ensure_ascii=False, allow_nan=False, separators=(",", ":")
+    )
+    assert jsonsafe.dumps(value, max_chars=10**9) == expected
+    assert "$agentcap.items" in expected
