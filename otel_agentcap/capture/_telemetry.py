@@ -6,7 +6,7 @@ import json
 import logging
 import os
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.context import Context
@@ -15,7 +15,7 @@ from opentelemetry.util.types import AttributeValue
 
 from otel_agentcap import attributes as attr
 from otel_agentcap import jsonsafe
-from otel_agentcap.pipeline.span_attributes import add_attributes, start_with_stamps
+from otel_agentcap.pipeline.span_attributes import add_attributes
 from otel_agentcap.pipeline.stamping import Stamp
 from otel_agentcap.version import __version__
 
@@ -109,19 +109,12 @@ def start_span(
     kind: SpanKind = SpanKind.INTERNAL,
     context: Context | None = None,
     start_time: int | None = None,
-    stamps: dict[str, AttributeValue] | None = None,
 ) -> Span:
-    """Start a span with ``attributes``, a child of the current span or of the span in
-    ``context``. ``stamps`` (an event's stamps and payload; ``attributes`` then holds its event
-    id) are written while it starts, without the SDK's cleaning (see
-    ``span_attributes.start_with_stamps``). Never raises."""
+    """Start a span with ``attributes`` (stamps and payload included), a child of the current
+    span or of the span in ``context``. Never raises."""
     try:
-        tracer = _real_tracer or _resolved_tracer()
-        if stamps is None:
-            return tracer.start_span(name, context, kind, attributes, links, start_time)
-        return cast(
-            Span,
-            start_with_stamps(tracer, name, context, kind, attributes, stamps, links, start_time),
+        return (_real_tracer or _resolved_tracer()).start_span(
+            name, context, kind, attributes, links, start_time
         )
     except Exception:
         _logger.exception("agentcap: could not start span %s", name)
@@ -147,14 +140,9 @@ def start_event_span(
     kind: SpanKind = SpanKind.INTERNAL,
     context: Context | None = None,
 ) -> Span:
-    """Start a span whose primary event is ``stamp``, linked to the spans of its causal parents,
-    created with ``extra`` and the event id, stamped with the rest. Never raises."""
-    attributes: dict[str, AttributeValue] = {attr.EVENT_ID: stamp.event_id}
-    if extra is not None:
-        attributes.update(extra)
-    return start_span(
-        name, attributes, stamp.links, kind, context, stamps=event_attributes(stamp, payload)
-    )
+    """Start a span whose primary event is ``stamp``, linked to the spans of its causal parents.
+    Never raises."""
+    return start_span(name, event_attributes(stamp, payload, extra), stamp.links, kind, context)
 
 
 def outcome_record(stamp: Stamp, payload: Any) -> str:

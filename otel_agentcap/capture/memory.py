@@ -29,7 +29,6 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from opentelemetry.trace import Span
-from opentelemetry.util.types import AttributeValue
 
 from otel_agentcap import attributes as attr
 from otel_agentcap import jsonsafe
@@ -114,12 +113,10 @@ def start_write_span(event: Stamp, memory: str, key: str) -> Span:
     write holds its lock, so the write's reference (which the key's next read and write link to)
     names its span, and the payload is encoded after the lock is released
     (:func:`finish_write_span`)."""
-    attributes: dict[str, AttributeValue] = {
-        attr.EVENT_ID: event.event_id,
-        MEMORY_KEY: key,
-        MEMORY_NAME: memory,
-    }
-    return tel.start_span("memory_write", attributes, event.links, stamps=event.attributes())
+    attributes = event.attributes()
+    attributes[MEMORY_KEY] = key
+    attributes[MEMORY_NAME] = memory
+    return tel.start_span("memory_write", attributes, event.links)
 
 
 def finish_write_span(span: Span, encoded_payload: str) -> None:

@@ -818,19 +818,18 @@ class Tool(Generic[P, R]):
         call_id = invocation_id if invocation_id is not None else f"seq-{start.seq}"
         # The invocation id is escaped once and used in both payloads.
         head = f"{self._payload_prefix}{tel.json_string(call_id)}{head_extra}"
-        stamps = start.attributes()
+        span_attributes = start.attributes()
         recorded = (
             arguments
             if len(arguments) <= jsonsafe.DEFAULT_MAX_PAYLOAD_CHARS
             else jsonsafe.truncate(arguments)
         )
-        stamps[attr.EVENT_PAYLOAD] = tel.tool_payload_encoded(head, "arguments", recorded)
+        span_attributes[attr.EVENT_PAYLOAD] = tel.tool_payload_encoded(head, "arguments", recorded)
         if tel.content.enabled:
-            stamps[attr.GEN_AI_TOOL_CALL_ARGUMENTS] = recorded
-        span_attributes = self._span_attributes.copy()
+            span_attributes[attr.GEN_AI_TOOL_CALL_ARGUMENTS] = recorded
+        span_attributes.update(self._span_attributes)
         span_attributes[attr.GEN_AI_TOOL_CALL_ID] = call_id
-        span_attributes[attr.EVENT_ID] = start.event_id
-        span = tel.start_span(self._span_name, span_attributes, start.links, stamps=stamps)
+        span = tel.start_span(self._span_name, span_attributes, start.links)
         invocation = start.ref
         if entry is not None:
             entry.invocation_event = invocation

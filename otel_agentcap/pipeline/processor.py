@@ -36,7 +36,7 @@ from otel_agentcap.model import EventRef, EventType
 from otel_agentcap.pipeline import causal_links
 from otel_agentcap.pipeline.call_identity import SUPERSEDED, replaces
 from otel_agentcap.pipeline.model_calls import STOP_REASON, TOOL_USE_IDS, is_sdk_scope
-from otel_agentcap.pipeline.span_attributes import add_attributes, attributes_of, take_stamps
+from otel_agentcap.pipeline.span_attributes import add_attributes, attributes_of
 from otel_agentcap.pipeline.stamping import stamp
 
 _logger = logging.getLogger(__name__)
@@ -135,11 +135,8 @@ class AgentCapSpanProcessor(SpanProcessor):
 
     def _stamp(self, span: Span, parent_context: Context | None = None) -> None:
         attributes = attributes_of(span)
-        if attr.EVENT_ID in attributes:
-            take_stamps(span, attributes)  # a capture-API span: its stamps come with it
-            return
-        if attr.RUN_ROOT in attributes:
-            return  # a run's root span, stamped when created
+        if attr.EVENT_ID in attributes or attr.RUN_ROOT in attributes:
+            return  # a capture-API span (an event's, or a run's root), stamped when created
         ctx = current_agent()
         if ctx is None or ctx.is_cancelled():
             return

@@ -9,11 +9,6 @@ property copies the span's events; :func:`has_events` answers without the copy.
 :func:`add_attributes` is the one write: the processor's stamps on a span that is starting, and the
 closing event of a capture-API span.
 
-:func:`start_with_stamps` starts a capture-API span with its GenAI attributes and event id, and
-hands its stamps (agentcap attributes, payload) to ``AgentCapSpanProcessor.on_start``
-(:func:`take_stamps`), which writes them like the stamps of any span started inside an agent:
-processors after it see them in ``on_start``; samplers see what the span was created with.
-
 Beware: private parts of the SDK's spans (``_attributes``, a ``BoundedAttributes`` with ``_dict``,
 ``_lock`` and ``_immutable``; ``_end_time``; ``_events``), read with ``getattr`` so that a release
 without them takes the public path. Tested with opentelemetry-sdk 1.34 and 1.45. Missing: one
@@ -22,14 +17,12 @@ warning, and every read and write goes through the public API (slower, same resu
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from opentelemetry.util.types import AttributeValue
 
 from otel_agentcap import private_parts
-from otel_agentcap.attributes import EVENT_ID
 
 _EMPTY: Mapping[str, AttributeValue] = {}
 
@@ -85,52 +78,3 @@ def has_events(span: Any) -> bool:
     """Whether ``span`` has span events, without copying them when it is an SDK span."""
     inner = getattr(span, "_events", None)
     return bool(inner) if inner is not None else bool(getattr(span, "events", None))
-
-
-class _Handoff(threading.local):
-    """The stamps of the capture-API span this thread is starting, until a processor takes them."""
-
-    stamps: Mapping[str, AttributeValue] | None = None
-
-
-_handoff = _Handoff()
-
-
-def start_with_stamps(
-    tracer: Any,
-    name: str,
-    context: Any,
-    kind: Any,
-    attributes: Mapping[str, AttributeValue],
-    stamps: Mapping[str, AttributeValue],
-    links: Sequence[Any],
-    start_time: int | None,
-) -> Any:
-    """Start a span on ``tracer`` with ``attributes`` (which hold ``agentcap.event.id``), and give
-    it ``stamps`` (which hold the same event id) while it starts.
-
-    The span is created with ``attributes``, which the SDK cleans and hands to the sampler: the
-    attributes the GenAI conventions give a span at creation (operation, tool name, call id) and
-    the event id. ``stamps`` are our own attributes, valid by construction; an
-    ``AgentCapSpanProcessor`` writes them in ``on_start`` (:func:`take_stamps`) without cleaning,
-    as it stamps every other span started in an agent, so processors after it see them there. With
-    no such processor on the provider they are written when the span has started."""
-    _handoff.stamps = stamps
-    try:
-        span = tracer.start_span(name, context, kind, attributes, links, start_time)
-    finally:
-        pending = _handoff.stamps
-        _handoff.stamps = None
-    if pending is not None:
-        add_attributes(span, pending)
-    return span
-
-
-def take_stamps(span: Any, attributes: Mapping[str, AttributeValue]) -> None:
-    """Write the stamps handed over by :func:`start_with_stamps` on ``span`` (whose attributes are
-    ``attributes``), if they are that span's: a span started inside another processor's
-    ``on_start`` has another event id, or none, and does not take them."""
-    stamps = _handoff.stamps
-    if stamps is not None and stamps.get(EVENT_ID) == attributes.get(EVENT_ID):
-        _handoff.stamps = None
-        add_attributes(span, stamps)
