@@ -13,12 +13,22 @@ a long-lived deployment's does. Batches of ``--batch`` events, several runs each
     .venv/bin/python bench/bench_pg_scale.py [--sizes 1000000 10000000] [--batch 2000]
         [--window 250000] [--interval '7 days'] [--events-per-week 500000] [--dsn DSN] [--keep]
 
-The machine's speed varies with other work, so after each window of ``--window`` events the same
-20,000 events are written into an empty log in another database of the same server: the window's
-rate divided by that baseline's rate is the figure compared between the start and the end.
+The machine's speed varies with other work, so the same 20,000 events are also written, again
+and again, into an empty log in another database of the same server, one batch of them after
+every few batches of the growing log, one whole cycle per window of ``--window`` events: the
+window's rate divided by that baseline's rate, measured over the same minutes, is the figure
+compared between the start and the end (medians of the first and of the last four windows, with
+their spread; a single window is a few seconds of a shared machine). Each window also says what
+the server did meanwhile: blocks read from outside shared buffers and hit per event, WAL bytes
+per event, checkpoints, vacuums and analyzes of the log's tables.
 
-Targets: that normalized insert throughput over the last window at least 0.8 of the first; show
-and causal-past times flat (within noise) from 1 to 10 million events. Not a test: it takes tens
+Queries are timed on a connection of their own: the first call (its pages may have left shared
+buffers since the run was written) apart from the warm calls after it (median, 10th and 90th
+percentiles), and EXPLAIN ANALYZE gives the server's planning and execution time apart, and the
+shared buffers hit and read.
+
+Targets: insert throughput at the end at least 0.8 of the start; show and causal-past times
+flat (within noise) from 1 to 10 million events. Not a test: it takes tens
 of minutes.
 """
 
@@ -29,6 +39,7 @@ import os
 import random
 import shutil
 import statistics
+import subprocess
 import tempfile
 import threading
 import time
@@ -212,8 +223,10 @@ REFERENCE = {"workers": 4, "steps": 10}  # 136 events: the runs whose queries ar
 
 
 class Baseline:
-    """The same 20,000 events written into an empty log of another database: the server's speed
-    at the moment, to divide a window's rate by."""
+    """The same 20,000 events written into an empty log of another database of the server, one
+    batch at a time between the batches of the growing log, so that each window's baseline is
+    measured over the same minutes as the window: the server's speed at the moment (other work
+    on the machine, checkpoints), to divide the window's rate by."""
 
     def __init__(self, server_dsn: str, interval: str) -> None:
         self.name = "agentcap_scale_baseline"
@@ -239,31 +252,132 @@ class Baseline:
             )
             for i in range(0, len(runs), 20)
         ]
+        self._next = 0
+        self._seconds = 0.0
+        self._pool: ConnectionPool[Any] | None = None
+        self._writer: EventWriter | None = None
 
-    def rate(self) -> float:
+    def _start_cycle(self) -> EventWriter:
+        """An empty log and a new writer, as at the start of the first window (not timed)."""
+        self._close()
         with psycopg.connect(self.dsn, autocommit=True) as conn:
             conn.execute(
-                "TRUNCATE agentcap.events, agentcap.conflicts, agentcap.runs, agentcap.agents"
+                "TRUNCATE agentcap.events, agentcap.conflicts, agentcap.runs, agentcap.agents,"
+                " agentcap.spans"
             )
-        with ConnectionPool(self.dsn, min_size=1, max_size=1, open=True) as pool:
-            writer = EventWriter(pool)
-            writer.write(Batch())
-            t = time.perf_counter()
-            for batch in self.batches:
-                writer.write(batch)
-            seconds = time.perf_counter() - t
-            writer.close()
-        return self.events / seconds
+        self._pool = ConnectionPool(self.dsn, min_size=1, max_size=1, open=True)
+        self._writer = EventWriter(self._pool)
+        self._writer.write(Batch())
+        self._next = 0
+        self._seconds = 0.0
+        return self._writer
+
+    def write_one(self) -> None:
+        """Write the cycle's next batch, if any is left (a window's cycle ends at ``rate``)."""
+        if self._next >= len(self.batches):
+            return
+        writer = self._writer if self._next > 0 and self._writer else self._start_cycle()
+        t = time.perf_counter()
+        writer.write(self.batches[self._next])
+        self._seconds += time.perf_counter() - t
+        self._next += 1
+
+    def rate(self) -> float:
+        """Finish the current cycle, return its events/s, and start the next one afresh."""
+        while self._next < len(self.batches):
+            self.write_one()
+        rate = self.events / self._seconds
+        self._next = 0
+        return rate
+
+    def _close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
 
     def drop(self) -> None:
+        self._close()
         with psycopg.connect(self.server_dsn, autocommit=True) as conn:
             conn.execute(f"DROP DATABASE IF EXISTS {self.name} WITH (FORCE)")
+
+
+class ServerCounters:
+    """Cumulative counters of the server, read at each window's end, so a window can say what
+    the server did meanwhile: blocks read (not in shared buffers) and hit by the log's database,
+    WAL written (the whole server: the baseline's too), checkpoints, and the vacuums and
+    analyzes of the log's tables (autovacuum's, and the writers' analyze_partitions)."""
+
+    FIELDS = (
+        "blks_read",
+        "blks_hit",
+        "wal_bytes",
+        "checkpoints",
+        "autovacuum",
+        "analyze",
+        "backend_writes",
+    )
+
+    def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            version = int(conn.execute("SHOW server_version_num").fetchone()[0])  # type: ignore[index]
+        self.checkpoints = (
+            "SELECT num_timed + num_requested FROM pg_stat_checkpointer"
+            if version >= 170000
+            else "SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter"
+        )
+        # Shared buffers that client backends (the writers) had to write out themselves to
+        # make room, for want of a clean one: shared buffers or the background writer falling
+        # behind the write rate.
+        self.backend_writes = (
+            "SELECT COALESCE(sum(writes), 0) FROM pg_stat_io WHERE backend_type = 'client backend'"
+            if version >= 160000
+            else "SELECT buffers_backend FROM pg_stat_bgwriter"
+        )
+
+    def read(self) -> dict[str, float]:
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            row = conn.execute(
+                "SELECT d.blks_read, d.blks_hit, (SELECT wal_bytes FROM pg_stat_wal),"
+                f" ({self.checkpoints}),"
+                " (SELECT COALESCE(sum(autovacuum_count + autoanalyze_count), 0)"
+                "  FROM pg_stat_all_tables WHERE schemaname = 'agentcap'),"
+                " (SELECT COALESCE(sum(analyze_count), 0)"
+                "  FROM pg_stat_all_tables WHERE schemaname = 'agentcap'),"
+                f" ({self.backend_writes})"
+                " FROM pg_stat_database d WHERE d.datname = current_database()"
+            ).fetchone()
+        assert row is not None
+        return {name: float(v) for name, v in zip(self.FIELDS, row, strict=True)}
+
+
+@dataclass
+class Window:
+    events: int  # log size at the window's end
+    rate: float  # events/s of the writer over the window
+    baseline: float  # events/s of the baseline over the same minutes
+    load: float
+    counters: dict[str, float]  # differences over the window
+
+    @property
+    def ratio(self) -> float:
+        return self.rate / self.baseline
 
 
 class Log:
     """Generates runs in start order and writes them in batches through one EventWriter."""
 
-    def __init__(self, pool: ConnectionPool[Any], batch: int, events_per_week: int) -> None:
+    def __init__(
+        self,
+        pool: ConnectionPool[Any],
+        batch: int,
+        events_per_week: int,
+        baseline: Baseline,
+        baseline_every: int,
+    ) -> None:
         self.writer = EventWriter(pool)
         self.batch = batch
         self.rng = random.Random(16)
@@ -274,6 +388,9 @@ class Log:
         self.pending_events = 0
         self.write_seconds = 0.0
         self.generate_seconds = 0.0
+        self.baseline = baseline
+        self.baseline_every = baseline_every
+        self.batches = 0
 
     def now(self) -> datetime:
         return T0 + timedelta(seconds=self.events * self.seconds_per_event)
@@ -309,35 +426,69 @@ class Log:
         self.events += len(events)
         self.pending = []
         self.pending_events = 0
+        self.batches += 1
+        if self.batches % self.baseline_every == 0:
+            self.baseline.write_one()
 
     def grow_to(
-        self,
-        target: int,
-        window: int,
-        baseline: Baseline,
-        report: list[tuple[int, float, float, float]],
+        self, target: int, window: int, counters: ServerCounters, report: list[Window]
     ) -> None:
-        """Write runs until ``target`` events; per window append (events, events/s, baseline
-        events/s, load average)."""
+        """Write runs until ``target`` events; per window of ``window`` events append its rate,
+        the baseline's over the same minutes, the load average and the server's counters."""
         mark_events, mark_time = self.events, self.write_seconds
+        mark_counters = counters.read()
         while self.events < target:
             self.add(self.next_run())
             if self.events - mark_events >= window:
                 rate = (self.events - mark_events) / (self.write_seconds - mark_time)
-                base = baseline.rate()
+                base = self.baseline.rate()
                 load = os.getloadavg()[0]
-                report.append((self.events, rate, base, load))
+                now = counters.read()
+                diff = {k: now[k] - mark_counters[k] for k in now}
+                w = Window(self.events, rate, base, load, diff)
+                report.append(w)
+                n = self.events - mark_events
                 print(
                     f"  {self.events:>11,} events  {rate:>8,.0f} events/s  baseline {base:>8,.0f}"
-                    f"  ratio {rate / base:.2f}  load {load:.1f}",
+                    f"  ratio {w.ratio:.2f}  load {load:.1f}  per 1,000 events: blocks read"
+                    f" {1000 * diff['blks_read'] / n:5.0f} hit {1000 * diff['blks_hit'] / n:6.0f},"
+                    f" WAL {diff['wal_bytes'] / n:5.0f} bytes/event;"
+                    f" checkpoints {diff['checkpoints']:.0f}, autovacuum/analyze"
+                    f" {diff['autovacuum']:.0f}, analyze {diff['analyze']:.0f}; buffers written by"
+                    f" backends {1000 * diff['backend_writes'] / n:.0f}; dirty {_dirty_mb()} MB",
                     flush=True,
                 )
-                mark_events, mark_time = self.events, self.write_seconds
+                mark_events, mark_time, mark_counters = self.events, self.write_seconds, now
         self.flush()
 
 
-def _median_ms(fn: Any, repeat: int) -> tuple[float, float]:
-    """(first call, median of the next ``repeat``) in milliseconds."""
+@dataclass(frozen=True)
+class QueryFigures:
+    """One query of one run: the first call (its pages may have left shared buffers) and the
+    calls after it (warm), in milliseconds of the client's wall clock; and from EXPLAIN (ANALYZE,
+    BUFFERS), median over warm calls, the server's planning and execution time and the shared
+    buffers the statement touched, hit and read."""
+
+    first_ms: float
+    median_ms: float
+    p10_ms: float
+    p90_ms: float
+    planning_ms: float
+    execution_ms: float
+    hit: int
+    read: int
+
+    def line(self) -> str:
+        return (
+            f"first {self.first_ms:7.2f} ms, warm median {self.median_ms:6.2f} ms"
+            f" (p10 {self.p10_ms:5.2f}, p90 {self.p90_ms:5.2f}); server: planning"
+            f" {self.planning_ms:5.3f} ms, execution {self.execution_ms:5.3f} ms,"
+            f" buffers hit {self.hit}, read {self.read}"
+        )
+
+
+def _timed(fn: Any, repeat: int) -> tuple[float, list[float]]:
+    """(first call, the next ``repeat``) in milliseconds."""
     t = time.perf_counter()
     fn()
     first = (time.perf_counter() - t) * 1000
@@ -346,21 +497,51 @@ def _median_ms(fn: Any, repeat: int) -> tuple[float, float]:
         t = time.perf_counter()
         fn()
         samples.append((time.perf_counter() - t) * 1000)
-    return first, statistics.median(samples)
+    return first, samples
 
 
-def _buffers(conn: psycopg.Connection[Any], query: bytes, params: dict[str, Any]) -> int:
-    """Shared buffers (hit or read) the query touches: its cost, whatever the machine's load."""
-    row = conn.execute(b"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + query, params).fetchone()
-    assert row is not None
-    plan = row[0][0]["Plan"]
-    return int(plan["Shared Hit Blocks"]) + int(plan["Shared Read Blocks"])
+def _explained(
+    conn: psycopg.Connection[Any], queries: list[tuple[bytes, Any]], repeat: int
+) -> tuple[float, float, int, int]:
+    """Planning and execution milliseconds (medians over ``repeat`` warm runs) and shared
+    buffers hit and read (of the last run), summed over ``queries``."""
+    planning, execution, hit, read = 0.0, 0.0, 0, 0
+    for query, params in queries:
+        plans: list[float] = []
+        execs: list[float] = []
+        for _ in range(repeat):
+            row = conn.execute(
+                b"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + query, params, prepare=False
+            ).fetchone()
+            assert row is not None
+            doc = row[0][0]
+            plans.append(float(doc["Planning Time"]))
+            execs.append(float(doc["Execution Time"]))
+        planning += statistics.median(plans)
+        execution += statistics.median(execs)
+        hit += int(doc["Plan"]["Shared Hit Blocks"])
+        read += int(doc["Plan"]["Shared Read Blocks"])
+    return planning, execution, hit, read
 
 
-def time_queries(dsn: str, runs: list[Run], repeat: int) -> dict[str, tuple[float, float]]:
-    """Per run: (first, median) milliseconds of show and of the causal past of its last model
-    call, and (buffers, buffers) of the same two queries."""
-    out: dict[str, tuple[float, float]] = {}
+def _figures(
+    conn: psycopg.Connection[Any],
+    fn: Any,
+    queries: list[tuple[bytes, Any]],
+    repeat: int,
+) -> QueryFigures:
+    first, samples = _timed(fn, repeat)
+    cuts = statistics.quantiles(samples, n=10)
+    planning, execution, hit, read = _explained(conn, queries, max(3, repeat // 4))
+    return QueryFigures(
+        first, statistics.median(samples), cuts[0], cuts[-1], planning, execution, hit, read
+    )
+
+
+def time_queries(dsn: str, runs: list[Run], repeat: int) -> dict[str, QueryFigures]:
+    """Per run: figures of show (the run's events and agents, as ``otel-agentcap show`` reads
+    them) and of the causal past of its last model call; and of the run list."""
+    out: dict[str, QueryFigures] = {}
     with psycopg.connect(dsn, autocommit=True) as conn:
         for run in runs:
             last_call = max(
@@ -378,17 +559,16 @@ def time_queries(dsn: str, runs: list[Run], repeat: int) -> dict[str, tuple[floa
             ) -> None:
                 assert len(store.causal_past(conn, run_id, event_id)) == size - 2
 
-            out[f"show {run.run_id}"] = _median_ms(show, repeat)
-            out[f"past {run.run_id}"] = _median_ms(past, repeat)
-            params = {
-                "run": run.run_id,
-                "start": store.run_start(conn, run.run_id),
-                "event": last_call.event_id,
-            }
-            show_buffers = _buffers(conn, store._EVENTS, params)
-            past_buffers = _buffers(conn, store._PAST, params)
-            out[f"buffers {run.run_id}"] = (show_buffers, past_buffers)
-        out["runs (50)"] = _median_ms(lambda: store.list_runs(conn, limit=50), repeat)
+            start = store.run_start(conn, run.run_id)
+            params = {"run": run.run_id, "start": start, "event": last_call.event_id}
+            out[f"show {run.run_id}"] = _figures(conn, show, [(store._EVENTS, params)], repeat)
+            out[f"past {run.run_id}"] = _figures(conn, past, [(store._PAST, params)], repeat)
+        out["runs (50)"] = _figures(
+            conn,
+            lambda: store.list_runs(conn, limit=50),
+            [(store._LIST_RUNS, (50,))],
+            repeat,
+        )
     return out
 
 
@@ -470,6 +650,21 @@ def prune_with_writer(dsn: str, log: Log) -> None:
             )
 
 
+def _dirty_mb() -> str:
+    """Dirty page cache of the machine waiting to be written back (Linux), in MB."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("Dirty:"):
+                return f"{int(line.split()[1]) // 1024:,}"
+    except OSError:
+        pass
+    return "?"
+
+
+def _uptime() -> str:
+    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1_000_000, 10_000_000])
@@ -488,7 +683,7 @@ def main() -> None:
     else:
         root = Path(tempfile.mkdtemp(prefix="agentcap-scale-"))
         dsn = embedded.start(root / "pg")
-    print(f"load average at start: {os.getloadavg()}, cpus: {os.cpu_count()}")
+    print(f"uptime at start: {_uptime()}; cpus: {os.cpu_count()}")
     try:
         migrate(dsn)
         with psycopg.connect(dsn, autocommit=True) as conn:
@@ -504,10 +699,13 @@ def main() -> None:
             }
         print(f"server: {settings}; partition interval {args.interval}; batch {args.batch}")
         baseline = Baseline(embedded.dsn_for(dsn, "postgres"), args.interval)
-        windows: list[tuple[int, float, float, float]] = []
-        results: list[tuple[dict[str, tuple[float, float]], tuple[int, int]]] = []
+        counters = ServerCounters(dsn)
+        windows: list[Window] = []
+        results: list[tuple[dict[str, QueryFigures], tuple[int, int], int]] = []
+        # One baseline cycle (its 20,000 events) spread over each window.
+        every = max(1, args.window // args.batch // len(baseline.batches))
         with ConnectionPool(dsn, min_size=1, max_size=2, open=True) as pool:
-            log = Log(pool, args.batch, args.events_per_week)
+            log = Log(pool, args.batch, args.events_per_week, baseline, every)
             # The timed runs: two written first (old partitions by the end), and at each size one
             # written just before measuring.
             reference = [log.next_run(f"ref-early-{i}", **REFERENCE) for i in range(2)]
@@ -515,52 +713,61 @@ def main() -> None:
                 log.add(run)
             for size in sorted(args.sizes):
                 print(f"growing to {size:,} events", flush=True)
-                log.grow_to(size - len(reference[0].events), args.window, baseline, windows)
+                log.grow_to(size - len(reference[0].events), args.window, counters, windows)
                 recent = log.next_run(f"ref-at-{size}", **REFERENCE)
                 log.add(recent)
                 log.flush()
                 with psycopg.connect(dsn, autocommit=True) as conn:
                     conn.execute("ANALYZE agentcap.runs, agentcap.agents")
+                    parts = len(partitions.list_partitions(conn, [partitions.EVENTS_TABLE]))
                 timed = time_queries(dsn, [*reference, recent], args.repeat)
-                results.append((timed, disk(dsn)))
+                results.append((timed, disk(dsn), parts))
                 count, size_bytes = results[-1][1]
-                print(f"  at {count:,} events: {size_bytes / count:,.0f} bytes per event on disk")
-                for name, (first, median) in timed.items():
-                    if name.startswith("buffers"):
-                        print(f"    {name:<28} show {first:.0f}, causal past {median:.0f} buffers")
-                    else:
-                        print(f"    {name:<28} first {first:8.2f} ms   median {median:7.2f} ms")
+                print(
+                    f"  at {count:,} events ({parts} events partitions):"
+                    f" {size_bytes / count:,.0f} bytes per event on disk; uptime: {_uptime()}"
+                )
+                for name, figures in timed.items():
+                    print(f"    {name:<18} {figures.line()}")
             print(
                 f"\ngeneration (client) {log.generate_seconds:.0f} s, writer {log.write_seconds:.0f} s"
             )
             prune_with_writer(dsn, log)
         baseline.drop()
-        first, last = windows[0], windows[-1]
         print("\nsummary")
-        for name, w in (("first", first), ("last", last)):
+        k = min(4, max(1, len(windows) // 4))
+        for name, group in (("first", windows[:k]), ("last", windows[-k:])):
+            rates = [w.rate for w in group]
+            ratios = [w.ratio for w in group]
             print(
-                f"  insert throughput, {name} window: {w[1]:,.0f} events/s, baseline"
-                f" {w[2]:,.0f}, normalized {w[1] / w[2]:.2f} (load {w[3]:.1f})"
+                f"  insert throughput, {name} {k} windows: median {statistics.median(rates):,.0f}"
+                f" events/s (min {min(rates):,.0f}, max {max(rates):,.0f}); divided by the"
+                f" baseline: median {statistics.median(ratios):.2f} (min {min(ratios):.2f}, max"
+                f" {max(ratios):.2f}); load {', '.join(f'{w.load:.1f}' for w in group)}"
             )
-        print(
-            f"  normalized last/first: {(last[1] / last[2]) / (first[1] / first[2]):.2f}"
-            f" (target >= 0.8); raw last/first {last[1] / first[1]:.2f}"
+        head, tail = windows[:k], windows[-k:]
+        raw = statistics.median(w.rate for w in tail) / statistics.median(w.rate for w in head)
+        normalized = statistics.median(w.ratio for w in tail) / statistics.median(
+            w.ratio for w in head
         )
-        normalized = [w[1] / w[2] for w in windows]
         print(
-            f"  normalized, all windows: min {min(normalized):.2f}, median"
-            f" {statistics.median(normalized):.2f}, max {max(normalized):.2f}"
+            f"  last/first (medians of {k} windows): raw {raw:.2f}, divided by the baseline"
+            f" {normalized:.2f} (target >= 0.8); single windows: raw"
+            f" {windows[-1].rate / windows[0].rate:.2f}, divided"
+            f" {windows[-1].ratio / windows[0].ratio:.2f}"
         )
-        for timed, (count, size_bytes) in results:
-            show = timed["show ref-early-0"][1]
-            past = timed["past ref-early-0"][1]
-            show_buffers, past_buffers = timed["buffers ref-early-0"]
+        ratios = [w.ratio for w in windows]
+        print(
+            f"  divided by the baseline, all {len(windows)} windows: min {min(ratios):.2f},"
+            f" median {statistics.median(ratios):.2f}, max {max(ratios):.2f}"
+        )
+        for timed, (count, size_bytes), parts in results:
             print(
-                f"  {count:>11,} events: show {show:6.2f} ms ({show_buffers:.0f} buffers), causal"
-                f" past {past:6.2f} ms ({past_buffers:.0f} buffers) (ref-early-0, median),"
-                f" {size_bytes / count:,.0f} bytes/event"
+                f"  {count:>11,} events, {parts} partitions, {size_bytes / count:,.0f} bytes/event"
             )
-        print(f"load average at end: {os.getloadavg()}")
+            for name in ("show ref-early-0", "past ref-early-0", "runs (50)"):
+                print(f"    {name:<18} {timed[name].line()}")
+        print(f"uptime at end: {_uptime()}")
     finally:
         if root is not None:
             if args.keep:
