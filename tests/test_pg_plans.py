@@ -355,3 +355,128 @@ def test_a_writer_filling_a_new_partition_keeps_probing_by_key(pg_dsn):
     for node in probes:
         assert node["Index Name"].endswith("_pkey"), node
         assert node["Actual Rows"] + node.get("Rows Removed by Filter", 0) <= 1, node
+
+
+class _Recording:
+    """A connection that records every statement sent through it (and through its cursors), to
+    be explained afterwards; entering and leaving it neither commits nor closes."""
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self.conn = conn
+        self.statements: list[tuple[Any, Any]] = []
+
+    def __enter__(self) -> _Recording:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
+        self.statements.append((query, params))
+        return self.conn.execute(query, params, **kwargs)
+
+    def cursor(self, *args: Any, **kwargs: Any) -> _RecordingCursor:
+        return _RecordingCursor(self, self.conn.cursor(*args, **kwargs))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.conn, name)
+
+
+class _RecordingCursor:
+    def __init__(self, owner: _Recording, cursor: Any) -> None:
+        self.owner = owner
+        self.cursor = cursor
+
+    def __enter__(self) -> _RecordingCursor:
+        self.cursor.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> Any:
+        return self.cursor.__exit__(*exc)
+
+    def execute(self, query: Any, params: Any = None, **kwargs: Any) -> _RecordingCursor:
+        self.owner.statements.append((query, params))
+        self.cursor.execute(query, params, **kwargs)
+        return self
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.cursor)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.cursor, name)
+
+
+@pytest.mark.parametrize("command", ["show", "show --json", "event --past"])
+def test_every_statement_of_show_and_event_reads_only_the_runs_partitions(
+    conn, monkeypatch, capsys, command
+):
+    """Every statement that ``otel-agentcap show`` and ``event`` send about a run reads the log
+    only in the run's partitions, by index, planned with the run's start known: also show's
+    conflict counts per agent and its lookup of a causal parent the run's events do not hold."""
+    from otel_agentcap.cli import commands
+
+    params = _target(conn)
+    # An event of RUN whose parent is not among the run's events (rolled back with the test).
+    conn.execute(
+        "INSERT INTO agentcap.events (event_id, run_id, agent_id, logical_seq, wall_time,"
+        " event_type, causal_parent_ids, idempotency_key, payload, run_started_at)"
+        " VALUES (gen_random_uuid(), %(run)s, 'planner', 9999, %(start)s, 'agent_end',"
+        " ARRAY[gen_random_uuid()], 'seq:9999', '{}', %(start)s)",
+        params,
+    )
+    recording = _Recording(conn)
+    monkeypatch.setattr(commands, "_connect", lambda dsn: recording)
+    name, *flags = command.split()
+    argv = [name, RUN, *([str(params["event"])] if name == "event" else []), *flags]
+    args = commands.build_parser().parse_args([*argv, "--dsn", "unused"])
+    assert args.func(args) == 0
+    out = capsys.readouterr().out
+    if command == "show":
+        assert "(not stored)" in out  # the parent was looked up, and is not in the log
+    owned = {partition_of(conn, RUN, table) for table in ("events", "conflicts", "spans")}
+    events = partition_of(conn, RUN)
+    read = 0
+    for query, query_params in recording.statements:
+        plan = explain(conn, query, query_params, analyze=False)
+        scans = log_scans(conn, plan, executed_only=False)
+        if not scans:
+            continue  # runs, agents: keyed by run_id, not partitioned
+        # Only the run's partitions are planned at all; the events partition is read by index
+        # bounded by the run (or a GIN lookup of one event id, as assert_routed allows); the
+        # seed's empty conflicts partition may be scanned.
+        assert {n["Relation Name"] for n in scans} <= owned, (query, scans)
+        for node in scans:
+            if node["Relation Name"] == events and node["Node Type"] != "Bitmap Heap Scan":
+                assert node["Node Type"] in INDEX_SCANS, node
+                cond = node["Index Cond"]
+                assert "run_id" in cond or "causal_parent_ids @>" in cond, node
+        read += 1
+    assert read >= (3 if name == "show" else 4), recording.statements
+
+
+def test_locate_events_finds_stored_and_moved_parents_of_the_run(conn):
+    """show's lookup of parent ids the run's events do not hold finds, in the run, a stored
+    event by its id and a record kept in conflicts as the event it collided with; an unknown id
+    and an id of another run's event are left out (a parent names an event of its own run)."""
+    events = store.run_events(conn, RUN)
+    stored, collided = events[3], events[5]
+    moved = str(uuid.uuid4())
+    conn.execute(
+        "INSERT INTO agentcap.conflicts (reason, existing_event_id, row_digest, event_id, run_id,"
+        " agent_id, logical_seq, wall_time, event_type, causal_parent_ids, idempotency_key,"
+        " payload, run_started_at)"
+        " SELECT 'model_call_response_id', event_id, 'digest', %s, run_id, agent_id, logical_seq,"
+        " wall_time, event_type, causal_parent_ids, idempotency_key, payload, run_started_at"
+        " FROM agentcap.events WHERE run_id = %s AND event_id = %s",
+        (moved, RUN, collided.event_id),
+    )
+    other = store.run_events(conn, "run-0001")[0]
+    found = store.locate_events(
+        conn, RUN, [stored.event_id, moved, str(uuid.uuid4()), other.event_id]
+    )
+    assert found == {
+        stored.event_id: (stored.agent_id, stored.seq),
+        moved: (collided.agent_id, collided.seq),
+    }
+    assert store.locate_events(conn, RUN, []) == {}
+    assert store.locate_events(conn, "no-such-run", [stored.event_id]) == {}

@@ -225,7 +225,7 @@ def cmd_show(args: argparse.Namespace) -> int:
             ) from None
         known = {e.event_id for e in events}
         missing = sorted({p for e in events for p in e.causal_parent_ids if p not in known})
-        elsewhere = store.locate_events(conn, missing)
+        elsewhere = store.locate_events(conn, args.run_id, missing)
         conflicts = store.conflicts_by_agent(conn, args.run_id)
     positions = event_positions(events, elsewhere)
     run_totals, agent_totals = totals(events, conflicts)

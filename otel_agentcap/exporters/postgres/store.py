@@ -713,40 +713,56 @@ def run_event_texts(conn: psycopg.Connection[Any], run_id: str) -> Iterator[Even
 
 def conflicts_by_agent(conn: psycopg.Connection[Any], run_id: str) -> dict[str, int]:
     """Number of recorded conflicts of each agent of ``run_id`` (agents without any left out)."""
+    start = _start_of(conn, run_id)
+    if start is None:
+        return {}
     try:
         rows = conn.execute(
-            b"SELECT agent_id, count(*) FROM agentcap.conflicts WHERE run_id = %s"
-            b" GROUP BY agent_id",
-            (run_id,),
+            b"SELECT agent_id, count(*) FROM agentcap.conflicts"
+            b" WHERE run_id = %s AND run_started_at = %s GROUP BY agent_id",
+            (run_id, start),
         ).fetchall()
     except psycopg.Error as exc:
         raise _guard(exc) from exc
     return {str(agent): int(count) for agent, count in rows}
 
 
+# Each id is looked up in the run's partition: first as a stored event (by the primary key), else
+# as a record of the run kept in conflicts (among the run's conflicts, by their index on the run)
+# and then the stored event it collided with (by the primary key).
+_LOCATE: Final = b"""
+SELECT ids.id::text, e.agent_id, e.logical_seq
+FROM unnest(%(ids)s::uuid[]) AS ids(id)
+CROSS JOIN LATERAL (
+    SELECT x.agent_id, x.logical_seq FROM agentcap.events x
+    WHERE x.run_id = %(run)s AND x.run_started_at = %(start)s AND x.event_id = ids.id
+    UNION ALL
+    (SELECT s.agent_id, s.logical_seq
+     FROM agentcap.conflicts c
+     JOIN agentcap.events s ON s.run_id = %(run)s AND s.run_started_at = %(start)s
+                           AND s.event_id = c.existing_event_id
+     WHERE c.run_id = %(run)s AND c.run_started_at = %(start)s AND c.event_id = ids.id
+     ORDER BY c.conflict_id)
+    LIMIT 1
+) e
+"""
+
+
 def locate_events(
-    conn: psycopg.Connection[Any], event_ids: Sequence[str]
+    conn: psycopg.Connection[Any], run_id: str, event_ids: Sequence[str]
 ) -> dict[str, tuple[str, int]]:
-    """``(agent_id, logical_seq)`` of each id in ``event_ids`` that names a stored event, or a
-    record kept in ``conflicts`` (then the stored event it collided with, as causal parent ids
-    resolve); ids found neither way are left out."""
-    if not event_ids:
+    """``(agent_id, logical_seq)`` of each id in ``event_ids`` that names a stored event of
+    ``run_id``, or a record of the run kept in ``conflicts`` (then the stored event it collided
+    with, as causal parent ids resolve); ids found neither way are left out. Only the run's own
+    partition is read: causal parents name events of their own run (the capture API links
+    events within a run), and no index serves an event id without its run, so looking for an id
+    in every run would read the whole log."""
+    start = _start_of(conn, run_id) if event_ids else None
+    if start is None:
         return {}
     try:
         rows = conn.execute(
-            b"""
-            SELECT ids.id::text, e.agent_id, e.logical_seq
-            FROM unnest(%s::uuid[]) AS ids(id)
-            CROSS JOIN LATERAL (
-                SELECT agent_id, logical_seq FROM agentcap.events WHERE event_id = ids.id
-                UNION ALL
-                SELECT s.agent_id, s.logical_seq
-                FROM agentcap.conflicts c JOIN agentcap.events s ON s.event_id = c.existing_event_id
-                WHERE c.event_id = ids.id
-                LIMIT 1
-            ) e
-            """,
-            (list(event_ids),),
+            _LOCATE, {"ids": [_event_uuid(i) for i in event_ids], "run": run_id, "start": start}
         ).fetchall()
     except psycopg.Error as exc:
         raise _guard(exc) from exc
