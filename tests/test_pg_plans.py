@@ -28,7 +28,7 @@ from otel_agentcap.exporters.postgres import ledger, memory, partitions, recover
 from otel_agentcap.exporters.postgres.embedded import dsn_for
 from otel_agentcap.exporters.postgres.migrate import migrate
 from otel_agentcap.exporters.postgres.rows import copy_data, prepare
-from otel_agentcap.exporters.postgres.writer import EventWriter
+from otel_agentcap.exporters.postgres.writer import EventWriter, start_bounds
 
 pytestmark = pytest.mark.storage
 
@@ -179,7 +179,8 @@ def test_coordination_queries_read_their_run_by_key(conn, name):
 
 
 def test_writer_probes_read_one_partition(seeded, conn):
-    """The writer's classification of a re-sent run probes every key in that run's partition."""
+    """The writer's classification of a re-sent run probes every key in that run's partition,
+    and only that partition is planned."""
     batch = prepare(run_batch(RUN, _start(130)))
     start = store.run_start(conn, RUN)
     conn.rollback()
@@ -192,8 +193,13 @@ def test_writer_probes_read_one_partition(seeded, conn):
                 with wconn.cursor() as cur, cur.copy(writer._copy) as copy:
                     copy.write(copy_data(batch.events, staging=True, starts={RUN: start}))
                 wconn.execute(sql.SQL("ANALYZE {}").format(writer._staging))
-                plan = explain(wconn, writer._classify_full, analyze=True)
+                bounds = start_bounds([start])
+                plan = explain(wconn, writer._classify_full, bounds, analyze=True)
                 scans = assert_routed(wconn, plan, {partition_of(wconn, RUN)}, executed_only=True)
+                # Planned with the batch's starts known: no other partition is in the plan (each
+                # probe of every partition was planned, and planning grew with the partitions).
+                planned = explain(wconn, writer._classify_full, bounds, analyze=False)
+                assert_routed(wconn, planned, {partition_of(wconn, RUN)}, executed_only=False)
         writer.close()
     assert sum(node["Actual Loops"] for node in scans) >= len(batch.events)
 
@@ -347,7 +353,7 @@ def test_a_writer_filling_a_new_partition_keeps_probing_by_key(pg_dsn):
             wconn.execute(sql.SQL("TRUNCATE {}").format(writer._staging))
             with wconn.cursor() as cur, cur.copy(writer._copy) as copy:
                 copy.write(copy_data(prepared.events, staging=True, starts={"big": start}))
-            plan = explain(wconn, writer._classify_fast, analyze=True)
+            plan = explain(wconn, writer._classify_fast, start_bounds([start]), analyze=True)
             scans = assert_routed(wconn, plan, {partition_of(wconn, "big")}, executed_only=True)
         writer.close()
     probes = [n for n in scans if n["Actual Loops"] >= 2_000]

@@ -259,12 +259,14 @@ _FULL_PROBES: Final = """
             SELECT x.event_id FROM agentcap.events x
             WHERE x.run_id = s.run_id AND x.agent_id = s.agent_id AND x.logical_seq = s.logical_seq
               AND x.run_started_at = s.run_started_at
+              AND x.run_started_at BETWEEN %(lo)s AND %(hi)s
             LIMIT 1
         ) END AS q_id,
         CASE WHEN e.event_id IS NULL AND s.batch_reason IS NULL THEN (
             SELECT x.event_id FROM agentcap.events x
             WHERE x.run_id = s.run_id AND x.agent_id = s.agent_id
               AND x.idempotency_key = s.idempotency_key AND x.run_started_at = s.run_started_at
+              AND x.run_started_at BETWEEN %(lo)s AND %(hi)s
             LIMIT 1
         ) END AS k_id
 """
@@ -282,6 +284,7 @@ _CALL_PROBE: Final = """
                   AND jsonb_typeof(s.payload -> '{key}') = 'string' THEN (
             SELECT x.event_id FROM agentcap.events x
             WHERE x.run_id = s.run_id AND x.run_started_at = s.run_started_at
+              AND x.run_started_at BETWEEN %(lo)s AND %(hi)s
               AND x.event_type = 'model_call'
               AND jsonb_typeof(x.payload -> '{key}') = 'string'
               AND (x.payload ->> '{key}') = (s.payload ->> '{key}')
@@ -293,6 +296,11 @@ _CALL_PROBES: Final = ",".join(
         _CALL_PROBE.format(key=REQUEST_ID, alias="t_id"),
     )
 )
+# Every probe of agentcap.events is also bounded by the batch's earliest and latest run start,
+# given as parameters (lo, hi; see start_bounds): with them the planner keeps only the partitions that hold the batch's runs. The
+# equality with each staged row's start prunes only at run time, so without them each of the
+# five probes planned (and locked) an index scan of every partition, and planning grew with the
+# number of partitions: 1.5 ms per batch with 4 partitions, 10 to 17 ms with 43.
 _CLASSIFY_AND_INSERT: Final = """
 WITH p AS MATERIALIZED (
     SELECT s.*,
@@ -305,6 +313,7 @@ WITH p AS MATERIALIZED (
         SELECT x.* FROM agentcap.events x
         WHERE x.run_id = s.run_id AND x.event_id = s.event_id
           AND x.run_started_at = s.run_started_at
+          AND x.run_started_at BETWEEN %(lo)s AND %(hi)s
         LIMIT 1
     ) e ON true
 ),
@@ -705,7 +714,10 @@ class EventWriter:
                     _usable(data, batch, opened)
                     or copy_data(opened.events, staging=True, starts=opened.starts)
                 )
-            row = conn.execute(self._classify_full if full else self._classify_fast).fetchone()
+            row = conn.execute(
+                self._classify_full if full else self._classify_fast,
+                start_bounds(opened.starts[r.run_id] for r in opened.events),
+            ).fetchone()
             assert row is not None
             inserted, new, duplicates, conflicts = (int(v) for v in row)
             if inserted != new:
@@ -961,6 +973,13 @@ def _usable(
     if any(prebuilt.starts.get(run) != opened.starts.get(run) for run in runs):
         return None
     return prebuilt.data
+
+
+def start_bounds(starts: Iterable[datetime]) -> dict[str, datetime]:
+    """The parameters of the classifying statement: the earliest and latest run start of the
+    staged rows (not empty)."""
+    values = list(starts)
+    return {"lo": min(values), "hi": max(values)}
 
 
 def _direct_candidate(rows: Iterable[EventRow]) -> bool:
