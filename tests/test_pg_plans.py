@@ -486,3 +486,47 @@ def test_locate_events_finds_stored_and_moved_parents_of_the_run(conn):
     }
     assert store.locate_events(conn, RUN, []) == {}
     assert store.locate_events(conn, "no-such-run", [stored.event_id]) == {}
+
+
+def test_a_writer_filling_a_new_partition_with_small_runs_has_it_analyzed(pg_dsn):
+    """Runs of 100 events each, written into a partition no analyze has seen: the writer counts
+    the rows per partition, not per run, so it has the partition analyzed once it holds 1,000
+    rows (counted per run, no run ever reached 1,000 and only autovacuum could analyze it)."""
+    from otel_agentcap.model import Batch, Event, RunRecord, event_id_for
+
+    start = datetime(2025, 3, 3, tzinfo=UTC)
+
+    def run(n: int) -> Batch:
+        run_id = f"small-{n:03d}"
+        at = start + timedelta(minutes=n)
+        events = tuple(
+            Event(
+                event_id_for(run_id, "a", f"seq:{i}"),
+                run_id,
+                "a",
+                i,
+                "model_call",
+                f"seq:{i}",
+                at + timedelta(milliseconds=i),
+                payload={"note": "x" * 400},
+            )
+            for i in range(100)
+        )
+        return Batch(events, runs=(RunRecord(run_id, at),))
+
+    with ConnectionPool(pg_dsn, min_size=1, max_size=1, open=True) as pool:
+        writer = EventWriter(pool)
+        for n in range(0, 30, 5):
+            batches = [run(k) for k in range(n, n + 5)]
+            batch = Batch(
+                tuple(e for b in batches for e in b.events),
+                runs=tuple(r for b in batches for r in b.runs),
+            )
+            assert writer.write(batch).inserted == 500
+        writer.close()
+    with psycopg.connect(pg_dsn) as conn:
+        partition = partition_of(conn, "small-000")
+        row = conn.execute(
+            "SELECT analyze_count FROM pg_stat_user_tables WHERE relname = %s", (partition,)
+        ).fetchone()
+    assert row is not None and row[0] >= 1, (partition, row)

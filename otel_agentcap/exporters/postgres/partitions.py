@@ -209,6 +209,12 @@ class PartitionCache:
         i = bisect.bisect_right(self._lowers, start) - 1
         return i >= 0 and start < self._uppers[i]
 
+    def lower_of(self, start: datetime) -> datetime:
+        """The lower bound of the known range that holds runs started at ``start`` (``start``
+        itself when none is known): one key per partition, for counting what a writer fills."""
+        i = bisect.bisect_right(self._lowers, start) - 1
+        return self._lowers[i] if i >= 0 and start < self._uppers[i] else start
+
     def missing(self, starts: Iterable[datetime]) -> list[datetime]:
         return sorted({s for s in starts if not self.covers(s)})
 
@@ -231,9 +237,10 @@ ANALYZE_CHECK_MAX: Final = 1_000_000
 
 class AnalyzeSchedule:
     """When a writer asks ``agentcap.analyze_partitions`` about the partitions it fills: after
-    ``ANALYZE_CHECK_FIRST`` rows of a run start, then after twice as many each time, so the asks
-    cost nothing next to the rows (the function analyzes only partitions that have grown past
-    what their last analyze saw)."""
+    ``ANALYZE_CHECK_FIRST`` rows of a partition (the writer counts by ``PartitionCache.lower_of``,
+    so a partition filled by many small runs is asked about as one filled by one large run),
+    then after twice as many each time, so the asks cost nothing next to the rows (the function
+    analyzes only partitions that have grown past what their last analyze saw)."""
 
     def __init__(self) -> None:
         self._counts: dict[datetime, int] = {}
@@ -241,7 +248,8 @@ class AnalyzeSchedule:
         self._lock = threading.Lock()
 
     def add(self, rows_by_start: dict[datetime, int]) -> list[datetime]:
-        """Count inserted rows per run start; the starts whose partitions are due for an ask."""
+        """Count inserted rows per partition (by a run start in it, its lower bound say); the
+        keys whose partitions are due for an ask."""
         with self._lock:
             return self._add(rows_by_start)
 
@@ -254,7 +262,7 @@ class AnalyzeSchedule:
             if count >= threshold:
                 due.append(start)
                 self._next[start] = min(count + max(threshold, count), count + ANALYZE_CHECK_MAX)
-        if len(self._counts) > 10_000:  # runs of the past: start afresh
+        if len(self._counts) > 10_000:  # partitions (or starts) of the past: start afresh
             self._counts.clear()
             self._next.clear()
         return due

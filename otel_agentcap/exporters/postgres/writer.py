@@ -636,7 +636,7 @@ class EventWriter:
     def _analyze_due(self, conn: psycopg.Connection[Any], starts: list[datetime]) -> None:
         """Ask for the partitions this writer fills to be analyzed, now and then (see
         ``partitions.AnalyzeSchedule``); best effort, after the batch committed."""
-        due = self._analyze.add(dict(Counter(starts)))
+        due = self._analyze.add(dict(Counter(self._partitions.lower_of(s) for s in starts)))
         if not due:
             return
         try:
