@@ -949,3 +949,76 @@ def test_direct_copy_of_a_pruned_run_is_expired(pg_dsn, pool):
         lowers = [p.lower for p in partitions.list_partitions(conn, ["agentcap.events"])]
     assert datetime(2025, 1, 1, tzinfo=UTC) not in lowers
     assert count(pool, "events") == 0
+
+
+def test_direct_batches_leave_the_analyze_to_the_first_staged_batch(pool, monkeypatch):
+    """Batches of the direct path, which classify nothing, ask for no analyze of the partition
+    they fill; the first batch of the staging path afterwards has it analyzed before it
+    classifies, so its probes read one event each by the primary key, not the whole run."""
+    from pg_log import assert_routed, explain, partition_of
+    from psycopg import sql
+
+    from otel_agentcap.exporters.postgres import partitions
+    from otel_agentcap.exporters.postgres.rows import copy_data
+
+    start = datetime(2025, 2, 3, tzinfo=UTC)
+    with pool.connection() as conn:
+        partitions.ensure_partitions(conn, [start])
+        conn.execute("ALTER TABLE agentcap.events_p20250201 SET (autovacuum_enabled = false)")
+        conn.commit()
+
+    def batch(first: int, size: int = 2_000) -> Batch:
+        return Batch(
+            tuple(
+                ev("big", f"a{i % 8}", i // 8, key=f"seq:{i // 8}", payload={"n": "x" * 300})
+                for i in range(first, first + size)
+            ),
+            runs=(RunRecord("big", start),),
+        )
+
+    calls: list[str] = []
+    analyze = writer_module.analyze_partitions
+    write_once = EventWriter._write_once
+
+    def spy_analyze(conn: Any, starts: Any) -> int:
+        calls.append("analyze")
+        return analyze(conn, starts)
+
+    def spy_write_once(self: EventWriter, *args: Any, **kwargs: Any) -> Any:
+        calls.append("classify")
+        return write_once(self, *args, **kwargs)
+
+    monkeypatch.setattr(writer_module, "analyze_partitions", spy_analyze)
+    monkeypatch.setattr(EventWriter, "_write_once", spy_write_once)
+
+    def analyzed(conn: psycopg.Connection[Any]) -> int:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stats WHERE schemaname = 'agentcap'"
+            " AND tablename = 'events_p20250201'"
+        ).fetchone()
+        assert row is not None
+        return int(row[0])
+
+    writer = EventWriter(pool)
+    for first in range(0, 12_000, 2_000):
+        assert _write(writer, batch(first), True).inserted == 2_000
+    assert calls == []
+    with pool.connection() as conn:
+        assert analyzed(conn) == 0
+    assert _write(writer, batch(12_000), False).inserted == 2_000
+    assert calls[:2] == ["analyze", "classify"]
+    prepared = prepare(batch(14_000))
+    with pool.connection() as wconn:
+        assert analyzed(wconn) > 0
+        with wconn.transaction(force_rollback=True):
+            wconn.execute(sql.SQL("TRUNCATE {}").format(writer._staging))
+            with wconn.cursor() as cur, cur.copy(writer._copy) as copy:
+                copy.write(copy_data(prepared.events, staging=True, starts={"big": start}))
+            plan = explain(wconn, writer._classify_fast, analyze=True)
+            scans = assert_routed(wconn, plan, {partition_of(wconn, "big")}, executed_only=True)
+    writer.close()
+    probes = [n for n in scans if n["Actual Loops"] >= 2_000]
+    assert probes, scans
+    for node in probes:
+        assert node["Index Name"].endswith("_pkey"), node
+        assert node["Actual Rows"] + node.get("Rows Removed by Filter", 0) <= 1, node

@@ -39,6 +39,12 @@ event, a model call stored under another id, an event type the table refuses), t
 the transaction is rolled back, and the batch goes the staging path above, which files each row
 as new, duplicate or conflict. So the direct path changes the cost, never the outcome.
 
+Only the staging path's classification needs the partitions' statistics (without them its
+probes may read a whole run per row). The writer counts the rows it inserts per partition and
+asks for an analyze now and then (``partitions.AnalyzeSchedule``): after a staged batch at once,
+after a direct batch only at the start of its next staged batch, so a writer that only copies
+straight in spends no server time on ANALYZE (autovacuum analyzes for readers).
+
 The rows' binary COPY data (``rows.copy_data``) carries each run's start. A run's start never
 changes once stored, so the writers of one exporter share the starts they have read
 (``RunStartCache``) and the exporter builds the data ahead with them; the writer checks them
@@ -496,6 +502,9 @@ class EventWriter:
         #: Starts of stored runs, shared with the exporter that builds COPY data ahead.
         self.run_starts = run_starts if run_starts is not None else RunStartCache()
         self._analyze = AnalyzeSchedule()
+        #: Run starts whose partitions are due for an analyze that only the staging path needs
+        #: (see ``_analyze_due``).
+        self._analyze_pending: set[datetime] = set()
         self._use_schema("agentcap")
 
     def _use_schema(self, schema: str) -> None:
@@ -633,17 +642,41 @@ class EventWriter:
         if missing:
             raise _PartitionsMissing(missing)
 
-    def _analyze_due(self, conn: psycopg.Connection[Any], starts: list[datetime]) -> None:
-        """Ask for the partitions this writer fills to be analyzed, now and then (see
-        ``partitions.AnalyzeSchedule``); best effort, after the batch committed."""
+    def _analyze_due(
+        self, conn: psycopg.Connection[Any], starts: list[datetime], *, staged: bool
+    ) -> None:
+        """Count the rows a committed batch inserted, and ask for the partitions this writer
+        fills to be analyzed now and then (see ``partitions.AnalyzeSchedule``), after the batch
+        committed. Only the staging path's classification needs the statistics (its probes name
+        one event each only when the planner knows how large a run is); readers plan without
+        them (autovacuum analyzes later). So a batch of the direct path (``staged`` false) only
+        notes the partitions that are due, and the next batch of the staging path has them
+        analyzed first (``_analyze_pending``)."""
         due = self._analyze.add(dict(Counter(self._partitions.lower_of(s) for s in starts)))
+        if not staged:
+            with self._lock:
+                self._analyze_pending.update(due)
+            return
+        self._analyze_now(conn, due)
+
+    def _analyze_pending_now(self, conn: psycopg.Connection[Any]) -> None:
+        """Before a batch of the staging path: have the partitions that direct batches left due
+        analyzed (best effort, in a transaction of its own)."""
+        with self._lock:
+            due = sorted(self._analyze_pending)
+            self._analyze_pending.clear()
+        self._analyze_now(conn, due)
+
+    def _analyze_now(self, conn: psycopg.Connection[Any], due: list[datetime]) -> None:
         if not due:
             return
         try:
             analyze_partitions(conn, due)
         except psycopg.Error as exc:
             if isinstance(exc, psycopg.OperationalError) and conn.broken:
-                return  # the connection is replaced; the next ask comes later
+                with self._lock:  # the connection is replaced; asked again before the next one
+                    self._analyze_pending.update(due)
+                return
             _log.debug("agentcap: partitions not analyzed: %s", exc)
 
     def _open(
@@ -815,11 +848,17 @@ class EventWriter:
                     else:
                         if not self._staging_ready:
                             self._ensure_staging(conn)
+                        if self._analyze_pending:
+                            self._analyze_pending_now(conn)
                         inserted, duplicates, conflicts, records, opened = self._write_once(
                             conn, prepared, staging_data, spans, full=full, everywhere=everywhere
                         )
                     if inserted:
-                        self._analyze_due(conn, [opened.starts[r.run_id] for r in opened.events])
+                        self._analyze_due(
+                            conn,
+                            [opened.starts[r.run_id] for r in opened.events],
+                            staged=not direct,
+                        )
             except _PartitionsMissing as exc:
                 last = exc
                 create = exc.starts
