@@ -619,15 +619,6 @@ class EventWriter:
             if not conn.closed:
                 conn.rollback()
 
-    def _run_starts(
-        self, conn: psycopg.Connection[Any], run_ids: list[str]
-    ) -> dict[str, datetime | None]:
-        """Each run's stored start, or None for a run the log does not take (expired)."""
-        starts: dict[str, datetime | None] = {}
-        for run_id, started_at, expired in conn.execute(_RUN_STARTS, (run_ids,)):
-            starts[run_id] = None if started_at is None or expired else started_at
-        return starts
-
     def _check_partitions(
         self, conn: psycopg.Connection[Any], starts: set[datetime], everywhere: bool
     ) -> None:
@@ -684,12 +675,21 @@ class EventWriter:
     ) -> _Opened:
         """Steps 1 to 4 (see the module doc), inside the caller's transaction: the barrier, the
         runs and their stored starts, the partitions they need, the agents and the records that
-        differ from the stored rows. The span envelopes are the caller's to write."""
-        conn.execute(_BARRIER, (RETENTION_BARRIER_KEY,))
-        if not batch.runs:
-            return _Opened({}, [], 0, [], [])
-        conn.execute(_RUNS_UPSERT, [[r[i] for r in batch.runs] for i in range(5)])
-        read = self._run_starts(conn, [r[0] for r in batch.runs])
+        differ from the stored rows. The span envelopes are the caller's to write.
+
+        The statements go in two pipelines (one round trip each, not one per statement): the
+        barrier, the runs and their starts; then, once the starts are read, the agents and the
+        records that differ. Each statement is still a statement of its own, so each sees what
+        other writers committed before it started."""
+        with conn.pipeline():
+            conn.execute(_BARRIER, (RETENTION_BARRIER_KEY,))
+            if not batch.runs:
+                return _Opened({}, [], 0, [], [], 0)
+            conn.execute(_RUNS_UPSERT, [[r[i] for r in batch.runs] for i in range(5)])
+            cursor = conn.execute(_RUN_STARTS, ([r[0] for r in batch.runs],))
+        read: dict[str, datetime | None] = {}
+        for run_id, started_at, expired in cursor:
+            read[run_id] = None if started_at is None or expired else started_at
         starts = {run: start for run, start in read.items() if start is not None}
         kept = [row for row in batch.events if row.run_id in starts]
         kept_spans = [row for row in batch.spans if row[0] in starts]
@@ -700,29 +700,31 @@ class EventWriter:
                 everywhere,
             )
         agents = [a for a in batch.agents if a[0] in starts]
-        if agents:
-            conn.execute(_AGENTS_UPSERT, [[a[i] for a in agents] for i in range(6)])
-        gone = [run for run, start in read.items() if start is None]
-        return _Opened(starts, kept, len(batch.events) - len(kept), kept_spans, gone)
-
-    def _record_conflicts(
-        self, conn: psycopg.Connection[Any], batch: PreparedBatch, starts: Mapping[str, datetime]
-    ) -> int:
-        """File the batch's run and agent records (of runs the log takes) that differ from the
-        stored rows (after the upserts, and after the spans: a separate statement sees rows
-        others committed)."""
         run_offers = [r for r in batch.run_offers if r[0] in starts]
         agent_offers = [a for a in batch.agent_offers if a[0] in starts]
-        if not (run_offers or agent_offers):
-            return 0
-        row = conn.execute(
-            _RECORD_CONFLICTS,
-            [
-                *([r[i] for r in run_offers] for i in range(2)),
-                *([a[i] for a in agent_offers] for i in range(6)),
-            ],
-        ).fetchone()
-        return int(row[0]) if row else 0
+        records: psycopg.Cursor[Any] | None = None
+        with conn.pipeline():
+            if agents:
+                conn.execute(_AGENTS_UPSERT, [[a[i] for a in agents] for i in range(6)])
+            if run_offers or agent_offers:
+                # After the upserts, a statement of its own: it sees rows others committed.
+                records = conn.execute(
+                    _RECORD_CONFLICTS,
+                    [
+                        *([r[i] for r in run_offers] for i in range(2)),
+                        *([a[i] for a in agent_offers] for i in range(6)),
+                    ],
+                )
+        row = records.fetchone() if records is not None else None
+        gone = [run for run, start in read.items() if start is None]
+        return _Opened(
+            starts,
+            kept,
+            len(batch.events) - len(kept),
+            kept_spans,
+            gone,
+            int(row[0]) if row else 0,
+        )
 
     def _write_once(
         self,
@@ -738,7 +740,7 @@ class EventWriter:
             opened = self._open(conn, batch, everywhere)
             if opened.spans:
                 self._write_spans(conn, opened, batch, span_data)
-            records = self._record_conflicts(conn, batch, opened.starts)
+            records = opened.records
             if not opened.events:
                 return 0, 0, 0, records, opened
             conn.execute(self._prepare_staging)
@@ -789,7 +791,7 @@ class EventWriter:
                         _usable(span_data, batch, opened, spans=True)
                         or span_copy_data(opened.spans, starts=opened.starts)
                     )
-            records = self._record_conflicts(conn, batch, opened.starts)
+            records = opened.records
             if opened.events:
                 with conn.cursor() as cur, cur.copy(_DIRECT_COPY) as copy:
                     copy.write(
@@ -989,6 +991,8 @@ class _Opened:
     spans: list[SpanRow]
     #: Runs of the batch the log does not take.
     gone: list[str]
+    #: Run and agent records of the batch that differ from the stored rows (now filed).
+    records: int
 
 
 @dataclass(frozen=True, slots=True)
