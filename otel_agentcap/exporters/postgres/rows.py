@@ -171,6 +171,15 @@ def _text(value: str | None) -> bytes:
     return _I32.pack(len(data)) + data
 
 
+class _TextFields(dict[str | None, bytes]):
+    """The COPY field of each text value, made once: the run, agent, type, trace, name and
+    service of a batch's rows repeat from row to row. Use one per batch (it keeps every value)."""
+
+    def __missing__(self, value: str | None) -> bytes:
+        field = self[value] = _text(value)
+        return field
+
+
 def copy_data(rows: Sequence[EventRow], *, staging: bool, starts: Mapping[str, datetime]) -> bytes:
     """The binary COPY data of ``rows``: the signature and one tuple per row, without the
     trailer (psycopg's ``Copy`` adds it): the ``EVENT_COLUMNS``, or with ``staging`` all of
@@ -183,6 +192,7 @@ def copy_data(rows: Sequence[EventRow], *, staging: bool, starts: Mapping[str, d
     pack_int8 = _INT8_FIELD.pack
     head = _STAGING_FIELDS if staging else _EVENT_FIELDS
     start_fields = {run: pack_int8(8, _micros(start)) for run, start in starts.items()}
+    shared = _TextFields()  # run, agent, type and trace ids (keys and spans differ per row)
     try:
         for row in rows:
             delta = row.wall_time - _PG_EPOCH
@@ -201,18 +211,18 @@ def copy_data(rows: Sequence[EventRow], *, staging: bool, starts: Mapping[str, d
                         head,
                         _UUID_FIELD,
                         row.event_id,
-                        _text(row.run_id),
-                        _text(row.agent_id),
+                        shared[row.run_id],
+                        shared[row.agent_id],
                         pack_int8(8, row.logical_seq),
                         pack_int8(
                             8,
                             delta.microseconds + 1_000_000 * (86_400 * delta.days + delta.seconds),
                         ),
-                        _text(row.event_type),
+                        shared[row.event_type],
                         _I32.pack(len(row.causal_parent_ids)),
                         row.causal_parent_ids,
                         _text(row.idempotency_key),
-                        _text(row.trace_id),
+                        shared[row.trace_id],
                         _text(row.span_id),
                         json_field,
                     )
@@ -247,22 +257,25 @@ def span_copy_data(rows: Sequence[SpanRow], *, starts: Mapping[str, datetime]) -
     pack_int2 = _INT2_FIELD.pack
     pack_int8 = _INT8_FIELD.pack
     start_fields = {run: pack_int8(8, _micros(start)) for run, start in starts.items()}
+    # Run, trace, name, status message, service and scope repeat from span to span; a parent
+    # is often the parent of many.
+    shared = _TextFields()
     try:
         for run_id, trace_id, span_id, parent, name, kind, start, end, code, *texts in rows:
             append(
                 b"".join(
                     (
                         _SPAN_FIELDS,
-                        _text(run_id),
-                        _text(trace_id),
+                        shared[run_id],
+                        shared[trace_id],
                         _text(span_id),
-                        _text(parent),
-                        _text(name),
+                        shared[parent],
+                        shared[name],
                         pack_int2(2, kind),
                         pack_int8(8, _micros(start)),
                         pack_int8(8, _micros(end)),
                         pack_int2(2, code),
-                        *map(_text, texts),
+                        *map(shared.__getitem__, texts),
                         start_fields[run_id],
                     )
                 )
