@@ -243,6 +243,11 @@ def _map(spans: Sequence[SpanLike], *, raw_payloads: bool) -> Batch:
     already (``own_event_queued``) is left out, except once when the record that sent it is in
     this very batch."""
     batch = batch_from_spans(spans, raw_payloads=raw_payloads)
+    if not any(
+        getattr(span, "own_event_queued", False) or getattr(span, "end_time", 0) is None
+        for span in spans
+    ):
+        return batch  # the common case: every span ended, none sent before
     sent: set[object] = set()
     here: set[object] = set()
     started: set[tuple[str, str]] = set()
