@@ -126,6 +126,23 @@ def _opt_text(value: str | None) -> str | None:
     return None if value is None else clean_text(str(value))
 
 
+class _CleanTexts(dict[str, str]):
+    """``clean_text`` of each text value, made once: runs, agents, event types, traces, span
+    names and services repeat from record to record. Use one per batch (it keeps every value)."""
+
+    def __missing__(self, value: str) -> str:
+        text = self[value] = clean_text(value)
+        return text
+
+    def optional(self, value: str | None) -> str | None:
+        """``_opt_text`` of ``value``."""
+        if value is None:
+            return None
+        if type(value) is not str:
+            return clean_text(str(value))
+        return self[value]
+
+
 def _uuid(value: object, what: str) -> uuid.UUID:
     return uuid.UUID(bytes=uuid_bytes(value, what))
 
@@ -317,19 +334,22 @@ def _same_payload(a: Any, b: Any, dumps: Callable[[Any], bytes]) -> bool:
     return dumps(a) == dumps(b)
 
 
-def _row(event: Event, dumps: Callable[[Any], bytes]) -> EventRow:
-    """The staged row of a validated event (``otel_agentcap.validation``)."""
+def _row(event: Event, dumps: Callable[[Any], bytes], texts: _CleanTexts | None = None) -> EventRow:
+    """The staged row of a validated event (``otel_agentcap.validation``); ``texts`` cleans
+    the values that repeat from event to event."""
+    if texts is None:
+        texts = _CleanTexts()
     return _new_row(
         (
             uuid_bytes(event.event_id, "event_id"),
-            clean_text(event.run_id),
-            clean_text(event.agent_id),
+            texts[event.run_id],
+            texts[event.agent_id],
             event.seq,
             _utc(event.wall_time),
-            clean_text(str(event.event_type)),
+            texts[str(event.event_type)],
             uuid_array(event.causal_parent_ids),
             clean_text(event.idempotency_key),
-            _opt_text(event.trace_id),
+            texts.optional(event.trace_id),
             _opt_text(event.span_id),
             None if event.payload is None else Jsonb(event.payload, dumps),
             None,
@@ -347,8 +367,10 @@ def _same_content(a: EventRow, b: EventRow, dumps: Callable[[Any], bytes]) -> bo
 
 
 def _sorted_rows(events: Iterable[Event], dumps: Callable[[Any], bytes]) -> list[EventRow]:
+    texts = _CleanTexts()
     return sorted(
-        (_row(e, dumps) for e in events), key=lambda r: (r.run_id, r.agent_id, r.logical_seq)
+        (_row(e, dumps, texts) for e in events),
+        key=lambda r: (r.run_id, r.agent_id, r.logical_seq),
     )
 
 
@@ -539,22 +561,23 @@ SpanRow = tuple[
 def span_rows(spans: Iterable[SpanRecord]) -> list[SpanRow]:
     """The batch's span envelopes as rows, one per (run, trace, span) (the first wins), sorted."""
     rows: dict[tuple[str, str, str], SpanRow] = {}
+    texts = _CleanTexts()  # run, trace, name, service and scope repeat from span to span
     for span in spans:
-        run_id = clean_text(span.run_id)
-        key = (run_id, clean_text(span.trace_id), clean_text(span.span_id))
+        run_id = texts[span.run_id]
+        key = (run_id, texts[span.trace_id], clean_text(span.span_id))
         if key in rows:
             continue
         rows[key] = (
             *key,
-            _opt_text(span.parent_span_id),
-            clean_text(span.name),
+            texts.optional(span.parent_span_id),
+            texts[span.name],
             int(span.kind),
             _utc(span.start_time),
             _utc(span.end_time),
             int(span.status_code),
-            _opt_text(span.status_message),
-            _opt_text(span.service_name),
-            _opt_text(span.scope_name),
+            texts.optional(span.status_message),
+            texts.optional(span.service_name),
+            texts.optional(span.scope_name),
         )
     return [rows[key] for key in sorted(rows)]
 
