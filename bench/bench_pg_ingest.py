@@ -13,6 +13,7 @@ after a crash), and end to end (on_end of every span while delivery runs, in one
 
 ``--call-ids`` gives every model_call payload a response id and a request id, as real calls
 have, so both methods also maintain the log's model-call indexes and the writer probes them.
+``--writers`` sets the exporter's writer connections (default: the exporter's default).
 """
 
 from __future__ import annotations
@@ -205,10 +206,16 @@ def make_spans(total: int) -> list[object]:
     return [s for s in captured.spans if s.name == "memory_write"]
 
 
-def run_exporter(dsn: str, spans: list[object], batch_size: int) -> float:
+def _writers(count: int | None) -> dict[str, int]:
+    return {} if count is None else {"writers": count}
+
+
+def run_exporter(
+    dsn: str, spans: list[object], batch_size: int, writers: int | None = None
+) -> float:
     from otel_agentcap.exporters.postgres import PostgresSpanExporter
 
-    exporter = PostgresSpanExporter(dsn)
+    exporter = PostgresSpanExporter(dsn, **_writers(writers))
     exporter.export([])
     t0 = time.perf_counter()
     for start in range(0, len(spans), batch_size):
@@ -220,7 +227,7 @@ def run_exporter(dsn: str, spans: list[object], batch_size: int) -> float:
 
 
 def run_durable(
-    dsn: str, spans: list[object], batch_size: int, root: Path
+    dsn: str, spans: list[object], batch_size: int, root: Path, writers: int | None = None
 ) -> tuple[float, float, float]:
     """Through the durable queue, in events/s: (delivery, delivery from disk, end to end).
 
@@ -242,7 +249,7 @@ def run_durable(
     rates = []
     for name, memo in (("memory", True), ("disk", False)):
         reset(dsn)
-        exporter = PostgresSpanExporter(dsn)
+        exporter = PostgresSpanExporter(dsn, **_writers(writers))
         exporter.export([])
         queue = DiskQueue(
             QueueDirectory(root / name, dsn), faults=FaultLog(), memo_limit=len(spans) + 1
@@ -259,7 +266,7 @@ def run_durable(
         exporter.shutdown()
 
     reset(dsn)
-    exporter = PostgresSpanExporter(dsn)
+    exporter = PostgresSpanExporter(dsn, **_writers(writers))
     exporter.export([])
     processor = DurableSpanProcessor(
         exporter,
@@ -281,6 +288,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=2_000)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--call-ids", action="store_true", help="response and request ids")
+    parser.add_argument("--writers", type=int, default=None, help="the exporter's writers")
     args = parser.parse_args()
 
     batches = make_batches(args.events, args.batch, args.call_ids)
@@ -318,10 +326,10 @@ def main() -> None:
                 reset(dsn)
                 span_copy_rates.append(run_copy(pool, [_uuid_batch(b) for b in span_batches]))
                 reset(dsn)
-                exporter_rates.append(run_exporter(dsn, spans, args.batch))
+                exporter_rates.append(run_exporter(dsn, spans, args.batch, args.writers))
                 reset(dsn)
                 delivery, from_disk, end_to_end = run_durable(
-                    dsn, spans, args.batch, root / f"queue-{round_number}"
+                    dsn, spans, args.batch, root / f"queue-{round_number}", args.writers
                 )
                 delivery_rates.append(delivery)
                 from_disk_rates.append(from_disk)
@@ -330,7 +338,7 @@ def main() -> None:
         writer_rate = statistics.median(writer_rates)
         print(
             f"events={args.events} batch={args.batch} agents={AGENTS} rounds={args.rounds}"
-            f" call_ids={args.call_ids}"
+            f" call_ids={args.call_ids} writers={args.writers or 'default'}"
         )
         print(
             f"raw binary COPY (ceiling): {copy_rate:>10,.0f} events/s  samples={[round(r) for r in copy_rates]}"
