@@ -1022,3 +1022,57 @@ def test_direct_batches_leave_the_analyze_to_the_first_staged_batch(pool, monkey
     for node in probes:
         assert node["Index Name"].endswith("_pkey"), node
         assert node["Actual Rows"] + node.get("Rows Removed by Filter", 0) <= 1, node
+
+
+@pytest.mark.parametrize("pipelines", [True, False])
+@pytest.mark.parametrize("direct", [False, True])
+def test_statements_before_the_copy_give_the_same_outcome_with_or_without_pipelines(
+    pool, monkeypatch, pipelines, direct
+):
+    """The runs, agents and records that differ go to the server in pipelines where the libpq
+    has them, one by one where it does not: either way a second batch that offers another run
+    declaration and another agent name stores its events, keeps the first records and files
+    both differences, and an expired run's records are neither stored nor filed."""
+    monkeypatch.setattr(writer_module, "_PIPELINES", pipelines)
+    writer = EventWriter(pool)
+    first = Batch(
+        (ev("r", "a", 1),),
+        (AgentRecord("r", "a", name="A"),),
+        (RunRecord("r", T0, {"k": 1}),),
+    )
+    assert _write(writer, first, direct).inserted == 1
+    second = Batch(
+        (ev("r", "a", 2), ev("r", "b", 1)),
+        (AgentRecord("r", "a", name="other"), AgentRecord("r", "b", name="B")),
+        (RunRecord("r", T0, {"k": 2}),),
+    )
+    result = _write(writer, second, direct)
+    assert (result.inserted, result.record_conflicts) == (2, 2)
+    with pool.connection() as conn:
+        run = conn.execute("SELECT attributes FROM agentcap.runs WHERE run_id = 'r'").fetchone()
+        names = sorted(a.name or "" for a in run_agents(conn, "r"))
+        filed = conn.execute(
+            "SELECT reason FROM agentcap.record_conflicts ORDER BY reason"
+        ).fetchall()
+    assert run == ({"k": 1},)
+    assert names == ["A", "B"]
+    assert filed == [("agent_name",), ("run_attributes",)]
+
+    old = T0 - timedelta(days=400)
+    with pool.connection() as conn:
+        conn.execute(
+            "UPDATE agentcap.log_settings SET pruned_before = %s", (T0 - timedelta(days=30),)
+        )
+        conn.commit()
+    expired = Batch(
+        (ev("gone", "a", 1),),
+        (AgentRecord("gone", "a", name="X"),),
+        (RunRecord("gone", old, {"k": 3}),),
+    )
+    result = _write(writer, expired, direct)
+    assert (result.inserted, result.expired, result.record_conflicts) == (0, 1, 0)
+    with pool.connection() as conn:
+        assert conn.execute(
+            "SELECT count(*) FROM agentcap.agents WHERE run_id = 'gone'"
+        ).fetchone() == (0,)
+        assert conn.execute("SELECT count(*) FROM agentcap.record_conflicts").fetchone() == (2,)

@@ -54,6 +54,7 @@ when a run turned out to be expired.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -681,7 +682,7 @@ class EventWriter:
         barrier, the runs and their starts; then, once the starts are read, the agents and the
         records that differ. Each statement is still a statement of its own, so each sees what
         other writers committed before it started."""
-        with conn.pipeline():
+        with _pipeline(conn):
             conn.execute(_BARRIER, (RETENTION_BARRIER_KEY,))
             if not batch.runs:
                 return _Opened({}, [], 0, [], [], 0)
@@ -703,7 +704,7 @@ class EventWriter:
         run_offers = [r for r in batch.run_offers if r[0] in starts]
         agent_offers = [a for a in batch.agent_offers if a[0] in starts]
         records: psycopg.Cursor[Any] | None = None
-        with conn.pipeline():
+        with _pipeline(conn):
             if agents:
                 conn.execute(_AGENTS_UPSERT, [[a[i] for a in agents] for i in range(6)])
             if run_offers or agent_offers:
@@ -1023,6 +1024,15 @@ def start_bounds(starts: Iterable[datetime]) -> dict[str, datetime]:
     staged rows (not empty)."""
     values = list(starts)
     return {"lo": min(values), "hi": max(values)}
+
+
+_PIPELINES: Final = psycopg.Pipeline.is_supported()
+
+
+def _pipeline(conn: psycopg.Connection[Any]) -> contextlib.AbstractContextManager[object]:
+    """``conn.pipeline()``, where the libpq supports it (14 and later); else the statements go
+    one by one, with the same results."""
+    return conn.pipeline() if _PIPELINES else contextlib.nullcontext()
 
 
 def _direct_candidate(rows: Iterable[EventRow]) -> bool:
