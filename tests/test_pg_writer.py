@@ -19,7 +19,7 @@ from otel_agentcap.exporters.postgres import writer as writer_module
 from otel_agentcap.exporters.postgres.errors import ConnectionFailed, WriteFailed
 from otel_agentcap.exporters.postgres.rows import prepare
 from otel_agentcap.exporters.postgres.store import conflicts_count, run_agents, run_events
-from otel_agentcap.exporters.postgres.writer import EventWriter, WriteResult
+from otel_agentcap.exporters.postgres.writer import EventWriter, WriteResult, start_bounds
 from otel_agentcap.model import AgentRecord, Batch, Event, RunRecord, event_id_for, validate_id
 
 pytestmark = pytest.mark.storage
@@ -1014,7 +1014,7 @@ def test_direct_batches_leave_the_analyze_to_the_first_staged_batch(pool, monkey
             wconn.execute(sql.SQL("TRUNCATE {}").format(writer._staging))
             with wconn.cursor() as cur, cur.copy(writer._copy) as copy:
                 copy.write(copy_data(prepared.events, staging=True, starts={"big": start}))
-            plan = explain(wconn, writer._classify_fast, analyze=True)
+            plan = explain(wconn, writer._classify_fast, start_bounds([start]), analyze=True)
             scans = assert_routed(wconn, plan, {partition_of(wconn, "big")}, executed_only=True)
     writer.close()
     probes = [n for n in scans if n["Actual Loops"] >= 2_000]
