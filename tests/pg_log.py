@@ -13,7 +13,8 @@ import psycopg
 from psycopg import sql
 from psycopg_pool import ConnectionPool
 
-from otel_agentcap.exporters.postgres.writer import EventWriter
+from otel_agentcap.exporters.postgres.rows import copy_data, prepare
+from otel_agentcap.exporters.postgres.writer import EventWriter, start_bounds
 from otel_agentcap.model import AgentRecord, Batch, Event, RunRecord, SpanRecord, event_id_for
 
 
@@ -301,3 +302,23 @@ def assert_routed(
         cond = node.get("Index Cond", "")
         assert "run_id" in cond or "causal_parent_ids @>" in cond, node
     return scans
+
+
+def assert_classification_probes_by_key(
+    writer: EventWriter, batch: Batch, run_id: str, start: datetime
+) -> None:
+    """Stage ``batch`` (of run ``run_id``, started at ``start``) as ``writer`` would, explain its
+    classifying statement executed, and check that it reads only the run's partition and that
+    each probe reads at most one event by the primary key (not the whole run). Rolled back."""
+    prepared = prepare(batch)
+    with writer._pool.connection() as conn, conn.transaction(force_rollback=True):
+        conn.execute(sql.SQL("TRUNCATE {}").format(writer._staging))
+        with conn.cursor() as cur, cur.copy(writer._copy) as copy:
+            copy.write(copy_data(prepared.events, staging=True, starts={run_id: start}))
+        plan = explain(conn, writer._classify_fast, start_bounds([start]), analyze=True)
+        scans = assert_routed(conn, plan, {partition_of(conn, run_id)}, executed_only=True)
+    probes = [n for n in scans if n["Actual Loops"] >= len(prepared.events)]
+    assert probes, scans
+    for node in probes:
+        assert node["Index Name"].endswith("_pkey"), node
+        assert node["Actual Rows"] + node.get("Rows Removed by Filter", 0) <= 1, node
