@@ -304,10 +304,11 @@ _CALL_PROBES: Final = ",".join(
     )
 )
 # Every probe of agentcap.events is also bounded by the batch's earliest and latest run start,
-# given as parameters (lo, hi; see start_bounds): with them the planner keeps only the partitions that hold the batch's runs. The
-# equality with each staged row's start prunes only at run time, so without them each of the
-# five probes planned (and locked) an index scan of every partition, and planning grew with the
-# number of partitions: 1.5 ms per batch with 4 partitions, 10 to 17 ms with 43.
+# given as parameters (lo, hi; see start_bounds): with them the planner keeps only the partitions
+# that hold the batch's runs. The equality with each staged row's start prunes only at run time,
+# so without them each of the five probes planned (and locked) an index scan of every partition,
+# and planning grew with the number of partitions: 1.5 ms per batch with 4 partitions, 10 to 17
+# ms with 43.
 _CLASSIFY_AND_INSERT: Final = """
 WITH p AS MATERIALIZED (
     SELECT s.*,
@@ -503,8 +504,8 @@ class EventWriter:
         #: Starts of stored runs, shared with the exporter that builds COPY data ahead.
         self.run_starts = run_starts if run_starts is not None else RunStartCache()
         self._analyze = AnalyzeSchedule()
-        #: Run starts whose partitions are due for an analyze that only the staging path needs
-        #: (see ``_analyze_due``).
+        #: Partitions (by their lower bound) due for an analyze that only the staging path
+        #: needs (see ``_analyze_due``).
         self._analyze_pending: set[datetime] = set()
         self._use_schema("agentcap")
 
