@@ -288,18 +288,13 @@ def dumps(
     try:
         # Fast path: most payloads are plain JSON; json.dumps in C plus a scan of its output is
         # far cheaper than walking the value in Python. Anything else takes the general path.
-        # (_encode, inlined for the C encoder: this runs twice per captured tool call.)
-        encoder = _c_sorted_encoder if sort_keys else _c_encoder
-        if encoder is None:
-            text = _encode(value, sort_keys)
-        else:
-            text = "".join(encoder(value, 0))
-            if not sort_keys and "{" in text:
-                # json writes the keys 0 and "0" of one dict both as "0": duplicate keys, of
-                # which jsonb keeps one. Sorting the keys of a dict that mixes str keys with
-                # other keys raises TypeError (and no two keys of other types read the same):
-                # such values take the general path, which keeps every pair.
-                _c_sorted_encoder(value, 0)
+        text = _encode(value, sort_keys)
+        if not sort_keys and "{" in text:
+            # json writes the keys 0 and "0" of one dict both as "0": duplicate keys, of which
+            # jsonb keeps one. Sorting the keys of a dict that mixes str keys with other keys
+            # raises TypeError (and no two keys of other types read the same): such values take
+            # the general path, which keeps every pair. (The sorted text itself is not used.)
+            _encode(value, sort_keys=True)
         fast = _jsonb_safe(text)
     except (TypeError, ValueError, RecursionError):
         fast = False
@@ -308,7 +303,7 @@ def dumps(
             text = _encode(to_jsonable(value), sort_keys)
     except Exception as exc:  # recursion limits and the like: keep a record rather than nothing
         text = json.dumps({"$agentcap.error": f"{type(exc).__name__}: could not encode payload"})
-    return text if len(text) <= max_chars else truncate(text, max_chars)
+    return truncate(text, max_chars)
 
 
 def truncate(text: str, max_chars: int = DEFAULT_MAX_PAYLOAD_CHARS) -> str:

@@ -51,9 +51,8 @@ class Stamp(NamedTuple):
             attr.EVENT_TYPE: self.event_type,
             attr.EVENT_SEQ: self.seq,
         }
-        key = self.idempotency_key
-        if not key.startswith("seq:") or key != f"seq:{self.seq}":
-            attributes[attr.EVENT_IDEMPOTENCY_KEY] = key
+        if self.idempotency_key != f"seq:{self.seq}":
+            attributes[attr.EVENT_IDEMPOTENCY_KEY] = self.idempotency_key
         if self.causal_parent_ids:
             attributes[attr.EVENT_CAUSAL_PARENT_IDS] = self.causal_parent_ids
         return attributes

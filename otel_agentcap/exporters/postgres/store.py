@@ -754,9 +754,9 @@ def locate_events(
     """``(agent_id, logical_seq)`` of each id in ``event_ids`` that names a stored event of
     ``run_id``, or a record of the run kept in ``conflicts`` (then the stored event it collided
     with, as causal parent ids resolve); ids found neither way are left out. Only the run's own
-    partition is read: causal parents name events of their own run (the capture API links
-    events within a run), and no index serves an event id without its run, so looking for an id
-    in every run would read the whole log."""
+    partition is read (no index serves an event id without its run, so looking for an id in
+    every run would read the whole log): a parent in another run, which ``caused_by`` accepts,
+    is left out like one not stored."""
     start = _start_of(conn, run_id) if event_ids else None
     if start is None:
         return {}
