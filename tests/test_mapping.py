@@ -392,3 +392,41 @@ def test_one_call_recorded_many_times_keeps_the_first_sdk_span(sdk_flags):
     winner = sdk_flags.index(True) if True in sdk_flags else 0
     assert [e.event_id for e in batch.events] == [f"e{winner}"]
     assert len(batch.superseded) == len(sdk_flags) - 1
+
+
+def test_span_envelopes_keep_each_spans_kind_status_and_scope():
+    """Envelopes are built from values spans share (one default status object, a scope per
+    tracer): spans of one batch that differ in kind, status or scope each keep their own, in
+    whatever order they come, also when one status object is shared by several spans."""
+    from opentelemetry.trace import SpanKind
+
+    shared_error = Status(StatusCode.ERROR, "tool failed")
+    shapes = [
+        (SpanKind.INTERNAL, Status(StatusCode.UNSET), "agentcap"),
+        (SpanKind.CLIENT, Status(StatusCode.OK), "agentcap"),
+        (SpanKind.INTERNAL, shared_error, "agentcap"),
+        (SpanKind.INTERNAL, shared_error, "other.scope"),
+        (SpanKind.SERVER, Status(StatusCode.ERROR), "other.scope"),
+        (SpanKind.INTERNAL, Status(StatusCode.UNSET), "agentcap"),
+    ]
+    spans = [
+        ReadableSpan(
+            name=f"s{i}",
+            context=SpanContext(trace_id=0xABC, span_id=0x100 + i, is_remote=False),
+            attributes=_stamped(str(uuid.uuid4()), i, None),
+            kind=kind,
+            status=status,
+            instrumentation_scope=InstrumentationScope(scope),
+            start_time=1_000_000_000,
+            end_time=2_000_000_000,
+        )
+        for i, (kind, status, scope) in enumerate(shapes)
+    ]
+    for order in (spans, spans[::-1]):
+        envelopes = {e.span_id: e for e in batch_from_spans(order).spans}
+        for i, (kind, status, scope) in enumerate(shapes):
+            envelope = envelopes[f"{0x100 + i:016x}"]
+            assert envelope.kind == kind.value
+            assert envelope.status_code == status.status_code.value
+            assert envelope.status_message == (status.description or None)
+            assert envelope.scope_name == scope

@@ -435,36 +435,67 @@ def _service_name(span: SpanLike) -> str | None:
     return name
 
 
+#: A span's kind, status code, status message and scope name, as its envelope stores them.
+_Shape = tuple[int, int, str | None, str | None]
+#: Shapes by the kind, status and instrumentation scope objects they come from, which spans
+#: share (the SDK's default status is one object, a tracer's scope another). Bounded.
+_shapes: dict[tuple[int, int, int], tuple[object, object, object, _Shape]] = {}
+
+
+def _shape(span: SpanLike) -> _Shape:
+    """(kind, status code, status message, scope name) of ``span``, as its envelope stores them."""
+    kind = getattr(span, "kind", None)
+    status = getattr(span, "status", None)
+    scope = getattr(span, "instrumentation_scope", None)
+    key = (id(kind), id(status), id(scope))
+    cached = _shapes.get(key)
+    if cached is not None and cached[0] is kind and cached[1] is status and cached[2] is scope:
+        return cached[3]
+    code = getattr(status, "status_code", None)
+    message = getattr(status, "description", None)
+    shape = (
+        _enum_value(kind, 0),
+        _enum_value(code, 0) if code is not None else 0,
+        message if isinstance(message, str) and message else None,
+        _scope_name(span) or None,
+    )
+    if len(_shapes) >= 256:
+        _shapes.clear()
+    _shapes[key] = (kind, status, scope, shape)
+    return shape
+
+
 def span_record(
     span: SpanLike,
     run_id: str,
     start: datetime | None = None,
     end: datetime | None = None,
+    ids: tuple[str | None, str | None] | None = None,
 ) -> SpanRecord | None:
     """The envelope of a span that carries events of ``run_id`` (or is its root span); ``start``
-    and ``end`` are its times as datetimes when the caller has them already."""
+    and ``end`` are its times as datetimes, and ``ids`` its hex trace and span ids, when the
+    caller has them already."""
     ctx = span.context
     if ctx is None:
         return None
     parent = getattr(span, "parent", None)
     parent_id = parent.span_id if parent is not None else 0
-    status = getattr(span, "status", None)
-    code = getattr(status, "status_code", None)
-    message = getattr(status, "description", None)
+    trace_id, span_id = ids if ids is not None else (None, None)
+    kind, code, message, scope = _shape(span)
     return _new_span_record(
         (
             run_id,
-            _trace_id_hex(ctx.trace_id),
-            f"{ctx.span_id:016x}",
+            trace_id if trace_id is not None else _trace_id_hex(ctx.trace_id),
+            span_id if span_id is not None else f"{ctx.span_id:016x}",
             f"{parent_id:016x}" if parent_id else None,
             span.name,
-            _enum_value(getattr(span, "kind", None), 0),
+            kind,
             start if start is not None else _time(span.start_time),
             end if end is not None else _time(span.end_time or span.start_time),
-            _enum_value(code, 0) if code is not None else 0,
-            message if isinstance(message, str) and message else None,
+            code,
+            message,
             _service_name(span),
-            _scope_name(span) or None,
+            scope,
         )
     )
 
@@ -594,7 +625,13 @@ def batch_from_spans(
                 if len(span_events) > 1 and attr.OUTCOME in attributes
                 else None
             )
-            envelope = span_record(span, primary.run_id, primary.wall_time, closing)
+            envelope = span_record(
+                span,
+                primary.run_id,
+                primary.wall_time,
+                closing,
+                (primary.trace_id, primary.span_id),
+            )
             if envelope is not None:
                 envelopes.append(envelope)
         elif attributes.get(attr.RUN_ROOT) is True:
