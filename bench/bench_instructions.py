@@ -4,7 +4,10 @@ CPU time on a shared 2-core machine moves by tens of percent between runs; the n
 instructions a call executes does not. This script runs each workload of ``bench_capture`` and
 ``bench_anthropic`` in its own process under callgrind, with counting switched on (through
 ``callgrind_control``) only around the measured calls, and prints instructions per call and the
-same ratios the timing benchmarks print. Optionally (``--cache``) it also simulates the caches
+same ratios the timing benchmarks print. With ``--delivery`` it counts instead the CPU work the
+durable queue's delivery thread does per event before the writers send it (``prepare_parts``:
+split by writer, map, prepare, COPY data) on ``bench_pg_ingest``'s captured memory writes, in
+chunks of 2,000 spans after one chunk of warm-up. Optionally (``--cache``) it also simulates the caches
 and branch predictor and prints instruction-cache misses and branch mispredictions per call,
 which is where a ratio in CPU time can differ from the ratio in instructions.
 
@@ -14,7 +17,7 @@ costs more per instruction, and callgrind does not see the kernel (OpenLLMetry r
 its column is not comparable here). Read these figures next to the timing benchmarks, not
 instead.
 
-    .venv/bin/python bench/bench_instructions.py [--calls 300] [--cache]
+    .venv/bin/python bench/bench_instructions.py [--calls 300] [--cache] [--delivery]
 
 Needs ``valgrind`` (with ``callgrind_control``) on PATH.
 """
@@ -37,6 +40,8 @@ CAPTURE = ("captured", "bare_span")
 ANTHROPIC = tuple(
     f"{config}:{kind}" for kind in ("create", "stream") for config in ("bare", "a", "b", "b1", "c")
 )
+DELIVERY = ("delivery",)
+DELIVERY_CHUNK = 2000
 EVENTS = ("Ir", "I1mr", "Bcm", "Bim")
 
 
@@ -72,8 +77,43 @@ def _measure(
     _switch(False)
 
 
+def _delivery(calls: int) -> None:
+    """``prepare_parts``' work for ``calls`` events (rounded up to whole chunks), as the
+    exporter does it for two writers, without a database."""
+    from bench_pg_ingest import make_spans
+
+    from otel_agentcap import attributes as attr
+    from otel_agentcap.exporters.postgres.exporter import _map
+    from otel_agentcap.exporters.postgres.parallel import partition_of
+    from otel_agentcap.exporters.postgres.rows import copy_data, prepare, span_copy_data
+    from otel_agentcap.pipeline.span_attributes import attributes_of
+
+    chunks = -(-calls // DELIVERY_CHUNK)
+    spans = make_spans((chunks + 1) * DELIVERY_CHUNK)
+    pending = iter(range(0, len(spans), DELIVERY_CHUNK))
+
+    def chunk() -> None:
+        start = next(pending)
+        shares: list[list[object]] = [[], []]
+        for span in spans[start : start + DELIVERY_CHUNK]:
+            attributes = attributes_of(span)
+            shares[
+                partition_of(attributes.get(attr.RUN_ID), attributes.get(attr.AGENT_ID), 2)
+            ].append(span)
+        for share in shares:
+            prepared = prepare(_map(share, raw_payloads=True))  # type: ignore[arg-type]
+            starts = {run[0]: run[1] for run in prepared.runs}
+            copy_data(prepared.events, staging=False, starts=starts)  # type: ignore[arg-type]
+            span_copy_data(prepared.spans, starts=starts)  # type: ignore[arg-type]
+
+    _measure(chunk, 1, chunks)
+
+
 def _worker(workload: str, calls: int) -> None:
     sys.path.insert(0, str(HERE))
+    if workload in DELIVERY:
+        _delivery(calls)
+        return
     if workload in CAPTURE:
         from bench_capture import DropExporter
         from opentelemetry import trace
@@ -142,6 +182,8 @@ def _run(workload: str, calls: int, cache: bool, out_dir: str) -> dict[str, floa
     names = next(line.split()[1:] for line in header if line.startswith("events:"))
     totals = next(line.split()[1:] for line in header if line.startswith("totals:"))
     counts = dict(zip(names, (int(v) for v in totals), strict=False))
+    if workload in DELIVERY:
+        calls = -(-calls // DELIVERY_CHUNK) * DELIVERY_CHUNK
     return {name: counts.get(name, 0) / calls for name in EVENTS}
 
 
@@ -149,6 +191,9 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--calls", type=int, default=300)
     parser.add_argument("--cache", action="store_true", help="simulate caches and branches")
+    parser.add_argument(
+        "--delivery", action="store_true", help="the delivery thread's work per event instead"
+    )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -157,7 +202,7 @@ def main() -> int:
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         print("valgrind with callgrind_control is needed", file=sys.stderr)
         return 2
-    workloads = CAPTURE + ANTHROPIC
+    workloads = DELIVERY if args.delivery else CAPTURE + ANTHROPIC
     with tempfile.TemporaryDirectory() as out_dir, ThreadPoolExecutor(os.cpu_count() or 2) as pool:
         results = dict(
             zip(
@@ -167,9 +212,12 @@ def main() -> int:
             )
         )
     shown = EVENTS if args.cache else ("Ir",)
-    print(f"per call, from {args.calls} calls each ({', '.join(shown)}; Ir = instructions)")
+    unit = "event" if args.delivery else "call"
+    print(f"per {unit}, from {args.calls} {unit}s each ({', '.join(shown)}; Ir = instructions)")
     for workload, counts in results.items():
         print(f"  {workload:14}" + "".join(f" {name}={counts[name]:>11,.0f}" for name in shown))
+    if args.delivery:
+        return 0
     captured, bare_span = results["captured"]["Ir"], results["bare_span"]["Ir"]
     print(f"captured tool call / bare span:  {captured / bare_span:.2f}  (target <= 2.0)")
     for kind in ("create", "stream"):
