@@ -25,6 +25,7 @@ Needs ``valgrind`` (with ``callgrind_control``) on PATH.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import os
 import shutil
@@ -36,7 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-CAPTURE = ("captured", "bare_span")
+CAPTURE = ("captured", "bare_span", "captured_linked", "bare_span_linked")
 ANTHROPIC = tuple(
     f"{config}:{kind}" for kind in ("create", "stream") for config in ("bare", "a", "b", "b1", "c")
 )
@@ -119,13 +120,15 @@ def _worker(workload: str, calls: int) -> None:
         from opentelemetry import trace
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+        from opentelemetry.trace import Link
 
         import otel_agentcap as oa
         from otel_agentcap.pipeline.processor import AgentCapSpanProcessor
 
         provider = TracerProvider()
         provider.add_span_processor(AgentCapSpanProcessor())
-        provider.add_span_processor(SimpleSpanProcessor(DropExporter()))
+        recorded = DropExporter()
+        provider.add_span_processor(SimpleSpanProcessor(recorded))
         trace.set_tracer_provider(provider)
         bare_provider = TracerProvider()
         bare_provider.add_span_processor(SimpleSpanProcessor(DropExporter()))
@@ -136,15 +139,29 @@ def _worker(workload: str, calls: int) -> None:
             return {"city": city, "forecast": ["sun"] * days}
 
         counter = iter(range(10**9))
-        with oa.run("bench-run"), oa.agent("bench-agent"):
-            if workload == "captured":
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(oa.run("bench-run"))
+            stack.enter_context(oa.agent("bench-agent"))
+            links: list[Link] = []
+            if workload.endswith("_linked"):
+                # As bench_capture --caused-by: every captured call has a causal parent on another
+                # span, so its span has a link; the bare span as many links, with as many
+                # attributes.
+                parent = oa.Memory("bench").set("key", 1)
+                assert parent is not None
+                stack.enter_context(oa.caused_by(parent))
+                lookup.invoke("warmup", "Oslo")
+                span = recorded.last["execute_tool lookup"]
+                links = [Link(link.context, dict(link.attributes or {})) for link in span.links]
+                assert links
+            if workload.startswith("captured"):
                 _measure(lambda: lookup.invoke(f"call-{next(counter)}", "Oslo", days=2), 500, calls)
             else:
                 # As many attributes as the captured span ends with (bench_capture checks it).
                 attributes = {f"bench.attr.{i}": f"value-{i}" for i in range(14)}
                 _measure(
                     lambda: bare_tracer.start_span(
-                        "execute_tool lookup", attributes=attributes
+                        "execute_tool lookup", attributes=attributes, links=links
                     ).end(),
                     500,
                     calls,
@@ -220,6 +237,8 @@ def main() -> int:
         return 0
     captured, bare_span = results["captured"]["Ir"], results["bare_span"]["Ir"]
     print(f"captured tool call / bare span:  {captured / bare_span:.2f}  (target <= 2.0)")
+    linked = results["captured_linked"]["Ir"] / results["bare_span_linked"]["Ir"]
+    print(f"same, one causal parent (a link on both spans):  {linked:.2f}  (target <= 2.0)")
     for kind in ("create", "stream"):
         base = results[f"bare:{kind}"]["Ir"]
         a, b, b1, c = (results[f"{config}:{kind}"]["Ir"] - base for config in ("a", "b", "b1", "c"))
