@@ -14,6 +14,10 @@ after a crash), and end to end (on_end of every span while delivery runs, in one
 ``--call-ids`` gives every model_call payload a response id and a request id, as real calls
 have, so both methods also maintain the log's model-call indexes and the writer probes them.
 ``--writers`` sets the exporter's writer connections (default: the exporter's default).
+``--interleave`` hands the spans over round-robin across the 16 agents, as agents working at the
+same time end theirs, instead of agent after agent: every batch then holds all agents, so each
+writer gets a share of it (agent after agent, a batch of 2,000 spans is mostly one agent, which
+one writer stores).
 """
 
 from __future__ import annotations
@@ -192,8 +196,10 @@ def _uuid_batch(batch: Batch) -> Batch:
     )
 
 
-def make_spans(total: int) -> list[object]:
-    """Real SDK spans from captured memory writes of 16 agents (~600-byte payloads each)."""
+def make_spans(total: int, interleave: bool = False) -> list[object]:
+    """Real SDK spans from captured memory writes of 16 agents (~600-byte payloads each), agent
+    after agent or, with ``interleave``, round-robin across the agents (each agent's own spans
+    stay in order)."""
     import otel_agentcap as ac
     from otel_agentcap.testing import capture_events
 
@@ -203,7 +209,11 @@ def make_spans(total: int) -> list[object]:
             with ac.agent(f"agent-{agent:02d}"):
                 for i in range(total // AGENTS):
                     memory[f"k{agent}-{i % 50}"] = {"note": f"finding {i} " + "x" * 260}
-    return [s for s in captured.spans if s.name == "memory_write"]
+    spans = [s for s in captured.spans if s.name == "memory_write"]
+    if not interleave:
+        return spans
+    per_agent = [spans[a * (total // AGENTS) : (a + 1) * (total // AGENTS)] for a in range(AGENTS)]
+    return [span for round_ in zip(*per_agent, strict=True) for span in round_]
 
 
 def _writers(count: int | None) -> dict[str, int]:
@@ -289,12 +299,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--call-ids", action="store_true", help="response and request ids")
     parser.add_argument("--writers", type=int, default=None, help="the exporter's writers")
+    parser.add_argument(
+        "--interleave", action="store_true", help="spans round-robin across the agents"
+    )
     args = parser.parse_args()
 
     batches = make_batches(args.events, args.batch, args.call_ids)
     from otel_agentcap.pipeline.mapping import batch_from_spans
 
-    spans = make_spans(args.events)
+    spans = make_spans(args.events, args.interleave)
     span_batches = [
         batch_from_spans(spans[i : i + args.batch])  # type: ignore[arg-type]
         for i in range(0, len(spans), args.batch)
@@ -339,6 +352,7 @@ def main() -> None:
         print(
             f"events={args.events} batch={args.batch} agents={AGENTS} rounds={args.rounds}"
             f" call_ids={args.call_ids} writers={args.writers or 'default'}"
+            f" interleave={args.interleave}"
         )
         print(
             f"raw binary COPY (ceiling): {copy_rate:>10,.0f} events/s  samples={[round(r) for r in copy_rates]}"
