@@ -7,7 +7,7 @@ import threading
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, ClassVar
 
 import psycopg
 import pytest
@@ -1063,3 +1063,80 @@ def test_statements_before_the_copy_give_the_same_outcome_with_or_without_pipeli
             "SELECT count(*) FROM agentcap.agents WHERE run_id = 'gone'"
         ).fetchone() == (0,)
         assert conn.execute("SELECT count(*) FROM agentcap.record_conflicts").fetchone() == (2,)
+
+
+class _RecordingConnection(psycopg.Connection[Any]):
+    """Keeps the text of every statement the writer executes (COPY aside)."""
+
+    sent: ClassVar[list[str]] = []
+
+    def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:  # type: ignore[override]
+        text = query.decode() if isinstance(query, bytes) else str(query)
+        _RecordingConnection.sent.append(text)
+        return super().execute(query, params, **kwargs)
+
+
+def _agent_statements() -> list[str]:
+    return [
+        s
+        for s in _RecordingConnection.sent
+        if "INSERT INTO agentcap.agents" in s or "record_conflicts" in s
+    ]
+
+
+def test_agents_met_before_skip_the_agents_statements(pg_dsn: str) -> None:
+    """A batch naming only agent rows this writer stored and found equal before sends no agent
+    statement; a record that differs still goes out, is filed and counted, every time."""
+    _RecordingConnection.sent = []
+    with ConnectionPool(
+        pg_dsn, min_size=1, max_size=1, open=True, connection_class=_RecordingConnection
+    ) as recording:
+        writer = EventWriter(recording)
+        named = (AgentRecord("r", "a", name="A"),)
+        first = writer.write(Batch(tuple(ev("r", "a", i) for i in range(3)), named))
+        assert first.inserted == 3 and _agent_statements()
+
+        _RecordingConnection.sent = []
+        again = writer.write(Batch(tuple(ev("r", "a", i) for i in range(3, 6)), named))
+        assert again.inserted == 3 and again.record_conflicts == 0
+        assert _agent_statements() == []
+        assert _RecordingConnection.sent, "the batch was written"
+
+        for _ in range(2):  # a differing name: filed once, counted each time, as before
+            _RecordingConnection.sent = []
+            other = (AgentRecord("r", "a", name="B"),)
+            differs = writer.write(Batch((ev("r", "a", 99, key=f"x{_}"),), other))
+            assert differs.record_conflicts == 1
+            assert _agent_statements()
+
+        # A new agent in the same run is stored as before.
+        _RecordingConnection.sent = []
+        writer.write(Batch((ev("r", "b", 0),), (AgentRecord("r", "b", name="Bee"),)))
+        assert _agent_statements()
+    with psycopg.connect(pg_dsn) as conn:
+        agents = {a.agent_id: a.name for a in run_agents(conn, "r")}
+        row = conn.execute("SELECT count(*) FROM agentcap.record_conflicts").fetchone()
+    assert agents == {"a": "A", "b": "Bee"}
+    assert row is not None and row[0] == 1
+
+
+def test_settled_agent_rows_forget_runs_that_are_gone_and_stay_bounded() -> None:
+    """Rows of a run the log no longer takes are forgotten; a batch whose records differed from
+    the stored rows leaves nothing settled; past the capacity the rows start over."""
+    from otel_agentcap.exporters.postgres.writer import SettledAgentRows, _Opened
+
+    def opened(rows: list[Any], gone: tuple[str, ...] = ()) -> _Opened:
+        return _Opened({}, [], 0, [], list(gone), 0, rows)
+
+    a1 = ("r1", "a", "A", None, None, False)
+    a2 = ("r2", "a", "A", None, None, False)
+    settled = SettledAgentRows(capacity=3)
+    settled.update(opened([a1, a2]), conflicts=0)
+    assert a1 in settled and a2 in settled
+    settled.update(opened([], gone=["r1"]), conflicts=0)
+    assert a1 not in settled and a2 in settled
+    a3 = ("r2", "b", "B", None, None, False)
+    settled.update(opened([a3]), conflicts=1)
+    assert a3 not in settled
+    settled.update(opened([a3, a1, ("r3", "c", None, None, None, False)]), conflicts=0)
+    assert a3 in settled and a2 not in settled  # over capacity: started over

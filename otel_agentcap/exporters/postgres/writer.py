@@ -65,7 +65,7 @@ import time
 import uuid
 from collections import Counter, OrderedDict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final
 
@@ -103,6 +103,7 @@ from .rows import (
     DEFAULT_MAX_PAYLOAD_CHARS,
     EVENT_COLUMNS,
     STAGING_COLUMNS,
+    AgentRow,
     EventRow,
     PreparedBatch,
     SpanRow,
@@ -507,6 +508,7 @@ class EventWriter:
         #: Partitions (by their lower bound) due for an analyze that only the staging path
         #: needs (see ``_analyze_due``).
         self._analyze_pending: set[datetime] = set()
+        self._agents_settled = SettledAgentRows()
         self._use_schema("agentcap")
 
     def _use_schema(self, schema: str) -> None:
@@ -701,22 +703,24 @@ class EventWriter:
                 {starts[row.run_id] for row in kept} | {starts[row[0]] for row in kept_spans},
                 everywhere,
             )
-        agents = [a for a in batch.agents if a[0] in starts]
+        settled = self._agents_settled
+        agents = [a for a in batch.agents if a[0] in starts and a not in settled]
         run_offers = [r for r in batch.run_offers if r[0] in starts]
-        agent_offers = [a for a in batch.agent_offers if a[0] in starts]
+        agent_offers = [a for a in batch.agent_offers if a[0] in starts and a not in settled]
         records: psycopg.Cursor[Any] | None = None
-        with _pipeline(conn):
-            if agents:
-                conn.execute(_AGENTS_UPSERT, [[a[i] for a in agents] for i in range(6)])
-            if run_offers or agent_offers:
-                # After the upserts, a statement of its own: it sees rows others committed.
-                records = conn.execute(
-                    _RECORD_CONFLICTS,
-                    [
-                        *([r[i] for r in run_offers] for i in range(2)),
-                        *([a[i] for a in agent_offers] for i in range(6)),
-                    ],
-                )
+        if agents or run_offers or agent_offers:
+            with _pipeline(conn):
+                if agents:
+                    conn.execute(_AGENTS_UPSERT, [[a[i] for a in agents] for i in range(6)])
+                if run_offers or agent_offers:
+                    # After the upserts, a statement of its own: it sees rows others committed.
+                    records = conn.execute(
+                        _RECORD_CONFLICTS,
+                        [
+                            *([r[i] for r in run_offers] for i in range(2)),
+                            *([a[i] for a in agent_offers] for i in range(6)),
+                        ],
+                    )
         row = records.fetchone() if records is not None else None
         gone = [run for run, start in read.items() if start is None]
         return _Opened(
@@ -726,6 +730,7 @@ class EventWriter:
             kept_spans,
             gone,
             int(row[0]) if row else 0,
+            [*agents, *agent_offers],
         )
 
     def _write_once(
@@ -928,6 +933,7 @@ class EventWriter:
             # Committed: these starts are stored for good, and expired runs stay expired.
             self.run_starts.update(opened.starts)
             self.run_starts.forget(opened.gone)
+            self._agents_settled.update(opened, conflicts=records)
             expired = opened.expired
             if conflicts:
                 _log.warning(
@@ -995,6 +1001,8 @@ class _Opened:
     gone: list[str]
     #: Run and agent records of the batch that differ from the stored rows (now filed).
     records: int
+    #: The agent rows and agent records sent to be stored and compared with the stored rows.
+    agent_rows: list[AgentRow] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -1040,6 +1048,37 @@ def _direct_candidate(rows: Iterable[EventRow]) -> bool:
     """Whether the direct path can store ``rows`` as they are: no row collides with another row
     of the batch, and every event type is one the table takes."""
     return all(r.batch_reason is None and r.event_type in EVENT_TYPES for r in rows)
+
+
+class SettledAgentRows:
+    """Agent rows and records this writer stored and found equal to the stored rows, in a
+    committed transaction. Sending one again would change nothing (the log keeps the first known
+    name and lineage, and an equal record files no conflict), so ``_open`` leaves them out: a
+    batch of agents the writer has met before skips the agents statements (a round trip).
+    Forgotten with their runs once a run is gone (pruned); bounded (cleared when full).
+    Thread-safe."""
+
+    def __init__(self, capacity: int = 100_000) -> None:
+        self._rows: set[AgentRow] = set()
+        self._capacity = capacity
+        self._lock = threading.Lock()
+
+    def __contains__(self, row: object) -> bool:
+        return row in self._rows
+
+    def update(self, opened: _Opened, *, conflicts: int) -> None:
+        """After the commit of a batch that ``opened`` describes: its agent rows are settled,
+        unless some record of the batch differed from the stored rows (which ones the count does
+        not say, so none is remembered)."""
+        with self._lock:
+            if opened.gone:
+                gone = set(opened.gone)
+                self._rows = {row for row in self._rows if row[0] not in gone}
+            if conflicts or not opened.agent_rows:
+                return
+            if len(self._rows) + len(opened.agent_rows) > self._capacity:
+                self._rows = set()
+            self._rows.update(opened.agent_rows)
 
 
 class RunStartCache:
