@@ -16,7 +16,9 @@ One batch is one transaction on a pooled connection:
 4. upsert the agents of the batch's runs, as the runs, keep the records that differ from the
    stored rows in ``agentcap.record_conflicts``, and store the span envelopes, each with its run's
    start (binary COPY into this writer's span staging table, then one insert where the first
-   writer wins);
+   writer wins). Agent rows this writer already stored and found equal to the stored rows are
+   not sent again (``SettledAgentRows``: the log keeps the first known name and lineage, so
+   sending them would change nothing);
 5. binary COPY of the events, each with its run's start, into this writer's staging table
    (truncated first);
 6. one statement classifies every staged row against ``agentcap.events`` (every probe names the
