@@ -169,6 +169,49 @@ class Validator:
 
     def event(self, event: Event) -> str | None:
         """Why ``event`` cannot be stored, or None."""
+        # The common case, checked inline: an Event with the exact types the mapping makes, an
+        # ASCII key and an agent met before. The checks run in the order of ``event_reason``
+        # (a value whose comparison raises raises at the same point); anything else goes there.
+        if type(event) is Event:
+            (
+                event_id,
+                run_id,
+                agent_id,
+                seq,
+                event_type,
+                key,
+                wall_time,
+                parents,
+                _,
+                trace,
+                span,
+            ) = event
+            if (
+                type(event_type) is str
+                and event_type in EVENT_TYPES
+                and type(prefix := self._prefixes.get((run_id, agent_id))) is bytes
+                and type(key) is str
+                and key.isascii()
+                and 0 < len(key) <= MAX_KEY_BYTES
+                and "\x00" not in key
+                and type(event_id) is str
+                and event_id == event_id_in(prefix, key)
+                and type(seq) is int
+                and 0 <= seq <= self._max_seq
+                and type(wall_time) is datetime
+                and wall_time.tzinfo is not None
+                and MIN_WALL_TIME <= wall_time <= self._max_time
+                and type(parents) is tuple
+                and len(parents) <= MAX_CAUSAL_PARENTS
+                and all(map(_uuid_text, parents))
+                and (trace is None or (type(trace) is str and len(trace) <= MAX_TRACE_TEXT))
+                and (span is None or (type(span) is str and len(span) <= MAX_TRACE_TEXT))
+            ):
+                return None
+        return self.event_reason(event)
+
+    def event_reason(self, event: Event) -> str | None:
+        """:meth:`event` without its fast path for the common case: the rules as written."""
         if not isinstance(event.event_type, str) or event.event_type not in EVENT_TYPES:
             return f"unknown event type {event.event_type!r}"
         prefix = self._prefix(event.run_id, event.agent_id)

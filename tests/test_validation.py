@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import time
-from datetime import UTC, datetime, timedelta
+import uuid
+from datetime import UTC, datetime, timedelta, timezone
 
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import otel_agentcap as ac
@@ -127,3 +128,102 @@ def test_spawn_links_must_name_the_parents_spawn_event():
     assert validator.agent(AgentRecord("r", "root", "root", None, link, True)) is not None
     assert validator.run(RunRecord("r", datetime(1970, 1, 1, tzinfo=UTC))) is not None
     assert validator.run(RunRecord("", NOW)) is not None
+
+
+ANY_ID = str(uuid.UUID(int=7))
+OWN_ID = event_id_for("r", "a", "k")
+#: Values that break (or, at a boundary, just keep) one rule of the field they replace.
+EDGES: dict[str, list[object]] = {
+    "event_id": [
+        ANY_ID,
+        OWN_ID.upper(),
+        "{" + OWN_ID + "}",
+        OWN_ID.replace("-", ""),
+        uuid.UUID(OWN_ID),
+    ],
+    "run_id": ["r2", "", "r\x00", "r\ud800"],
+    "agent_id": ["a2", "", "a\x1f"],
+    "seq": [-1, 0, 5.0, "5", True, 2**62, 2**63, 2**100],
+    "event_type": ["model_call", "telepathy", "Memory_write"],
+    "idempotency_key": ["k2", "ké", "k\x00", "k\ud800", "", "k" * 1024, "k" * 1025],
+    "wall_time": [
+        datetime(2025, 1, 1),
+        datetime(1999, 12, 31, 23, 59, tzinfo=UTC),
+        datetime(2000, 1, 1, tzinfo=UTC),
+        NOW + timedelta(days=365),
+        NOW + timedelta(days=400),
+        NOW.astimezone(timezone(timedelta(hours=-5))),
+    ],
+    "causal_parent_ids": [
+        (),
+        [ANY_ID],
+        (ANY_ID.upper(),),
+        (ANY_ID, "{" + ANY_ID + "}"),
+        (ANY_ID.replace("-", ""),),
+        (ANY_ID[1:],),
+        (uuid.UUID(ANY_ID),),
+        (ANY_ID,) * 10_000,
+        (ANY_ID,) * 10_001,
+    ],
+    "payload": [{"a": 1}],
+    "trace_id": [None, "t" * 128, "t" * 129, "t\x00"],
+    "span_id": [None, "s" * 128, "s" * 129, "s\ud800"],
+}
+#: Values of any type, for any field.
+odd = st.one_of(
+    st.none(),
+    st.integers(-(2**70), 2**70),
+    st.booleans(),
+    st.floats(allow_nan=True),
+    st.text(max_size=6),
+    st.just(uuid.UUID(int=7)),
+    st.just(b"k"),
+    st.lists(st.text(max_size=2), max_size=2),
+)
+one_change = st.sampled_from(Event._fields).flatmap(
+    lambda name: st.tuples(st.just(name), st.sampled_from(EDGES[name]) | odd)
+)
+
+
+def _both_checks(changes: dict[str, object], meet_first: bool) -> list[object]:
+    """What ``event_reason`` and ``event`` say of a valid event with ``changes`` (its id made
+    that of its run, agent and key again, unless the id is changed)."""
+    event = Event(
+        OWN_ID, "r", "a", 3, "memory_write", "k", NOW, (ANY_ID,), None, "0" * 32, "0" * 16
+    )
+    event = event._replace(**changes)
+    if "event_id" not in changes:
+        with contextlib.suppress(TypeError, ValueError, AttributeError):
+            event = event._replace(
+                event_id=event_id_for(event.run_id, event.agent_id, event.idempotency_key)
+            )
+    validator = Validator()
+    if meet_first:
+        assert validator.event(_event()) is None
+    outcomes = []
+    for check in (validator.event_reason, validator.event):
+        try:
+            outcomes.append(check(event))
+        except Exception as exc:
+            outcomes.append(repr(exc))
+    return outcomes
+
+
+def test_the_fast_path_gives_the_reason_of_the_rules_as_written_at_every_edge():
+    """For a valid event with any one field set to a value at or past one of its rules' edges,
+    ``Validator.event`` (with its inline check of the common case) gives what
+    ``Validator.event_reason`` (the rules as written) gives."""
+    for name, values in EDGES.items():
+        for value in values:
+            for meet_first in (True, False):
+                first, second = _both_checks({name: value}, meet_first)
+                assert first == second, (name, value)
+
+
+@settings(max_examples=500)
+@given(st.lists(one_change, max_size=3), st.booleans())
+def test_the_fast_path_gives_the_reason_of_the_rules_as_written(changes, meet_first):
+    """For any event (fields of any type, several rules broken at once), ``Validator.event``
+    gives what ``Validator.event_reason`` gives."""
+    first, second = _both_checks(dict(changes), meet_first)
+    assert first == second
