@@ -12,6 +12,7 @@ already plain JSON that jsonb accepts.
 from __future__ import annotations
 
 import json
+import operator
 import struct
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -43,6 +44,9 @@ UUID_OID: Final = 2950
 _ARRAY_HEAD: Final = struct.Struct("!iiI")
 _DIM: Final = struct.Struct("!ii")
 _UUID_LEN: Final = struct.pack("!i", 16)
+_NO_UUIDS: Final = _ARRAY_HEAD.pack(0, 0, UUID_OID)
+#: A ``uuid[]`` of one element without that element (most events have one causal parent).
+_ONE_UUID: Final = _ARRAY_HEAD.pack(1, 0, UUID_OID) + _DIM.pack(1, 1) + _UUID_LEN
 
 _MODEL_CALL: Final = EventType.MODEL_CALL.value
 
@@ -149,10 +153,14 @@ def _uuid(value: object, what: str) -> uuid.UUID:
 
 def uuid_bytes(value: object, what: str) -> bytes:
     """The 16 bytes of a UUID given as ``uuid.UUID`` or as a hex string (hyphens optional)."""
-    if isinstance(value, uuid.UUID):
+    if type(value) is str:
+        text = value
+    elif isinstance(value, uuid.UUID):
         return value.bytes
+    else:
+        text = str(value)
     try:
-        raw = bytes.fromhex(str(value).replace("-", ""))
+        raw = bytes.fromhex(text.replace("-", ""))
     except ValueError:
         raw = b""
     if len(raw) != 16:
@@ -163,7 +171,9 @@ def uuid_bytes(value: object, what: str) -> bytes:
 def uuid_array(values: Sequence[object]) -> bytes:
     """Binary ``uuid[]`` (one dimension, no NULLs) of ``values``."""
     if not values:
-        return _ARRAY_HEAD.pack(0, 0, UUID_OID)
+        return _NO_UUIDS
+    if len(values) == 1:
+        return _ONE_UUID + uuid_bytes(values[0], "causal parent id")
     parts = [_ARRAY_HEAD.pack(1, 0, UUID_OID), _DIM.pack(len(values), 1)]
     for value in values:
         parts.append(_UUID_LEN)
@@ -334,28 +344,77 @@ def _same_payload(a: Any, b: Any, dumps: Callable[[Any], bytes]) -> bool:
     return dumps(a) == dumps(b)
 
 
-def _row(event: Event, dumps: Callable[[Any], bytes], texts: _CleanTexts | None = None) -> EventRow:
-    """The staged row of a validated event (``otel_agentcap.validation``); ``texts`` cleans
-    the values that repeat from event to event."""
-    if texts is None:
-        texts = _CleanTexts()
-    return _new_row(
-        (
-            uuid_bytes(event.event_id, "event_id"),
-            texts[event.run_id],
-            texts[event.agent_id],
-            event.seq,
-            _utc(event.wall_time),
-            texts[str(event.event_type)],
-            uuid_array(event.causal_parent_ids),
-            clean_text(event.idempotency_key),
-            texts.optional(event.trace_id),
-            _opt_text(event.span_id),
-            None if event.payload is None else Jsonb(event.payload, dumps),
-            None,
-            None,
+def _row(event: Event, dumps: Callable[[Any], bytes]) -> EventRow:
+    """The staged row of a validated event (``otel_agentcap.validation``)."""
+    return _rows((event,), dumps)[0]
+
+
+def _rows(events: Iterable[Event], dumps: Callable[[Any], bytes]) -> list[EventRow]:
+    """The staged rows of validated events (``otel_agentcap.validation``), in their order."""
+    texts = _CleanTexts()  # runs, agents, event types and traces repeat from event to event
+    # The bytes of each event id: a causal parent is most often an earlier event of the batch.
+    ids: dict[str, bytes] = {}
+    rows: list[EventRow] = []
+    append = rows.append
+    for (
+        event_id,
+        run_id,
+        agent_id,
+        seq,
+        event_type,
+        key,
+        wall_time,
+        parents,
+        payload,
+        trace_id,
+        span_id,
+    ) in events:
+        raw_id = uuid_bytes(event_id, "event_id")
+        if type(event_id) is str:
+            ids[event_id] = raw_id
+        run_text = texts[run_id]
+        agent_text = texts[agent_id]
+        if wall_time.tzinfo is None:
+            wall_time = wall_time.replace(tzinfo=UTC)
+        type_text = texts[event_type if type(event_type) is str else str(event_type)]
+        if not parents:
+            parent_ids = _NO_UUIDS
+        elif (
+            len(parents) == 1
+            and type(parent := parents[0]) is str
+            and (raw_parent := ids.get(parent)) is not None
+        ):
+            parent_ids = _ONE_UUID + raw_parent
+        else:
+            parent_ids = uuid_array(parents)
+        append(
+            _new_row(
+                (
+                    raw_id,
+                    run_text,
+                    agent_text,
+                    seq,
+                    wall_time,
+                    type_text,
+                    parent_ids,
+                    key if key.isascii() and "\x00" not in key else clean_text(key),
+                    None
+                    if trace_id is None
+                    else texts[trace_id]
+                    if type(trace_id) is str
+                    else clean_text(str(trace_id)),
+                    None
+                    if span_id is None
+                    else span_id
+                    if type(span_id) is str and span_id.isascii() and "\x00" not in span_id
+                    else clean_text(str(span_id)),
+                    None if payload is None else Jsonb(payload, dumps),
+                    None,
+                    None,
+                )
+            )
         )
-    )
+    return rows
 
 
 def _same_content(a: EventRow, b: EventRow, dumps: Callable[[Any], bytes]) -> bool:
@@ -367,11 +426,13 @@ def _same_content(a: EventRow, b: EventRow, dumps: Callable[[Any], bytes]) -> bo
 
 
 def _sorted_rows(events: Iterable[Event], dumps: Callable[[Any], bytes]) -> list[EventRow]:
-    texts = _CleanTexts()
-    return sorted(
-        (_row(e, dumps, texts) for e in events),
-        key=lambda r: (r.run_id, r.agent_id, r.logical_seq),
-    )
+    rows = _rows(events, dumps)
+    rows.sort(key=_ROW_ORDER)
+    return rows
+
+
+#: (run, agent, sequence) of an ``EventRow``.
+_ROW_ORDER: Final = operator.itemgetter(1, 2, 3)
 
 
 def resolve_events(
