@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import struct
 import uuid
 from datetime import UTC, datetime, timedelta, timezone
@@ -9,8 +10,8 @@ from datetime import UTC, datetime, timedelta, timezone
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from otel_agentcap.exporters.postgres.rows import prepare
-from otel_agentcap.model import EVENT_TYPES, Batch, Event, event_id_for
+from otel_agentcap.exporters.postgres.rows import copy_data, prepare, span_copy_data
+from otel_agentcap.model import EVENT_TYPES, Batch, Event, SpanRecord, event_id_for
 
 NOW = datetime.now(UTC).replace(microsecond=0)
 OTHER_IDS = [str(uuid.UUID(int=n)) for n in (1, 2)]
@@ -99,3 +100,120 @@ def test_rows_hold_each_events_fields_as_the_copy_sends_them(events):
         assert row.span_id == (None if event.span_id is None else _clean(event.span_id))
         assert (row.payload and row.payload.obj) == event.payload
         assert (row.batch_reason, row.batch_conflict_with) == (None, None)
+
+
+def _tuples(data: bytes) -> list[list[bytes | None]]:
+    """The tuples of binary COPY data (signature, flags and header extension first, no
+    trailer), each field's bytes or None for NULL."""
+    assert data[:11] == b"PGCOPY\n\xff\r\n\x00"
+    (extension,) = struct.unpack_from("!i", data, 15)
+    offset = 19 + extension
+    tuples = []
+    while offset < len(data):
+        (count,) = struct.unpack_from("!h", data, offset)
+        offset += 2
+        fields: list[bytes | None] = []
+        for _ in range(count):
+            (size,) = struct.unpack_from("!i", data, offset)
+            offset += 4
+            fields.append(None if size < 0 else data[offset : offset + size])
+            offset += max(size, 0)
+        tuples.append(fields)
+    return tuples
+
+
+def _micros(value: datetime) -> bytes:
+    return struct.pack(
+        "!q", (value - datetime(2000, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1)
+    )
+
+
+def _text(value: str | None) -> bytes | None:
+    return None if value is None else value.encode()
+
+
+@settings(max_examples=200)
+@given(batches(), st.booleans())
+def test_copy_data_sends_each_row_field_by_field(events, staging):
+    """The binary COPY of the rows holds one tuple per row with each column in order: ids as
+    16 bytes, texts as UTF-8, sequence and times as int8 (microseconds since 2000), parents as
+    the row's uuid[], the payload as jsonb version 1, the run's start last."""
+    prepared = prepare(Batch(tuple(events)))
+    start = NOW - timedelta(hours=1)
+    tuples = _tuples(copy_data(prepared.events, staging=staging, starts={"r": start}))
+    assert len(tuples) == len(prepared.events)
+    for row, fields in zip(prepared.events, tuples, strict=True):
+        payload = None if row.payload is None else b"\x01" + json.dumps(row.payload.obj).encode()
+        expected = [
+            row.event_id,
+            b"r",
+            row.agent_id.encode(),
+            struct.pack("!q", row.logical_seq),
+            _micros(row.wall_time),
+            row.event_type.encode(),
+            row.causal_parent_ids,
+            row.idempotency_key.encode(),
+            _text(row.trace_id),
+            _text(row.span_id),
+            payload and payload.replace(b" ", b""),
+        ]
+        if staging:
+            expected += [None, None]
+        assert fields == [*expected, _micros(start)]
+
+
+@settings(max_examples=200)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["s1", "s2", "s\x00", "s\ud800"]),
+            st.sampled_from([None, "s1", "p"]),
+            st.integers(0, 4),
+            st.integers(0, 10**6),
+            st.sampled_from([None, "message", "m\ud800"]),
+        ),
+        max_size=6,
+    )
+)
+def test_span_copy_data_sends_each_span_field_by_field(spans):
+    """The binary COPY of span envelopes holds one tuple per distinct span, every column in the
+    order of agentcap.spans: texts as UTF-8 (NUL and lone surrogates escaped), kind and status
+    code as int2, start and end as int8 microseconds since 2000, the run's start last."""
+    records = tuple(
+        SpanRecord(
+            "r",
+            "0" * 32,
+            span_id,
+            parent,
+            "name",
+            kind,
+            NOW,
+            NOW + timedelta(microseconds=length),
+            kind % 3,
+            message,
+            "service",
+            None,
+        )
+        for span_id, parent, kind, length, message in spans
+    )
+    prepared = prepare(Batch(spans=records))
+    start = NOW - timedelta(hours=1)
+    tuples = _tuples(span_copy_data(prepared.spans, starts={"r": start}))
+    assert len(tuples) == len(prepared.spans) == len({s.span_id for s in records})
+    for row, fields in zip(prepared.spans, tuples, strict=True):
+        first = next(s for s in records if _clean(s.span_id) == row[2])
+        assert fields == [
+            b"r",
+            b"0" * 32,
+            _clean(first.span_id).encode(),
+            _text(first.parent_span_id),
+            b"name",
+            struct.pack("!h", first.kind),
+            _micros(first.start_time),
+            _micros(first.end_time),
+            struct.pack("!h", first.status_code),
+            _text(None if first.status_message is None else _clean(first.status_message)),
+            b"service",
+            None,
+            _micros(start),
+        ]

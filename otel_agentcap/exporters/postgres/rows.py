@@ -217,55 +217,81 @@ def copy_data(rows: Sequence[EventRow], *, staging: bool, starts: Mapping[str, d
     parts = [_COPY_SIGNATURE]
     append = parts.append
     pack_int8 = _INT8_FIELD.pack
+    pack_seq_time = _SEQ_TIME_FIELDS.pack
+    pack_i32 = _I32.pack
+    pack_jsonb_head = _JSONB_HEAD.pack
     head = _STAGING_FIELDS if staging else _EVENT_FIELDS
     start_fields = {run: pack_int8(8, _micros(start)) for run, start in starts.items()}
     shared = _TextFields()  # run, agent, type and trace ids (keys and spans differ per row)
     try:
-        for row in rows:
-            delta = row.wall_time - _PG_EPOCH
-            payload = row.payload
+        for (
+            event_id,
+            run_id,
+            agent_id,
+            seq,
+            wall_time,
+            event_type,
+            parents,
+            key,
+            trace_id,
+            span_id,
+            payload,
+            reason,
+            conflict_with,
+        ) in rows:
+            delta = wall_time - _PG_EPOCH
             if payload is None:
-                json_field = _NULL
+                json_head = _NULL
+                json = b""
             else:
                 dumps = payload.dumps or payload_dumps(DEFAULT_MAX_PAYLOAD_CHARS)
-                json = dumps(payload.obj)
-                if isinstance(json, str):
-                    json = json.encode()
-                json_field = _I32.pack(len(json) + 1) + b"\x01" + json
+                dumped = dumps(payload.obj)
+                json = dumped.encode() if isinstance(dumped, str) else dumped
+                json_head = pack_jsonb_head(len(json) + 1, 1)
+            # In the order of the columns, so a value that fits no column fails as it always did.
+            run_field = shared[run_id]
+            agent_field = shared[agent_id]
+            seq_time = pack_seq_time(
+                8, seq, 8, delta.microseconds + 1_000_000 * (86_400 * delta.days + delta.seconds)
+            )
+            type_field = shared[event_type]
+            parents_head = pack_i32(len(parents))
+            key_data = key.encode()
             append(
                 b"".join(
                     (
                         head,
                         _UUID_FIELD,
-                        row.event_id,
-                        shared[row.run_id],
-                        shared[row.agent_id],
-                        pack_int8(8, row.logical_seq),
-                        pack_int8(
-                            8,
-                            delta.microseconds + 1_000_000 * (86_400 * delta.days + delta.seconds),
-                        ),
-                        shared[row.event_type],
-                        _I32.pack(len(row.causal_parent_ids)),
-                        row.causal_parent_ids,
-                        _text(row.idempotency_key),
-                        shared[row.trace_id],
-                        _text(row.span_id),
-                        json_field,
+                        event_id,
+                        run_field,
+                        agent_field,
+                        seq_time,
+                        type_field,
+                        parents_head,
+                        parents,
+                        pack_i32(len(key_data)),
+                        key_data,
+                        shared[trace_id],
+                        _NULL if span_id is None else _text(span_id),
+                        json_head,
+                        json,
                     )
                 )
             )
             if staging:
-                conflict_with = row.batch_conflict_with
-                append(_text(row.batch_reason))
+                append(_text(reason))
                 append(_NULL if conflict_with is None else _UUID_FIELD + conflict_with)
-            append(start_fields[row.run_id])
+            append(start_fields[run_id])
     except struct.error as exc:
         raise InvalidBatch(f"a value does not fit its column: {exc}") from exc
     return b"".join(parts)
 
 
+_SEQ_TIME_FIELDS: Final = struct.Struct("!iqiq")
+#: The length of a binary jsonb field and its format version (1).
+_JSONB_HEAD: Final = struct.Struct("!ib")
 _SPAN_FIELDS: Final = struct.pack("!h", 13)
+_TIMES_CODE_FIELDS: Final = struct.Struct("!iqiqih")
 _INT2_FIELD: Final = struct.Struct("!ih")
 
 
@@ -287,22 +313,59 @@ def span_copy_data(rows: Sequence[SpanRow], *, starts: Mapping[str, datetime]) -
     # Run, trace, name, status message, service and scope repeat from span to span; a parent
     # is often the parent of many.
     shared = _TextFields()
+    pack_times_code = _TIMES_CODE_FIELDS.pack
+    pack_i32 = _I32.pack
     try:
-        for run_id, trace_id, span_id, parent, name, kind, start, end, code, *texts in rows:
+        for (
+            run_id,
+            trace_id,
+            span_id,
+            parent,
+            name,
+            kind,
+            start,
+            end,
+            code,
+            message,
+            service,
+            scope,
+        ) in rows:
+            run_field = shared[run_id]
+            trace_field = shared[trace_id]
+            if span_id is None:
+                span_head, span_data = _NULL, b""
+            else:
+                span_data = span_id.encode()
+                span_head = pack_i32(len(span_data))
+            parent_field = shared[parent]
+            name_field = shared[name]
+            kind_field = pack_int2(2, kind)
+            begin = start - _PG_EPOCH
+            finish = end - _PG_EPOCH
             append(
                 b"".join(
                     (
                         _SPAN_FIELDS,
-                        shared[run_id],
-                        shared[trace_id],
-                        _text(span_id),
-                        shared[parent],
-                        shared[name],
-                        pack_int2(2, kind),
-                        pack_int8(8, _micros(start)),
-                        pack_int8(8, _micros(end)),
-                        pack_int2(2, code),
-                        *map(shared.__getitem__, texts),
+                        run_field,
+                        trace_field,
+                        span_head,
+                        span_data,
+                        parent_field,
+                        name_field,
+                        kind_field,
+                        # A datetime's microseconds always fit int8: only the code can fail.
+                        pack_times_code(
+                            8,
+                            begin.microseconds + 1_000_000 * (86_400 * begin.days + begin.seconds),
+                            8,
+                            finish.microseconds
+                            + 1_000_000 * (86_400 * finish.days + finish.seconds),
+                            2,
+                            code,
+                        ),
+                        shared[message],
+                        shared[service],
+                        shared[scope],
                         start_fields[run_id],
                     )
                 )
