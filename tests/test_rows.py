@@ -176,9 +176,10 @@ def test_copy_data_sends_each_row_field_by_field(events, staging):
     )
 )
 def test_span_copy_data_sends_each_span_field_by_field(spans):
-    """The binary COPY of span envelopes holds one tuple per distinct span, every column in the
-    order of agentcap.spans: texts as UTF-8 (NUL and lone surrogates escaped), kind and status
-    code as int2, start and end as int8 microseconds since 2000, the run's start last."""
+    """The binary COPY of span envelopes holds one tuple per distinct span (its first record),
+    sorted, every column in the order of agentcap.spans: texts as UTF-8 (NUL and lone
+    surrogates escaped), kind and status code as int2, start and end as int8 microseconds since
+    2000, the run's start last."""
     records = tuple(
         SpanRecord(
             "r",
@@ -200,6 +201,7 @@ def test_span_copy_data_sends_each_span_field_by_field(spans):
     start = NOW - timedelta(hours=1)
     tuples = _tuples(span_copy_data(prepared.spans, starts={"r": start}))
     assert len(tuples) == len(prepared.spans) == len({s.span_id for s in records})
+    assert [row[2] for row in prepared.spans] == sorted({_clean(s.span_id) for s in records})
     for row, fields in zip(prepared.spans, tuples, strict=True):
         first = next(s for s in records if _clean(s.span_id) == row[2])
         assert fields == [

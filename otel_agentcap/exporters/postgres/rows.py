@@ -526,9 +526,9 @@ def resolve_events(
     # A row colliding with an earlier row of the same batch gets the reason it would get against
     # that row once stored, so re-sending it later is recognised as the same conflict.
     for row in rows:
-        first = by_id.get((row.run_id, row.event_id))
-        seq_key = (row.run_id, row.agent_id, row.logical_seq)
-        idem_key = (row.run_id, row.agent_id, row.idempotency_key)
+        event_id, run_id, agent_id, seq, _, event_type, _, key, _, _, payload, _, _ = row
+        id_key = (run_id, event_id)
+        first = by_id.get(id_key)
         if first is not None:
             if _same_content(first, row, dumps):
                 duplicates += 1
@@ -542,33 +542,35 @@ def resolve_events(
         # The model-call checks come before the (run, agent, seq) and (run, agent, key) ones, in
         # the order the writer's classification uses.
         call: tuple[str | None, str | None] | None = None
-        if row.event_type == _MODEL_CALL and row.payload is not None:
+        if event_type == _MODEL_CALL and payload is not None:
             # Broader than the SQL test (a Python str may be stored as an encoded object), never
             # narrower: two rows the log's unique indexes would refuse never both reach the INSERT.
-            call = call_ids(row.payload.obj)
-            found = calls.find(row.run_id, *call)
+            call = call_ids(payload.obj)
+            found = calls.find(run_id, *call)
             if found is not None:
                 kept, reason = found
                 # Lends the call its other id (as the mapping does), so a third record that
                 # shares only that id is found too.
-                calls.add(row.run_id, *call, kept)
+                calls.add(run_id, *call, kept)
                 out.append(row._replace(batch_reason=reason, batch_conflict_with=kept))
                 continue
+        seq_key = (run_id, agent_id, seq)
         if seq_key in by_seq:
             out.append(
                 row._replace(batch_reason="run_agent_seq", batch_conflict_with=by_seq[seq_key])
             )
             continue
+        idem_key = (run_id, agent_id, key)
         if idem_key in by_key:
             out.append(
                 row._replace(batch_reason="run_agent_key", batch_conflict_with=by_key[idem_key])
             )
             continue
         if call is not None:
-            calls.add(row.run_id, *call, row.event_id)
-        by_id[(row.run_id, row.event_id)] = row
-        by_seq[seq_key] = row.event_id
-        by_key[idem_key] = row.event_id
+            calls.add(run_id, *call, event_id)
+        by_id[id_key] = row
+        by_seq[seq_key] = event_id
+        by_key[idem_key] = event_id
         out.append(row)
     if linked:
         # Linked by the mapping, which may have matched a record to its call only through
@@ -686,24 +688,58 @@ def span_rows(spans: Iterable[SpanRecord]) -> list[SpanRow]:
     """The batch's span envelopes as rows, one per (run, trace, span) (the first wins), sorted."""
     rows: dict[tuple[str, str, str], SpanRow] = {}
     texts = _CleanTexts()  # run, trace, name, service and scope repeat from span to span
-    for span in spans:
-        run_id = texts[span.run_id]
-        key = (run_id, texts[span.trace_id], clean_text(span.span_id))
+    for (
+        run_id,
+        trace_id,
+        span_id,
+        parent,
+        name,
+        kind,
+        start,
+        end,
+        code,
+        message,
+        service,
+        scope,
+    ) in spans:
+        run_text = texts[run_id]
+        trace_text = texts[trace_id]
+        span_text = span_id if span_id.isascii() and "\x00" not in span_id else clean_text(span_id)
+        key = (run_text, trace_text, span_text)
         if key in rows:
             continue
         rows[key] = (
-            *key,
-            texts.optional(span.parent_span_id),
-            texts[span.name],
-            int(span.kind),
-            _utc(span.start_time),
-            _utc(span.end_time),
-            int(span.status_code),
-            texts.optional(span.status_message),
-            texts.optional(span.service_name),
-            texts.optional(span.scope_name),
+            run_text,
+            trace_text,
+            span_text,
+            None
+            if parent is None
+            else texts[parent]
+            if type(parent) is str
+            else clean_text(str(parent)),
+            texts[name],
+            kind if type(kind) is int else int(kind),
+            start if start.tzinfo is not None else start.replace(tzinfo=UTC),
+            end if end.tzinfo is not None else end.replace(tzinfo=UTC),
+            code if type(code) is int else int(code),
+            None
+            if message is None
+            else texts[message]
+            if type(message) is str
+            else clean_text(str(message)),
+            None
+            if service is None
+            else texts[service]
+            if type(service) is str
+            else clean_text(str(service)),
+            None
+            if scope is None
+            else texts[scope]
+            if type(scope) is str
+            else clean_text(str(scope)),
         )
-    return [rows[key] for key in sorted(rows)]
+    # The rows begin with their (distinct) keys: sorting them sorts the keys.
+    return sorted(rows.values())
 
 
 def _validated(batch: Batch, validator: Validator) -> tuple[Batch, list[str], int]:
