@@ -617,8 +617,9 @@ def merge_agents(
             current[0] = name
         if known and not current[3]:
             current[1], current[2], current[3] = parent, spawned, True
-    for row in rows:
-        merged.setdefault((row.run_id, row.agent_id), [None, None, None, False])
+    for pair in map(_RUN_AND_AGENT, rows):
+        if pair not in merged:
+            merged[pair] = [None, None, None, False]
     return (
         [(k[0], k[1], v[0], v[1], v[2], v[3]) for k, v in sorted(merged.items())],
         list(offers),
@@ -654,13 +655,15 @@ def merge_runs(
             value = Jsonb(attrs if isinstance(attrs, dict) else {}, dumps)
             offers.setdefault((run_id, dumps(value.obj)), value)
             declared.setdefault(run_id, value)
-    for row in rows:
-        previous = started.get(row.run_id)
-        if previous is None or row.wall_time < previous:
-            started[row.run_id] = row.wall_time
-    for span in spans:
-        run_id = clean_text(span.run_id)
-        start = _utc(span.start_time)
+    for run_id, start in map(_RUN_AND_TIME, rows):
+        previous = started.get(run_id)
+        if previous is None or start < previous:
+            started[run_id] = start
+    for run_id, start in map(_RUN_AND_START, spans):
+        if not run_id.isascii() or "\x00" in run_id:
+            run_id = clean_text(run_id)
+        if start.tzinfo is None:
+            start = start.replace(tzinfo=UTC)
         previous = started.get(run_id)
         if previous is None or start < previous:
             started[run_id] = start
@@ -678,6 +681,11 @@ def merge_runs(
 
 
 _NO_ROOT: Final = (None, None)
+#: The run and time, and the run and agent, of an ``EventRow``; the run and start of a
+#: ``SpanRecord``.
+_RUN_AND_TIME: Final = operator.itemgetter(1, 4)
+_RUN_AND_AGENT: Final = operator.itemgetter(1, 2)
+_RUN_AND_START: Final = operator.itemgetter(0, 6)
 
 SpanRow = tuple[
     str, str, str, str | None, str, int, datetime, datetime, int, str | None, str | None, str | None
