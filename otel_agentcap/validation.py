@@ -117,10 +117,11 @@ class Validator:
     """Checks records against the rules above, at one moment (``now``).
 
     Keeps the outcome of the id checks of each (run, agent) pair it met, so a batch of many
-    events of a few agents checks each pair once (in plain dicts: threads may share it).
+    events of a few agents checks each pair once, and the ids of the events it accepted, which
+    later events name as causal parents (in plain dicts and sets: threads may share it).
     """
 
-    __slots__ = ("_ids", "_max_seq", "_max_time", "_prefixes")
+    __slots__ = ("_events", "_ids", "_max_seq", "_max_time", "_prefixes")
 
     def __init__(self, now_ns: int | None = None) -> None:
         now = time.time_ns() if now_ns is None else now_ns
@@ -128,6 +129,8 @@ class Validator:
         self._max_time = datetime.fromtimestamp(now / 1e9, tz=UTC) + MAX_FUTURE
         self._prefixes: dict[tuple[object, object], bytes | str] = {}
         self._ids: dict[object, str | None] = {}
+        #: Ids of events accepted by the inline check (each the text of a UUID).
+        self._events: set[str] = set()
 
     @property
     def max_seq(self) -> int:
@@ -203,10 +206,16 @@ class Validator:
                 and MIN_WALL_TIME <= wall_time <= self._max_time
                 and type(parents) is tuple
                 and len(parents) <= MAX_CAUSAL_PARENTS
-                and all(map(_uuid_text, parents))
+                and (
+                    # Most often the one parent is an event this validator accepted.
+                    (len(parents) == 1 and type(parents[0]) is str and parents[0] in self._events)
+                    or all(map(_uuid_text, parents))
+                )
                 and (trace is None or (type(trace) is str and len(trace) <= MAX_TRACE_TEXT))
                 and (span is None or (type(span) is str and len(span) <= MAX_TRACE_TEXT))
             ):
+                if len(self._events) < 10_000:
+                    self._events.add(event_id)
                 return None
         return self.event_reason(event)
 
