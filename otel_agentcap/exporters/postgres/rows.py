@@ -518,8 +518,13 @@ def resolve_events(
         rows.extend(_sorted_rows(superseded, dumps))
     # Event ids are unique within a run (the log's key is (run_id, event_id)).
     by_id: dict[tuple[str, bytes], EventRow] = {}
-    by_seq: dict[tuple[str, str, int], bytes] = {}
-    by_key: dict[tuple[str, str, str], bytes] = {}
+    # Per (run, agent): the id of the row that took each sequence and each idempotency key. The
+    # rows come grouped by (run, agent), so the group changes seldom.
+    by_agent: dict[tuple[str, str], tuple[dict[int, bytes], dict[str, bytes]]] = {}
+    last_run: object = None
+    last_agent: object = None
+    by_seq: dict[int, bytes] = {}
+    by_key: dict[str, bytes] = {}
     calls: CallIndex[bytes] = CallIndex()
     out: list[EventRow] = []
     duplicates = 0
@@ -554,23 +559,20 @@ def resolve_events(
                 calls.add(run_id, *call, kept)
                 out.append(row._replace(batch_reason=reason, batch_conflict_with=kept))
                 continue
-        seq_key = (run_id, agent_id, seq)
-        if seq_key in by_seq:
-            out.append(
-                row._replace(batch_reason="run_agent_seq", batch_conflict_with=by_seq[seq_key])
-            )
+        if run_id is not last_run or agent_id is not last_agent:
+            last_run, last_agent = run_id, agent_id
+            by_seq, by_key = by_agent.setdefault((run_id, agent_id), ({}, {}))
+        if seq in by_seq:
+            out.append(row._replace(batch_reason="run_agent_seq", batch_conflict_with=by_seq[seq]))
             continue
-        idem_key = (run_id, agent_id, key)
-        if idem_key in by_key:
-            out.append(
-                row._replace(batch_reason="run_agent_key", batch_conflict_with=by_key[idem_key])
-            )
+        if key in by_key:
+            out.append(row._replace(batch_reason="run_agent_key", batch_conflict_with=by_key[key]))
             continue
         if call is not None:
             calls.add(run_id, *call, event_id)
         by_id[id_key] = row
-        by_seq[seq_key] = event_id
-        by_key[idem_key] = event_id
+        by_seq[seq] = event_id
+        by_key[key] = event_id
         out.append(row)
     if linked:
         # Linked by the mapping, which may have matched a record to its call only through
