@@ -138,14 +138,6 @@ class _CleanTexts(dict[str, str]):
         text = self[value] = clean_text(value)
         return text
 
-    def optional(self, value: str | None) -> str | None:
-        """``_opt_text`` of ``value``."""
-        if value is None:
-            return None
-        if type(value) is not str:
-            return clean_text(str(value))
-        return self[value]
-
 
 def _uuid(value: object, what: str) -> uuid.UUID:
     return uuid.UUID(bytes=uuid_bytes(value, what))
