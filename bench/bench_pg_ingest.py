@@ -18,6 +18,10 @@ have, so both methods also maintain the log's model-call indexes and the writer 
 same time end theirs, instead of agent after agent: every batch then holds all agents, so each
 writer gets a share of it (agent after agent, a batch of 2,000 spans is mostly one agent, which
 one writer stores).
+``--switch-interval S`` runs everything with ``sys.setswitchinterval(S)``: how much of delivery's
+time its writer threads spend waiting for the GIL while the delivery thread maps the next batch
+(the interpreter's default is 0.005 s; a library must not change it for its host, so this is a
+measurement, not a setting).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import argparse
 import gc
 import json
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -302,7 +307,12 @@ def main() -> None:
     parser.add_argument(
         "--interleave", action="store_true", help="spans round-robin across the agents"
     )
+    parser.add_argument(
+        "--switch-interval", type=float, default=None, help="sys.setswitchinterval for the run"
+    )
     args = parser.parse_args()
+    if args.switch_interval is not None:
+        sys.setswitchinterval(args.switch_interval)
 
     batches = make_batches(args.events, args.batch, args.call_ids)
     from otel_agentcap.pipeline.mapping import batch_from_spans
@@ -352,7 +362,7 @@ def main() -> None:
         print(
             f"events={args.events} batch={args.batch} agents={AGENTS} rounds={args.rounds}"
             f" call_ids={args.call_ids} writers={args.writers or 'default'}"
-            f" interleave={args.interleave}"
+            f" interleave={args.interleave} switch_interval={sys.getswitchinterval()}"
         )
         print(
             f"raw binary COPY (ceiling): {copy_rate:>10,.0f} events/s  samples={[round(r) for r in copy_rates]}"
