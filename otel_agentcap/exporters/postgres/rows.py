@@ -332,8 +332,6 @@ def span_copy_data(rows: Sequence[SpanRow], *, starts: Mapping[str, datetime]) -
             parent_field = shared[parent]
             name_field = shared[name]
             kind_field = pack_int2(2, kind)
-            begin = start - _PG_EPOCH
-            finish = end - _PG_EPOCH
             append(
                 b"".join(
                     (
@@ -346,15 +344,7 @@ def span_copy_data(rows: Sequence[SpanRow], *, starts: Mapping[str, datetime]) -
                         name_field,
                         kind_field,
                         # A datetime's microseconds always fit int8: only the code can fail.
-                        pack_times_code(
-                            8,
-                            begin.microseconds + 1_000_000 * (86_400 * begin.days + begin.seconds),
-                            8,
-                            finish.microseconds
-                            + 1_000_000 * (86_400 * finish.days + finish.seconds),
-                            2,
-                            code,
-                        ),
+                        pack_times_code(8, _micros(start), 8, _micros(end), 2, code),
                         shared[message],
                         shared[service],
                         shared[scope],
