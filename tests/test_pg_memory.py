@@ -94,7 +94,16 @@ _WRITER = textwrap.dedent(
     agentcap = configure(dsn, announce=False)
     memory = PostgresMemory("shared")
 
+    failures = []
+
     def work(t):
+        try:
+            increment(t)
+        except BaseException:
+            import traceback
+            failures.append(traceback.format_exc())
+
+    def increment(t):
         with ac.run(run_id, resume=True), ac.agent(f"{name}-{t}"):
             for i in range(increments):
                 while True:  # compare-and-set increment of one counter
@@ -109,6 +118,8 @@ _WRITER = textwrap.dedent(
     for t in pool:
         t.join()
     agentcap.shutdown()
+    if failures:  # a thread's exception would otherwise only be printed, and the exit status 0
+        sys.exit("\\n".join(failures))
     """
 )
 
