@@ -136,9 +136,7 @@ def test_processes_and_threads_retrying_the_same_ids_run_each_body_once(pg_dsn, 
     effects = tmp_path / "effects.txt"
     effects.touch()
     run_id = _run_id()
-    procs = _spawn_workers(
-        pg_dsn, run_id, effects, processes=4, threads=4, ids=25, lease=30.0
-    )
+    procs = _spawn_workers(pg_dsn, run_id, effects, processes=4, threads=4, ids=25, lease=30.0)
     outputs = []
     for proc in procs:
         out, err = proc.communicate(timeout=180)
@@ -339,9 +337,9 @@ def test_a_ledger_that_does_not_wait_for_the_flush_protects_calls_the_same_way(p
         database.close()
     assert calls == [4]
     assert fast.stats().round_trips == 3  # claim and complete, then one claim that replays
-    assert _rows(
-        pg_dsn, "SELECT status FROM agentcap.tool_ledger WHERE run_id = %s", run_id
-    ) == [("succeeded",)]
+    assert _rows(pg_dsn, "SELECT status FROM agentcap.tool_ledger WHERE run_id = %s", run_id) == [
+        ("succeeded",)
+    ]
 
 
 def test_a_reused_id_with_other_input_is_its_own_row(ledger, pg_dsn):
@@ -358,7 +356,10 @@ def test_a_reused_id_with_other_input_is_its_own_row(ledger, pg_dsn):
     with ac.run(run_id, resume=True), ac.agent("a"):
         assert double.invoke("toolu_1", 1) == 2
         assert double.invoke("toolu_1", 5) == 10
-    with ac.run(run_id, resume=True), ac.agent("a"):  # a new scope: the run was released in this process
+    with (
+        ac.run(run_id, resume=True),
+        ac.agent("a"),
+    ):  # a new scope: the run was released in this process
         assert double.invoke("toolu_1", 5) == 10
         assert double.invoke("toolu_1", 1) == 2
     assert calls == [1, 5]
@@ -405,6 +406,43 @@ def test_errors_replay_with_their_type_or_as_recorded_tool_error(ledger, pg_dsn)
     assert recorded.value.error_type == "not_imported_anywhere._NotImportedError"
     assert recorded.value.message == "rebuilt"
     assert str(recorded.value) == "not_imported_anywhere._NotImportedError: rebuilt"
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        ValueError("bad \x00 value"),
+        ValueError("lone \ud800 surrogate"),
+        KeyError("k\x00"),
+        ValueError("two", "x\x00"),
+    ],
+    ids=["nul", "surrogate", "key-nul", "args-nul"],
+)
+def test_an_error_whose_text_jsonb_cannot_hold_is_recorded_and_replayed(
+    ledger, pg_dsn, caplog, error
+):
+    """A message with NUL or a lone surrogate (jsonb text holds neither) is recorded in the
+    ledger, not lost with an error: the call's row is completed as failed, and a replay raises
+    the error with the same type, arguments and message."""
+
+    @ac.tool
+    def fails() -> None:
+        raise error
+
+    run_id = _run_id()
+    with ac.run(run_id, resume=True), ac.agent("a"), pytest.raises(type(error)):
+        fails.invoke("e")
+    assert "could not record" not in caplog.text
+    with psycopg.connect(pg_dsn) as conn:
+        states = conn.execute(
+            "SELECT status FROM agentcap.tool_ledger WHERE run_id = %s", (run_id,)
+        ).fetchall()
+    assert states == [("failed",)]
+    with ac.run(run_id, resume=True), ac.agent("a"), pytest.raises(type(error)) as replayed:
+        fails.invoke("e")
+    assert replayed.value is not error
+    assert replayed.value.args == error.args
+    assert str(replayed.value) == str(error)
 
 
 def test_a_replay_from_the_ledger_is_the_callers_own_value(ledger):
@@ -485,7 +523,11 @@ def test_the_invocation_id_and_an_idempotency_key_are_readable_inside_the_tool(l
             charge.invoke("pay-1", 10)
         charge.invoke("pay-1", 10)
         charge.invoke("pay-1", 11)
-    assert [(i.invocation_id, i.attempt) for i in seen] == [("pay-1", 1), ("pay-1", 2), ("pay-1", 1)]
+    assert [(i.invocation_id, i.attempt) for i in seen] == [
+        ("pay-1", 1),
+        ("pay-1", 2),
+        ("pay-1", 1),
+    ]
     assert seen[0].idempotency_key == seen[1].idempotency_key != seen[2].idempotency_key
     assert current_invocation() is None
 

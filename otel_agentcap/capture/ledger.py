@@ -100,7 +100,8 @@ def codec_named(name: str | None) -> Codec | None:
 
 def encode_error(error: BaseException) -> dict[str, Any]:
     """A recorded error as the ledger keeps it: type (module and qualified name), message, and
-    ``args`` and instance attributes in the payload encoding."""
+    ``args`` and instance attributes, all in the payload encoding (a message with NUL or a lone
+    surrogate, which jsonb cannot hold as text, becomes a ``$agentcap.str`` marker)."""
     cls = type(error)
     try:
         message = str(error)
@@ -108,9 +109,9 @@ def encode_error(error: BaseException) -> dict[str, Any]:
         message = f"<{cls.__name__}>"
     state = getattr(error, "__dict__", None)
     return {
-        "module": cls.__module__,
-        "qualname": cls.__qualname__,
-        "message": message,
+        "module": jsonsafe.to_jsonable(cls.__module__),
+        "qualname": jsonsafe.to_jsonable(cls.__qualname__),
+        "message": jsonsafe.to_jsonable(message),
         "args": jsonsafe.to_jsonable(list(error.args)),
         "state": jsonsafe.to_jsonable(dict(state)) if state else {},
     }
@@ -122,9 +123,9 @@ def rebuild_error(record: Any, invocation_id: str, tool: str) -> BaseException:
     else a :class:`~otel_agentcap.errors.RecordedToolError` carrying the type name and message."""
     if not isinstance(record, dict):
         return RecordedToolError("<unknown>", repr(record), invocation_id, tool)
-    module = str(record.get("module", ""))
-    qualname = str(record.get("qualname", ""))
-    message = str(record.get("message", ""))
+    module = _text(record.get("module"))
+    qualname = _text(record.get("qualname"))
+    message = _text(record.get("message"))
     type_name = qualname if module == "builtins" else f"{module}.{qualname}"
     rebuilt = _rebuild(module, qualname, record)
     if rebuilt is not None:
@@ -134,6 +135,12 @@ def rebuild_error(record: Any, invocation_id: str, tool: str) -> BaseException:
         except Exception:
             pass
     return RecordedToolError(type_name, message, invocation_id, tool)
+
+
+def _text(field: Any) -> str:
+    """A text field of an error record (plain, or a ``$agentcap.str`` marker)."""
+    value = jsonsafe.from_jsonable(field) if field is not None else ""
+    return value if isinstance(value, str) else str(value)
 
 
 def _rebuild(module: str, qualname: str, record: dict[str, Any]) -> BaseException | None:
