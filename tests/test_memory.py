@@ -9,6 +9,7 @@ import uuid
 import pytest
 
 import otel_agentcap as oa
+from otel_agentcap import jsonsafe
 from otel_agentcap.testing import capture_events
 
 
@@ -217,6 +218,42 @@ def test_non_json_values_are_encoded_safely():
     assert kept is not value and kept["b"] == value["b"] and kept["s"] == value["s"]
     assert math.isnan(kept["nan"]) and kept["inf"] == -math.inf
     assert isinstance(kept["o"], Thing) and kept["o"] is not value["o"]
+
+
+def test_a_value_over_the_payload_limit_keeps_the_rest_of_the_event_readable():
+    """A value over the payload size limit becomes a truncation marker in its own field; the
+    memory, the key, the operation, the found flags and the other value stay as they are, so the
+    key's chain still reads (which write, from what state to what state)."""
+    memory = oa.Memory("notes")
+    huge = "z" * (jsonsafe.DEFAULT_MAX_PAYLOAD_CHARS + 10)
+    with capture_events() as captured, oa.run(_run_id()), oa.agent("alpha"):
+        memory["k"] = {"small": 1}
+        memory["k"] = huge
+        memory["k"] = 2
+        memory.lookup("k")
+        memory["k"] = huge
+        memory.lookup("k")
+    writes = captured.of_type("memory_write")
+    assert [w.payload["memory"] for w in writes] == ["notes"] * 4
+    assert [w.payload["key"] for w in writes] == ["k"] * 4
+    assert [w.payload["op"] for w in writes] == ["set"] * 4
+    assert [(w.payload["before_found"], w.payload["after_found"]) for w in writes] == [
+        (False, True),
+        (True, True),
+        (True, True),
+        (True, True),
+    ]
+    second, third = writes[1].payload, writes[2].payload
+    assert second["before"] == {"small": 1}
+    assert second["after"]["$agentcap.truncated"].startswith('"zzz')
+    assert second["after"]["size"] == len(huge) + 2
+    assert third["before"] == second["after"] and third["after"] == 2
+    _replay_chain(writes)
+    reads = captured.of_type("memory_read")
+    assert [(r.payload["key"], r.payload["found"]) for r in reads] == [("k", True)] * 2
+    assert reads[0].payload["value"] == 2
+    assert reads[1].payload["value"] == second["after"]
+    assert reads[1].payload["written_by"] == writes[3].event_id
 
 
 def test_payload_fixed_at_write_time():

@@ -74,27 +74,34 @@ class _Slot:
 def _read_payload(
     memory: str, key: str, found: bool, value: Any, written_by: EventRef | None
 ) -> str:
-    payload: dict[str, Any] = {"memory": memory, "key": key, "found": found}
+    """``{"memory", "key", "found", "value"?, "written_by"?}`` as JSON. Only the value is encoded
+    with ``jsonsafe.dumps``: a value over the size limit becomes a truncation marker under
+    ``value`` while the memory, key and provenance stay readable (as a tool's payload keeps its
+    tool and invocation id)."""
+    text = f'{{"memory":{tel.json_string(memory)},"key":{tel.json_string(key)},"found":'
+    text += "true" if found else "false"
     if found:
-        payload["value"] = value
+        text += f',"value":{jsonsafe.dumps(value)}'
     if written_by is not None:
-        payload["written_by"] = written_by.event_id
-    return jsonsafe.dumps(payload)
+        text += f',"written_by":"{written_by.event_id}"'
+    return text + "}"
 
 
 def _write_payload(memory: str, key: str, op: str, before: Any, after: Any) -> str:
-    payload: dict[str, Any] = {
-        "memory": memory,
-        "key": key,
-        "op": op,
-        "before_found": before is not MISSING,
-        "after_found": after is not MISSING,
-    }
-    if before is not MISSING:
-        payload["before"] = before
-    if after is not MISSING:
-        payload["after"] = after
-    return jsonsafe.dumps(payload)
+    """``{"memory", "key", "op", "before_found", "after_found", "before"?, "after"?}`` as JSON,
+    each value bounded on its own (see :func:`_read_payload`)."""
+    before_found = before is not MISSING
+    after_found = after is not MISSING
+    text = (
+        f'{{"memory":{tel.json_string(memory)},"key":{tel.json_string(key)},'
+        f'"op":{tel.json_string(op)},"before_found":{"true" if before_found else "false"},'
+        f'"after_found":{"true" if after_found else "false"}'
+    )
+    if before_found:
+        text += f',"before":{jsonsafe.dumps(before)}'
+    if after_found:
+        text += f',"after":{jsonsafe.dumps(after)}'
+    return text + "}"
 
 
 def emit_memory_event(name: str, event: Stamp, encoded_payload: str, memory: str, key: str) -> None:
