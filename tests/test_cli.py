@@ -281,6 +281,8 @@ def test_db_commands_to_a_closed_pipe_end_quietly(command):
 
 
 HOSTILE_IDS = ["[/bogus]", "[bold red]loud[/]", "\x1b[2J\x1b[31mcleared", "rtl \u202egnp.exe"]
+#: An agent id whose line break would print a line that reads as an event of the timeline.
+_FAKE_LINE_AGENT = "b\n     99  agent_end\tforged"
 
 
 def _store_hostile_runs(dsn: str) -> None:
@@ -294,7 +296,7 @@ def _store_hostile_runs(dsn: str) -> None:
     at = datetime(2026, 1, 1, tzinfo=UTC)
     events, agents, runs = [], [], []
     for run_id in HOSTILE_IDS:
-        for agent in ("[/agent]", "a\x1b]0;title\x07"):
+        for agent in ("[/agent]", "a\x1b]0;title\x07", _FAKE_LINE_AGENT):
             events.append(
                 Event(
                     event_id_for(run_id, agent, "seq:1"),
@@ -311,7 +313,7 @@ def _store_hostile_runs(dsn: str) -> None:
         runs.append(RunRecord(run_id, at, {"[/k]": "[/v]"}))
     with ConnectionPool(dsn, min_size=1, max_size=1) as pool:
         writer = EventWriter(pool)
-        assert writer.write(Batch(tuple(events), tuple(agents), tuple(runs))).inserted == 8
+        assert writer.write(Batch(tuple(events), tuple(agents), tuple(runs))).inserted == 12
         writer.close()
 
 
@@ -338,6 +340,8 @@ def test_hostile_run_ids_are_printed_as_text_by_every_command(pg_dsn):
         assert shown.returncode == 0, shown.stderr
         assert "agent [/agent]" in shown.stdout and "(\\x1b" not in shown.stdout
         _plain(shown.stdout)
+        assert "agent b\\n     99  agent_end\\tforged" in shown.stdout
+        assert not any(line.lstrip().startswith("99") for line in shown.stdout.splitlines())
         data = json.loads(_cli("show", run_id, "--dsn", pg_dsn, "--json").stdout)
         assert data["run_id"] == run_id
         exported = _cli("export", run_id, "--format", "html", "--dsn", pg_dsn)

@@ -83,21 +83,27 @@ def _console() -> Any:
 _CONTROL_RE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 
 
-def _shown(value: object) -> str:
+#: The same and line breaks and tabs: a value printed on one line of a listing (an id, a name, a
+#: summary) cannot start a line of its own that would read as another entry.
+_LINE_CONTROL_RE = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def _shown(value: object, pattern: re.Pattern[str] = _CONTROL_RE) -> str:
     """``value`` as text a terminal shows as is: control characters as ``\\xNN`` escapes."""
-    return _CONTROL_RE.sub(lambda m: ascii(m.group())[1:-1], str(value))
+    return pattern.sub(lambda m: ascii(m.group())[1:-1], str(value))
 
 
 def _text(*parts: object | tuple[object, str]) -> Any:
-    """A rich ``Text`` of ``parts`` (a value, or a (value, style) pair), never read as markup."""
+    """A rich ``Text`` of ``parts`` (a value, or a (value, style) pair) on one line, never read as
+    markup."""
     from rich.text import Text
 
     text = Text()
     for part in parts:
         if isinstance(part, tuple):
-            text.append(_shown(part[0]), style=part[1])
+            text.append(_shown(part[0], _LINE_CONTROL_RE), style=part[1])
         else:
-            text.append(_shown(part))
+            text.append(_shown(part, _LINE_CONTROL_RE))
     return text
 
 
