@@ -158,6 +158,21 @@ def test_a_full_queue_drops_with_a_count_under_drop(durable, tmp_path, caplog):
     assert caplog.text.count("queue full") == 1
 
 
+def test_spans_ending_after_shutdown_are_dropped_with_a_count_and_one_line(durable, caplog):
+    """Capture goes on after the processor is shut down (the program keeps running): what ends
+    then is dropped, counted, and logged once as such, not as a full queue."""
+    processor = durable()
+    processor.close(0.2)
+    memory = ac.Memory("m")
+    with caplog.at_level(logging.WARNING), ac.run("r"), ac.agent("a"):
+        for i in range(5):
+            memory[f"k{i}"] = i
+    assert processor.exporter.stats().spans_dropped == 5 + 3
+    closed = [r.getMessage() for r in caplog.records if "queue closed" in r.getMessage()]
+    assert len(closed) == 1 and "spans that end after shutdown()" in closed[0]
+    assert "queue full" not in caplog.text
+
+
 def test_a_full_queue_blocks_once_then_drops_at_once_under_block(durable, tmp_path):
     """overflow="block" waits up to block_timeout for room once, then drops at once for a
     while, so a long outage does not stall every captured operation."""

@@ -68,6 +68,7 @@ DEFAULT_MEMORY_LIMIT: Final = 10_000
 DEFAULT_MEMO_LIMIT: Final = 8_192
 DISK_CONDITION: Final = "disk queue"
 FULL_CONDITION: Final = "queue full"
+CLOSED_CONDITION: Final = "queue closed"
 _DISK_RETRY_S: Final = 5.0
 
 
@@ -394,7 +395,7 @@ class DiskQueue:
         (see ``OwnSource``)."""
         frame = encode_frame(payload)
         if not self._accepting:
-            self._drop(events, "the queue is shut down")
+            self._drop(events, "spans that end after shutdown()", CLOSED_CONDITION)
             return None
         if self.waiting_bytes() + len(frame) > self.max_bytes and not self._wait_for_room(
             len(frame)
@@ -461,7 +462,7 @@ class DiskQueue:
         if self.faults.is_active(FULL_CONDITION) and self.waiting_bytes() < self.max_bytes:
             self.faults.recovered(FULL_CONDITION)
 
-    def _drop(self, events: int, why: str) -> None:
+    def _drop(self, events: int, why: str, condition: str = FULL_CONDITION) -> None:
         with self._lock:
             self.counters.spans_dropped += 1
             self.counters.events_dropped += events
@@ -469,8 +470,10 @@ class DiskQueue:
             with contextlib.suppress(Exception):
                 self._on_drop(events)
         self.faults.fault(
-            FULL_CONDITION,
-            f"dropping spans: {why} (policy {self.overflow!r})",
+            condition,
+            f"dropping {why}"
+            if condition == CLOSED_CONDITION
+            else f"dropping spans: {why} (policy {self.overflow!r})",
             consequence="each dropped span and its events are counted",
         )
 
