@@ -83,7 +83,7 @@ def _read_payload(
     if found:
         text += f',"value":{jsonsafe.dumps(value)}'
     if written_by is not None:
-        text += f',"written_by":"{written_by.event_id}"'
+        text += f',"written_by":{jsonsafe.dumps(written_by.event_id)}'
     return text + "}"
 
 

@@ -83,8 +83,8 @@ def _console() -> Any:
 _CONTROL_RE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 
 
-#: The same and line breaks and tabs: a value printed on one line of a listing (an id, a name, a
-#: summary) cannot start a line of its own that would read as another entry.
+#: Those and line breaks and tabs, for a value printed within one line (an id, a name, a summary):
+#: it cannot start a line of its own that would read as another entry of a listing.
 _LINE_CONTROL_RE = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 
 

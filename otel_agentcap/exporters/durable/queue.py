@@ -395,12 +395,14 @@ class DiskQueue:
         (see ``OwnSource``)."""
         frame = encode_frame(payload)
         if not self._accepting:
-            self._drop(events, "spans that end after shutdown()", CLOSED_CONDITION)
+            self._drop(events, CLOSED_CONDITION, "dropping spans that end after shutdown()")
             return None
         if self.waiting_bytes() + len(frame) > self.max_bytes and not self._wait_for_room(
             len(frame)
         ):
-            self._drop(events, f"the queue holds {self.max_bytes:,} bytes, its limit")
+            self._drop(
+                events, FULL_CONDITION, self._full(f"the queue holds {self.max_bytes:,} bytes")
+            )
             return None
         own = self.own
         if own is not None and time.monotonic() >= self._disk_retry_at:
@@ -423,7 +425,11 @@ class DiskQueue:
             if self.own is not None:
                 return self.put(payload, events, memo)
         if len(self.memory) >= self.memory_limit:
-            self._drop(events, f"the disk queue is unusable and memory holds {self.memory_limit:,}")
+            self._drop(
+                events,
+                FULL_CONDITION,
+                self._full(f"the disk queue is unusable and memory holds {self.memory_limit:,}"),
+            )
             return None
         self.memory.put(payload)
         if self.on_append is not None:
@@ -462,7 +468,10 @@ class DiskQueue:
         if self.faults.is_active(FULL_CONDITION) and self.waiting_bytes() < self.max_bytes:
             self.faults.recovered(FULL_CONDITION)
 
-    def _drop(self, events: int, why: str, condition: str = FULL_CONDITION) -> None:
+    def _full(self, why: str) -> str:
+        return f"dropping spans: {why}, its limit (policy {self.overflow!r})"
+
+    def _drop(self, events: int, condition: str, reason: str) -> None:
         with self._lock:
             self.counters.spans_dropped += 1
             self.counters.events_dropped += events
@@ -470,11 +479,7 @@ class DiskQueue:
             with contextlib.suppress(Exception):
                 self._on_drop(events)
         self.faults.fault(
-            condition,
-            f"dropping {why}"
-            if condition == CLOSED_CONDITION
-            else f"dropping spans: {why} (policy {self.overflow!r})",
-            consequence="each dropped span and its events are counted",
+            condition, reason, consequence="each dropped span and its events are counted"
         )
 
     # --- background flush -----------------------------------------------------------------
