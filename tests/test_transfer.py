@@ -86,6 +86,33 @@ def test_demo_round_trip_is_byte_identical(pg_dsn, pg_empty_dsn, tmp_path, fmt):
     assert jaeger[0] == jaeger[1]
 
 
+def test_otlp_json_lines_import_as_the_whole_file_does(pg_dsn, pg_empty_dsn, tmp_path):
+    """The demo's OTLP/JSON export written as JSON Lines, three spans a request, one request a
+    line (as the OpenTelemetry Collector's file exporter writes), imports to the same rows as
+    the file it came from; a line that is not JSON is a one-line error naming the line."""
+    run_id = _demo(pg_dsn)
+    whole = json.loads(_export(pg_dsn, run_id, "otlp-json", tmp_path / "whole.json"))
+    lines = []
+    for resource_spans in whole["resourceSpans"]:
+        for scope_spans in resource_spans["scopeSpans"]:
+            spans = scope_spans["spans"]
+            for start in range(0, len(spans), 3):
+                part = {**scope_spans, "spans": spans[start : start + 3]}
+                lines.append({"resourceSpans": [{**resource_spans, "scopeSpans": [part]}]})
+    assert len(lines) > 2
+    split = tmp_path / "split.jsonl"
+    split.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    result = _import(pg_empty_dsn, split)
+    assert result["runs"] == [run_id]
+    assert result["events_inserted"] == len(_rows(pg_dsn, run_id)["events"])
+    assert _rows(pg_empty_dsn, run_id) == _rows(pg_dsn, run_id)
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text(json.dumps(lines[0]) + "\n" + "{not json\n")
+    done = _cli("import", str(broken), "--dsn", pg_empty_dsn)
+    assert done.returncode == 1 and done.stderr.decode().count("\n") == 1
+    assert b"line 2" in done.stderr
+
+
 def test_import_twice_stores_nothing_twice(pg_dsn, pg_empty_dsn, tmp_path):
     """A second import of the same file counts every event as a duplicate and changes no row."""
     run_id = _demo(pg_dsn)

@@ -186,18 +186,35 @@ def detect_format(data: bytes) -> str:
     return "otlp-protobuf"
 
 
+def _otlp_json_documents(data: bytes) -> list[Any]:
+    """The OTLP/JSON requests in ``data``: one document, or JSON Lines (one request a line, as the
+    OpenTelemetry Collector's file exporter writes them)."""
+    try:
+        return [json.loads(data)]
+    except ValueError as exc:
+        lines = [line for line in data.splitlines() if line.strip()]
+        if len(lines) < 2:
+            raise ValueError(f"not OTLP/JSON: {exc}") from None
+    documents = []
+    for number, line in enumerate(lines, 1):
+        try:
+            documents.append(json.loads(line))
+        except ValueError as exc:
+            raise ValueError(f"not OTLP/JSON (JSON Lines, line {number}): {exc}") from None
+    return documents
+
+
 def _otlp_spans(data: bytes, fmt: str) -> list[Any]:
     if fmt == "otlp-json":
-        try:
-            document = json.loads(data)
-        except ValueError as exc:
-            raise ValueError(f"not OTLP/JSON: {exc}") from None
-        if not isinstance(document, dict):
-            raise ValueError("not OTLP/JSON: expected an object")
-        try:
-            return list(spans_from_json(document))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"malformed OTLP/JSON: {exc!r}") from None
+        spans: list[Any] = []
+        for document in _otlp_json_documents(data):
+            if not isinstance(document, dict):
+                raise ValueError("not OTLP/JSON: expected an object")
+            try:
+                spans.extend(spans_from_json(document))
+            except (KeyError, TypeError, ValueError) as exc:
+                raise ValueError(f"malformed OTLP/JSON: {exc!r}") from None
+        return spans
     try:
         from otel_agentcap.ingest.otlp import spans_from_otlp
     except ImportError as exc:
