@@ -89,7 +89,8 @@ def test_demo_round_trip_is_byte_identical(pg_dsn, pg_empty_dsn, tmp_path, fmt):
 def test_otlp_json_lines_import_as_the_whole_file_does(pg_dsn, pg_empty_dsn, tmp_path):
     """The demo's OTLP/JSON export written as JSON Lines, three spans a request, one request a
     line (as the OpenTelemetry Collector's file exporter writes), imports to the same rows as
-    the file it came from; a line that is not JSON is a one-line error naming the line."""
+    the file it came from; a line that is not JSON is a one-line error naming the line, and a
+    document cut short keeps its own error."""
     run_id = _demo(pg_dsn)
     whole = json.loads(_export(pg_dsn, run_id, "otlp-json", tmp_path / "whole.json"))
     lines = []
@@ -111,6 +112,12 @@ def test_otlp_json_lines_import_as_the_whole_file_does(pg_dsn, pg_empty_dsn, tmp
     done = _cli("import", str(broken), "--dsn", pg_empty_dsn)
     assert done.returncode == 1 and done.stderr.decode().count("\n") == 1
     assert b"line 2" in done.stderr
+    # One document over many lines, cut short, is not read as JSON Lines: its own error.
+    cut = tmp_path / "cut.json"
+    cut.write_text(json.dumps(whole, indent=2)[:-40])
+    done = _cli("import", str(cut), "--dsn", pg_empty_dsn)
+    assert done.returncode == 1 and done.stderr.decode().count("\n") == 1
+    assert b"not OTLP/JSON: " in done.stderr and b"JSON Lines" not in done.stderr
 
 
 def test_import_twice_stores_nothing_twice(pg_dsn, pg_empty_dsn, tmp_path):

@@ -192,11 +192,17 @@ def _otlp_json_documents(data: bytes) -> list[Any]:
     try:
         return [json.loads(data)]
     except ValueError as exc:
-        lines = [line for line in data.splitlines() if line.strip()]
-        if len(lines) < 2:
-            raise ValueError(f"not OTLP/JSON: {exc}") from None
-    documents = []
-    for number, line in enumerate(lines, 1):
+        whole_error = exc
+    lines = [line for line in data.splitlines() if line.strip()]
+    try:
+        # JSON Lines only if the first line is a document of its own; otherwise the error is the
+        # whole file's (a document cut short, say, reported where JSON found it).
+        documents = [json.loads(lines[0])] if len(lines) > 1 else []
+    except ValueError:
+        documents = []
+    if not documents:
+        raise ValueError(f"not OTLP/JSON: {whole_error}") from None
+    for number, line in enumerate(lines[1:], 2):
         try:
             documents.append(json.loads(line))
         except ValueError as exc:
