@@ -145,6 +145,34 @@ def test_a_carried_context_must_name_a_run():
         ac.run_context()
 
 
+@pytest.mark.parametrize(
+    "traceparent",
+    [
+        "garbage",
+        "00-00000000000000000000000000000000-b7ad6b7169203331-01",  # all-zero trace id
+        "00-0af7651916cd43dd8448eb211c80319c-0000000000000000-01",  # all-zero span id
+        "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331",  # no flags
+        "",
+    ],
+)
+def test_a_carried_traceparent_that_is_not_valid_is_a_clear_error(traceparent):
+    """A traceparent that is present but cannot be read would leave the receiver's spans
+    outside the run's trace: it is an error, not ignored."""
+    carried = {"traceparent": traceparent, "baggage": "agentcap.run.id=r"}
+    with pytest.raises(ValueError, match="not a valid W3C traceparent"):
+        RunCarrier.from_dict(carried)
+    with pytest.raises(ValueError, match="not a valid W3C traceparent"), ac.run(context=carried):
+        pass
+
+
+def test_a_carried_run_id_that_is_not_utf8_is_a_clear_error():
+    """A run id whose percent-encoding is not UTF-8 is refused, not read as another run id
+    (U+FFFD in place of the bytes)."""
+    with pytest.raises(ValueError, match="not percent-encoded UTF-8"):
+        RunCarrier.from_dict({"baggage": "agentcap.run.id=run-%FF%FE"})
+    assert RunCarrier.from_dict({"baggage": "agentcap.run.id=r%C3%A9"}).run_id == "r\u00e9"
+
+
 _PROCESS = textwrap.dedent(
     """
     import sys
@@ -154,7 +182,11 @@ _PROCESS = textwrap.dedent(
     dsn, run_id, mode = sys.argv[1:4]
     provider = configure(dsn, announce=False)
     try:
-        with ac.run(run_id, resume=(mode == "resume")), ac.agent(f"agent-{mode}"):
+        if mode == "carried":  # a context taken where no span was recording: the run id only
+            scope = ac.run(context={"baggage": ac.RunCarrier(run_id).to_dict()["baggage"]})
+        else:
+            scope = ac.run(run_id, resume=(mode == "resume"))
+        with scope, ac.agent(f"agent-{mode}"):
             pass
     except ac.RunExistsError as exc:
         print(f"RunExistsError: {exc}")
@@ -212,6 +244,28 @@ def test_a_stored_run_is_not_merged_into_by_another_process(pg_dsn):
     assert {s[1] for s in spans} == {trace_id}
     assert ("invoke_agent agent-resume", trace_id, root) in spans
     assert [s[0] for s in spans].count(f"invoke_workflow {run_id}") == 1
+
+
+@pytest.mark.storage
+@pytest.mark.multiprocess
+def test_a_context_carried_without_a_span_joins_the_stored_run_trace(pg_dsn):
+    """A carried context with the run id only (no span was recording where it was taken) joins
+    the run's trace under its stored root span, instead of starting traces of its own."""
+    run_id = _run_id()
+    first = _process(pg_dsn, run_id, "new")
+    assert first.returncode == 0, first.stderr
+    carried = _process(pg_dsn, run_id, "carried")
+    assert carried.returncode == 0, carried.stderr
+    with psycopg.connect(pg_dsn) as conn:
+        trace_id, root = conn.execute(
+            "SELECT trace_id, root_span_id FROM agentcap.runs WHERE run_id = %s", (run_id,)
+        ).fetchone()
+        spans = conn.execute(
+            "SELECT name, trace_id, parent_span_id FROM agentcap.spans WHERE run_id = %s",
+            (run_id,),
+        ).fetchall()
+    assert ("invoke_agent agent-carried", trace_id, root) in spans
+    assert {s[1] for s in spans} == {trace_id}
 
 
 def test_a_run_opened_inside_an_agent_of_another_run_keeps_its_own_id():

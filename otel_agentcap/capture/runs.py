@@ -96,6 +96,12 @@ class RunCarrier:
         if run_id is None:
             raise ValueError(f"the carried context names no run (no {RUN_ID_BAGGAGE} baggage)")
         span_context = trace.get_current_span(_traceparent.extract(lowered)).get_span_context()
+        if "traceparent" in lowered and not span_context.is_valid:
+            # Ignoring it (as a propagator does) would start the receiver's spans in new traces.
+            raise ValueError(
+                f"the carried traceparent {lowered['traceparent'][:100]!r} is not a valid W3C "
+                "traceparent (version-trace id-parent id-flags, ids not all zero)"
+            )
         return cls(
             validate_id(run_id, "carried run id"),
             span_context if span_context.is_valid else None,
@@ -129,7 +135,12 @@ def _baggage_value(header: str, key: str) -> str | None:
     for member in header.split(","):
         name, sep, rest = member.partition("=")
         if sep and name.strip() == key:
-            return unquote(rest.split(";", 1)[0].strip())
+            try:
+                return unquote(rest.split(";", 1)[0].strip(), errors="strict")
+            except UnicodeDecodeError:
+                raise ValueError(
+                    f"the carried {key} is not percent-encoded UTF-8: {rest[:100]!r}"
+                ) from None
     return None
 
 
@@ -185,6 +196,11 @@ class _RecordedRuns:
                 return self._runs[run_id]
             self._put(run_id, root_span)
             return _NEW
+
+    def get(self, run_id: str) -> SpanContext | None:
+        """The root span ``run_id`` was recorded with (None when unknown or recorded without)."""
+        with self._lock:
+            return self._runs.get(run_id)
 
     def set(self, run_id: str, root_span: SpanContext | None) -> None:
         with self._lock:
@@ -256,6 +272,16 @@ def _start_root(run_id: str, attributes: dict[str, Any], start_ns: int) -> Span:
     return tel.start_span(
         f"invoke_workflow {run_id}", span_attributes, (), SpanKind.INTERNAL, None, start_ns
     )
+
+
+def _known_root(run_id: str) -> SpanContext | None:
+    """The root span of a run carried without a span (no span was recording where the context
+    was taken): this process's record of the run, else the event log's."""
+    prior = recorded_runs.get(run_id)
+    if prior is not None:
+        return prior
+    stored = _claim_in_store(run_id, None, time.time_ns())
+    return _valid(stored.root_span) if stored is not None else None
 
 
 def _valid(span_context: SpanContext | None) -> SpanContext | None:
@@ -339,6 +365,8 @@ def run(
     parent: SpanContext | None = None
     if carrier is not None:
         parent = carrier.span_context
+        if parent is None:
+            parent = _known_root(carrier.run_id)
         recorded_runs.set(carrier.run_id, parent)
     elif run_id is None:
         run_id = new_id("run")  # random: never stored before, but claimed for resume elsewhere
