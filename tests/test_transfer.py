@@ -14,6 +14,7 @@ import pytest
 from opentelemetry import trace
 
 import otel_agentcap as ac
+from otel_agentcap import jsonsafe
 from otel_agentcap.exporters.postgres import PostgresSpanExporter
 from otel_agentcap.exporters.postgres.database import Database
 from otel_agentcap.exporters.postgres.writer import EventWriter
@@ -133,6 +134,16 @@ def test_import_twice_stores_nothing_twice(pg_dsn, pg_empty_dsn, tmp_path):
     assert _rows(pg_empty_dsn, run_id) == before
 
 
+#: Run attributes JSON cannot hold as they are: stored encoded once, read back as they were.
+RUN_ATTRIBUTES: dict[str, Any] = {
+    "purpose": "round trip",
+    "n": 3,
+    "key\x00": "lone \ud800",
+    "raw": b"\x00\xff",
+    "$agentcap.str": "a user key that looks like a marker",
+}
+
+
 def _every_event_type(run_id: str) -> None:
     """A run with every event type, odd payload values, a failed tool, a timed-out agent."""
     memory = ac.Memory("mem")
@@ -146,7 +157,7 @@ def _every_event_type(run_id: str) -> None:
     def broken() -> None:
         raise RuntimeError("no")
 
-    with ac.run(run_id, purpose="round trip", n=3), ac.agent("lead") as lead:
+    with ac.run(run_id, **RUN_ATTRIBUTES), ac.agent("lead") as lead:
         memory["odd"] = {"bytes": b"\x00\xff", "nan": float("nan"), "text": "caf\u00e9 \U0001f600"}
         with chat.start_as_current_span(
             "chat m",
@@ -200,6 +211,7 @@ def test_round_trip_of_a_run_with_every_event_type(pg_dsn, pg_empty_dsn, tmp_pat
     assert second == first
     original, copied = _rows(pg_dsn, run_id), _rows(pg_empty_dsn, run_id)
     assert len(original["conflicts"]) == 1
+    assert jsonsafe.from_jsonable(original["runs"][0][1]) == RUN_ATTRIBUTES
     if fmt == "agentcap-pb":
         assert result["conflicts_imported"] == 1
         assert copied == original

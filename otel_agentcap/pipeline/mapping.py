@@ -510,7 +510,9 @@ def declared_run_attributes(attributes: Mapping[str, AttributeValue]) -> dict[st
     declared = attributes.get(attr.RUN_ATTRIBUTES)
     if not isinstance(declared, str):
         return None
-    parsed = jsonsafe.loads(declared)
+    # Decoded (markers back to the values they stand for): the record holds the run's values,
+    # which storage encodes once; the encoded form itself would be escaped as user data.
+    parsed = jsonsafe.from_jsonable(jsonsafe.loads(declared))
     return parsed if isinstance(parsed, dict) else None
 
 

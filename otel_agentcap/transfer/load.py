@@ -70,7 +70,7 @@ def snapshot_batches(snapshot: RunSnapshot) -> list[Batch]:
     """The batches that store ``snapshot`` (its conflicts aside): the run, agents and spans with
     the first events, then the other events in chunks."""
     run = snapshot.run
-    attributes = jsonsafe.loads(run.attributes_json)
+    attributes = jsonsafe.from_jsonable(jsonsafe.loads(run.attributes_json))  # see mapping
     events = [_event(row) for row in snapshot.events]
     started = (
         _time(run.started_at_us)
