@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from opentelemetry.trace import Status, StatusCode
 
+from otel_agentcap import jsonsafe
 from otel_agentcap.pipeline.model_calls import OUTPUT_MESSAGES, model_call_payload
 
 SDK = [{"role": "assistant", "parts": [{"type": "text", "content": "from the SDK"}]}]
@@ -45,3 +46,30 @@ def test_no_output_attribute_no_output():
     assert _content(False, StatusCode.OK, **{"gen_ai.input.messages": SDK}) == {
         "input_messages": SDK
     }
+
+
+@pytest.mark.parametrize("as_list", [False, True])
+def test_content_over_the_payload_limit_is_bounded_field_by_field(as_list):
+    """A content attribute over the payload limit becomes a truncation marker in its own field;
+    the call's other content and fields stay as they were."""
+    limit = jsonsafe.DEFAULT_MAX_PAYLOAD_CHARS
+    big = [{"role": "user", "parts": [{"type": "text", "content": "y" * (limit + 10)}]}]
+    text = json.dumps(big)
+    attributes: dict[str, Any] = {
+        "gen_ai.request.model": "m",
+        "gen_ai.input.messages": (text[:100], text[100:]) if as_list else text,
+        "gen_ai.output.messages": json.dumps(SDK),
+    }
+    payload = model_call_payload("chat m", attributes, status=Status(StatusCode.OK))
+    marker = payload["content"]["input_messages"]
+    assert set(marker) == {"$agentcap.truncated", "size"}
+    assert marker["size"] > limit
+    assert marker["$agentcap.truncated"].startswith(
+        '["[{\\"role\\"' if as_list else '[{"role": "user"'
+    )
+    assert payload["content"]["output_messages"] == SDK
+    assert payload["model"] == "m"
+    assert len(json.dumps(payload)) < 2 * limit
+    # Under the limit, content is kept as it was.
+    small = {"gen_ai.input.messages": json.dumps(SDK)}
+    assert model_call_payload("chat", small)["content"]["input_messages"] == SDK

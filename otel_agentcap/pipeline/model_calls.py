@@ -51,6 +51,7 @@ from opentelemetry.trace import StatusCode
 from opentelemetry.util.types import AttributeValue
 
 from otel_agentcap import attributes as attr
+from otel_agentcap import jsonsafe
 
 # Defined in otel_agentcap.pipeline.call_identity, with the rule they serve.
 from otel_agentcap.pipeline.call_identity import REQUEST_ID, RESPONSE_ID
@@ -129,6 +130,19 @@ def _int(value: Any) -> int | None:
     if isinstance(value, float) and value.is_integer():
         return int(value)
     return None
+
+
+def _content(value: AttributeValue) -> Any:
+    """A content attribute's value for the payload: its JSON parsed, bounded as every payload
+    field is (over ``jsonsafe.DEFAULT_MAX_PAYLOAD_CHARS`` characters: a truncation marker, so
+    the call's other fields stay readable)."""
+    limit = jsonsafe.DEFAULT_MAX_PAYLOAD_CHARS
+    if isinstance(value, str):
+        if len(value) > limit:
+            return json.loads(jsonsafe.truncate(value, limit))
+    elif isinstance(value, tuple | list) and sum(len(str(v)) for v in value) > limit:
+        return json.loads(jsonsafe.truncate(jsonsafe.dumps(list(value), 2**62), limit))
+    return _json_or_text(value)
 
 
 def _json_or_text(value: AttributeValue) -> Any:
@@ -247,7 +261,7 @@ def model_call_payload(
         if value is not None:
             if content is None:
                 content = {}
-            content[key] = _json_or_text(value)
+            content[key] = _content(value)
     output = next((v for v in map(get, _OUTPUT_ATTRIBUTES) if v is not None), None)
     if output is not None:
         if content is None:
@@ -255,9 +269,7 @@ def model_call_payload(
         # A stream that did not complete has at most what was read of its Message (the SDK's
         # helper records that much): never presented as the Message.
         complete = not payload["stream"] or payload["status"] == "ok"
-        content["output_messages" if complete else "partial_output_messages"] = _json_or_text(
-            output
-        )
+        content["output_messages" if complete else "partial_output_messages"] = _content(output)
     if content:
         payload["content"] = content
     return payload
