@@ -188,6 +188,27 @@ def test_a_full_queue_blocks_once_then_drops_at_once_under_block(durable, tmp_pa
     assert processor.exporter.stats().spans_dropped > 0
 
 
+def test_a_span_larger_than_the_queue_is_dropped_at_once_and_said_so(durable, caplog):
+    """A span whose record alone exceeds the queue's bound can never fit: it is dropped and
+    counted at once (no wait for room under "block"), logged once as what it is, and the spans
+    after it are queued as usual."""
+    processor = durable(max_bytes=64 * 1024, overflow="block", block_timeout=2.0)
+    memory = ac.Memory("m")
+    with caplog.at_level(logging.WARNING), ac.run("r"), ac.agent("a"):
+        started = time.monotonic()
+        memory["big"] = "x" * 100_000
+        memory["big2"] = "y" * 100_000
+        took = time.monotonic() - started
+        memory["small"] = 1
+    exported = processor.exporter.stats()
+    assert took < 1.0  # not block_timeout for each
+    assert (exported.spans_dropped, exported.events_dropped) == (2, 2)
+    assert processor.stats()["spans_enqueued"] == 1 + 3  # the small write, start, end, root
+    lines = [r.getMessage() for r in caplog.records if "span too large" in r.getMessage()]
+    assert len(lines) == 1 and "larger than the queue's limit of 65,536 bytes" in lines[0]
+    assert "queue full" not in caplog.text
+
+
 def test_an_agents_start_is_queued_when_it_starts_and_sent_once(durable, tmp_path):
     """While an agent runs its agent_start is already on disk; the record of its ended span says
     so, and mapping both records yields agent_start once, in one batch or in two."""

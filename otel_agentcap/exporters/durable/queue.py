@@ -69,6 +69,7 @@ DEFAULT_MEMO_LIMIT: Final = 8_192
 DISK_CONDITION: Final = "disk queue"
 FULL_CONDITION: Final = "queue full"
 CLOSED_CONDITION: Final = "queue closed"
+OVERSIZE_CONDITION: Final = "span too large"
 _DISK_RETRY_S: Final = 5.0
 
 
@@ -396,6 +397,15 @@ class DiskQueue:
         frame = encode_frame(payload)
         if not self._accepting:
             self._drop(events, CLOSED_CONDITION, "dropping spans that end after shutdown()")
+            return None
+        if len(frame) > self.max_bytes:
+            # Waiting for room cannot help: drop it at once, under a condition of its own.
+            self._drop(
+                events,
+                OVERSIZE_CONDITION,
+                f"dropping a span of {len(frame):,} bytes: larger than the queue's limit of "
+                f"{self.max_bytes:,} bytes (max_queue_bytes)",
+            )
             return None
         if self.waiting_bytes() + len(frame) > self.max_bytes and not self._wait_for_room(
             len(frame)
