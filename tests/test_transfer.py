@@ -310,3 +310,45 @@ def test_export_and_import_report_bad_input_in_one_line(pg_dsn, tmp_path):
     done = _cli("import", str(garbage), "--dsn", pg_dsn)
     assert done.returncode == 1 and done.stderr.decode().count("\n") == 1
     assert b"cannot import" in done.stderr
+
+
+def test_import_names_what_is_wrong_with_a_file(pg_dsn, tmp_path):
+    """A file cut short, an empty file and JSON nested past what can be read are one-line errors
+    that say so (not tracebacks, not a guess at another format, not an import of nothing)."""
+    run_id = _demo(pg_dsn)
+    whole = _export(pg_dsn, run_id, "agentcap-pb", tmp_path / "run.pb")
+    nested = '{"resourceSpans": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    cases = {
+        "cut.pb": (whole[: len(whole) // 3], "truncated agentcap-pb stream"),
+        "empty": (b"", "the input is empty"),
+        "blank": (b"\n  \n", "the input is empty"),
+        "nested.json": (nested.encode(), "nested too deeply"),
+        "nested.jsonl": (b'{"resourceSpans": []}\n' + nested.encode(), "nested too deeply"),
+    }
+    for name, (data, message) in cases.items():
+        path = tmp_path / name
+        path.write_bytes(data)
+        done = _cli("import", str(path), "--dsn", pg_dsn)
+        assert done.returncode == 1, name
+        assert done.stderr.decode().count("\n") == 1, (name, done.stderr.decode())
+        assert message in done.stderr.decode(), (name, done.stderr.decode())
+
+
+def test_import_counts_and_fails_on_records_it_leaves_out(pg_dsn, pg_empty_dsn, tmp_path):
+    """Records of a file that break a validation rule (here: event ids that are not the ids of
+    their run, agent and key, after the run id was edited) are left out, counted in the summary
+    and in --json, and the import exits 1; what is valid is still stored."""
+    run_id = _demo(pg_dsn)
+    text = _export(pg_dsn, run_id, "otlp-json", tmp_path / "run.json").decode()
+    edited = tmp_path / "edited.json"
+    edited.write_text(text.replace(run_id, "edited-run"))
+    done = _cli("import", str(edited), "--dsn", pg_empty_dsn, "--json")
+    assert done.returncode == 1, done.stderr.decode()
+    result = json.loads(done.stdout)
+    assert result["events_inserted"] == 0 and result["rejected"] > 0
+    assert b"broke a validation rule" in done.stderr
+    done = _cli("import", str(edited), "--dsn", pg_empty_dsn)
+    assert done.returncode == 1
+    assert f"{result['rejected']} left out (invalid".encode() in done.stdout
+    # An unedited file imports with status 0 and nothing left out.
+    assert _import(pg_empty_dsn, tmp_path / "run.json")["rejected"] == 0

@@ -298,16 +298,28 @@ def cmd_import(args: argparse.Namespace) -> int:
         raise CliError(f"cannot import {args.file}: {exc}") from None
     finally:
         database.close()
+    # Records left out are a failure of the import (status 1), though the rest is stored.
+    status = 1 if result.rejected else 0
     if args.json:
         _print_json(asdict(result))
-        return 0
+        return status
+    extra = [
+        f"{count} {what}"
+        for count, what in (
+            (result.rejected, "left out (invalid: see the warning above)"),
+            (result.record_conflicts, "agent or run records differing from the stored ones"),
+            (result.expired, "of runs past the log's retention"),
+        )
+        if count
+    ]
     print(
         f"imported {result.format} into {len(result.runs)} run(s) "
         f"({', '.join(result.runs) or 'none'}): {result.events_inserted} events stored, "
         f"{result.duplicates} already there, {result.conflicts} conflicting"
         + (f", {result.conflicts_imported} conflict rows" if result.format == "agentcap-pb" else "")
+        + "".join(f", {text}" for text in extra)
     )
-    return 0
+    return status
 
 
 def _event_json(event: Any, positions: dict[str, tuple[str, int]]) -> dict[str, Any]:

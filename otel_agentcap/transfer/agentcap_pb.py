@@ -137,23 +137,29 @@ def dumps(snapshot: RunSnapshot) -> bytes:
 # --------------------------------------------------------------------------- reading
 
 
+def _read_varint(data: bytes, position: int) -> tuple[int, int]:
+    """The varint at ``position`` and the position after it; ``ValueError`` when cut short or
+    over 64 bits."""
+    value = shift = 0
+    while True:
+        if position >= len(data):
+            raise ValueError("truncated agentcap-pb stream (in a length prefix)")
+        byte = data[position]
+        position += 1
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if not byte & 0x80:
+            return value, position
+        if shift > 63:
+            raise ValueError("invalid length prefix in agentcap-pb stream")
+
+
 def read_batches(data: bytes) -> Iterator[Any]:
     """The ``Batch`` messages of a stream; raises ``ValueError`` on a truncated or undecodable
     one."""
     position = 0
     while position < len(data):
-        size = shift = 0
-        while True:
-            if position >= len(data):
-                raise ValueError("truncated agentcap-pb stream (in a length prefix)")
-            byte = data[position]
-            position += 1
-            size |= (byte & 0x7F) << shift
-            shift += 7
-            if not byte & 0x80:
-                break
-            if shift > 63:
-                raise ValueError("invalid length prefix in agentcap-pb stream")
+        size, position = _read_varint(data, position)
         end = position + size
         if end > len(data):
             raise ValueError("truncated agentcap-pb stream (in a message)")
@@ -167,12 +173,20 @@ def read_batches(data: bytes) -> Iterator[Any]:
 
 
 def is_agentcap_pb(data: bytes) -> bool:
-    """Whether ``data`` starts with an agentcap-pb header."""
+    """Whether ``data`` starts with an agentcap-pb header: the header alone is read, so a stream
+    cut short after it is still recognised (and reported as cut short when read)."""
     try:
-        first = next(read_batches(data), None)
-    except ValueError:
+        _, position = _read_varint(data, 0)  # the first message's length
+        if data[position : position + 1] != b"\x0a":  # Batch.header: field 1, length-delimited
+            return False
+        size, position = _read_varint(data, position + 1)
+        if position + size > len(data):
+            return False
+        header = pb.Header()
+        header.ParseFromString(data[position : position + size])
+    except Exception:  # ValueError, google.protobuf.message.DecodeError
         return False
-    return first is not None and first.HasField("header") and first.header.format == FORMAT
+    return bool(header.format == FORMAT)
 
 
 def _event_row(event: Any) -> EventRow:

@@ -16,7 +16,7 @@ from typing import Any, Final
 
 from otel_agentcap import jsonsafe
 from otel_agentcap.exporters.postgres.database import Database, instrumentation_suppressed
-from otel_agentcap.exporters.postgres.exporter import write_spans
+from otel_agentcap.exporters.postgres.exporter import log_rejected_spans, write_spans
 from otel_agentcap.exporters.postgres.partitions import ensure_partitions
 from otel_agentcap.exporters.postgres.writer import EventWriter, WriteResult
 from otel_agentcap.model import AgentRecord, Batch, Event, RunRecord, SpanRecord
@@ -39,11 +39,21 @@ class ImportResult:
     """Events of the file that collided with different stored events (kept in conflicts)."""
     conflicts_imported: int = 0
     """Conflict rows of an agentcap-pb file added to agentcap.conflicts (repeats not counted)."""
+    rejected: int = 0
+    """Events, agent and run records, and spans of the file left out: they break a validation
+    rule or cannot be read as event records (the reasons are logged)."""
+    record_conflicts: int = 0
+    """Agent or run records that differ from the stored rows (kept in record_conflicts)."""
+    expired: int = 0
+    """Events of runs the log no longer keeps (started before its retention watermark)."""
 
     def add(self, result: WriteResult) -> None:
         self.events_inserted += result.inserted
         self.duplicates += result.duplicates
         self.conflicts += result.conflicts
+        self.rejected += result.rejected + result.rejected_records
+        self.record_conflicts += result.record_conflicts
+        self.expired += result.expired
 
 
 def _time(us: int) -> datetime:
@@ -191,6 +201,8 @@ def _otlp_json_documents(data: bytes) -> list[Any]:
     OpenTelemetry Collector's file exporter writes them)."""
     try:
         return [json.loads(data)]
+    except RecursionError:
+        raise ValueError("not OTLP/JSON: nested too deeply") from None
     except ValueError as exc:
         whole_error = exc
     lines = [line for line in data.splitlines() if line.strip()]
@@ -198,13 +210,17 @@ def _otlp_json_documents(data: bytes) -> list[Any]:
         # JSON Lines only if the first line is a document of its own; otherwise the error is the
         # whole file's (a document cut short, say, reported where JSON found it).
         documents = [json.loads(lines[0])] if len(lines) > 1 else []
-    except ValueError:
+    except (ValueError, RecursionError):
         documents = []
     if not documents:
         raise ValueError(f"not OTLP/JSON: {whole_error}") from None
     for number, line in enumerate(lines[1:], 2):
         try:
             documents.append(json.loads(line))
+        except RecursionError:
+            raise ValueError(
+                f"not OTLP/JSON (JSON Lines, line {number}): nested too deeply"
+            ) from None
         except ValueError as exc:
             raise ValueError(f"not OTLP/JSON (JSON Lines, line {number}): {exc}") from None
     return documents
@@ -218,7 +234,7 @@ def _otlp_spans(data: bytes, fmt: str) -> list[Any]:
                 raise ValueError("not OTLP/JSON: expected an object")
             try:
                 spans.extend(spans_from_json(document))
-            except (KeyError, TypeError, ValueError) as exc:
+            except (KeyError, TypeError, ValueError, RecursionError) as exc:
                 raise ValueError(f"malformed OTLP/JSON: {exc!r}") from None
         return spans
     try:
@@ -237,6 +253,8 @@ def _otlp_spans(data: bytes, fmt: str) -> list[Any]:
 def import_file(database: Database, data: bytes) -> ImportResult:
     """Load ``data`` into the log of ``database``; raises ``ValueError`` for a file it cannot read
     and ``AgentCapStorageError`` when the write fails (nothing of that write is stored)."""
+    if not data.strip():
+        raise ValueError("the input is empty: nothing to import")
     fmt = detect_format(data)
     result = ImportResult(fmt)
     writer = EventWriter(database.pool)
@@ -252,6 +270,9 @@ def import_file(database: Database, data: bytes) -> ImportResult:
             else:
                 spans = _otlp_spans(data, fmt)
                 batch = batch_from_spans(spans, raw_payloads=True)
+                result.rejected += len(batch.rejected) + batch.unreadable
+                if batch.rejected:
+                    log_rejected_spans(batch.rejected)
                 result.runs.extend(dict.fromkeys(r.run_id for r in batch.runs))
                 if batch.events or batch.agents or batch.runs:
                     result.add(write_spans(database, writer, spans, batch))

@@ -86,7 +86,7 @@ _rejected_lock = threading.Lock()
 _rejected_logged_at = 0.0
 
 
-def _log_rejected_spans(rejected: Sequence[tuple[object, str]]) -> None:
+def log_rejected_spans(rejected: Sequence[tuple[object, str]]) -> None:
     """Log spans the mapping left out, at most once every 10 s (each one is counted)."""
     global _rejected_logged_at
     now = time.monotonic()
@@ -473,7 +473,7 @@ class PostgresSpanExporter(SpanExporter):
                 conflicts,
             )
         if rejected_spans:
-            _log_rejected_spans(rejected_spans)
+            log_rejected_spans(rejected_spans)
         return done and not failed
 
     def _store(
