@@ -184,10 +184,15 @@ _PROCESS = textwrap.dedent(
     try:
         if mode == "carried":  # a context taken where no span was recording: the run id only
             scope = ac.run(context={"baggage": ac.RunCarrier(run_id).to_dict()["baggage"]})
+        elif mode == "carried-then-resumed":  # continued from a carried span, then by id
+            with ac.run(context=sys.argv[4]), ac.agent("agent-carried"):
+                pass
+            scope = ac.run(run_id, resume=True)
         else:
             scope = ac.run(run_id, resume=(mode == "resume"))
         with scope, ac.agent(f"agent-{mode}"):
-            pass
+            if mode == "new":
+                print(ac.run_context().to_string())
     except ac.RunExistsError as exc:
         print(f"RunExistsError: {exc}")
         sys.exit(3)
@@ -197,9 +202,9 @@ _PROCESS = textwrap.dedent(
 )
 
 
-def _process(dsn: str, run_id: str, mode: str) -> subprocess.CompletedProcess[str]:
+def _process(dsn: str, run_id: str, mode: str, *more: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-c", _PROCESS, dsn, run_id, mode],
+        [sys.executable, "-c", _PROCESS, dsn, run_id, mode, *more],
         capture_output=True,
         text=True,
         timeout=120,
@@ -244,6 +249,34 @@ def test_a_stored_run_is_not_merged_into_by_another_process(pg_dsn):
     assert {s[1] for s in spans} == {trace_id}
     assert ("invoke_agent agent-resume", trace_id, root) in spans
     assert [s[0] for s in spans].count(f"invoke_workflow {run_id}") == 1
+
+
+@pytest.mark.storage
+@pytest.mark.multiprocess
+def test_a_run_resumed_after_a_carried_context_runs_under_its_root_span(pg_dsn):
+    """A process that continued a run from a carried span (an agent's), and then resumes the
+    run by id, runs the resumed agents under the run's stored root span, not under the span
+    the context was carried from."""
+    run_id = _run_id()
+    first = _process(pg_dsn, run_id, "new")
+    assert first.returncode == 0, first.stderr
+    carried = first.stdout.strip().splitlines()[-1]
+    second = _process(pg_dsn, run_id, "carried-then-resumed", carried)
+    assert second.returncode == 0, second.stderr
+    with psycopg.connect(pg_dsn) as conn:
+        trace_id, root = conn.execute(
+            "SELECT trace_id, root_span_id FROM agentcap.runs WHERE run_id = %s", (run_id,)
+        ).fetchone()
+        spans = conn.execute(
+            "SELECT name, span_id, parent_span_id, trace_id FROM agentcap.spans"
+            " WHERE run_id = %s",
+            (run_id,),
+        ).fetchall()
+    assert {span[3] for span in spans} == {trace_id}
+    parents = {name: parent for name, _, parent, _ in spans}
+    ids = {name: span_id for name, span_id, _, _ in spans}
+    assert parents["invoke_agent agent-carried"] == ids["invoke_agent agent-new"]
+    assert parents["invoke_agent agent-carried-then-resumed"] == root
 
 
 @pytest.mark.storage

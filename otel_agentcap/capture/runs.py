@@ -27,7 +27,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 from urllib.parse import quote, unquote
 
 from opentelemetry import context as otel_context
@@ -179,35 +179,50 @@ class _Missing:
 _NEW: Final = _Missing()
 
 
+class _Recorded(NamedTuple):
+    span: SpanContext | None
+    #: Whether ``span`` is the run's root span; False for a run known here only from a carried
+    #: context, whose span is where the context was taken.
+    root: bool
+
+
 class _RecordedRuns:
     """The runs opened in this process, with their root span: run ids are claimed here too, so
     that without a store a run id is not reused silently either. Bounded (oldest forgotten)."""
 
     def __init__(self, limit: int = MAX_RECORDED_RUNS) -> None:
         self._lock = threading.Lock()
-        self._runs: OrderedDict[str, SpanContext | None] = OrderedDict()
+        self._runs: OrderedDict[str, _Recorded] = OrderedDict()
         self.limit = limit
 
-    def claim(self, run_id: str, root_span: SpanContext | None) -> SpanContext | _Missing | None:
-        """Record ``run_id`` with ``root_span`` and return ``_NEW``, or return the root span it
-        was recorded with."""
+    def claim(self, run_id: str, root_span: SpanContext | None) -> _Recorded | _Missing:
+        """Record ``run_id`` with ``root_span`` and return ``_NEW``, or return what it was
+        recorded with."""
         with self._lock:
             if run_id in self._runs:
                 return self._runs[run_id]
-            self._put(run_id, root_span)
+            self._put(run_id, _Recorded(root_span, True))
             return _NEW
 
     def get(self, run_id: str) -> SpanContext | None:
-        """The root span ``run_id`` was recorded with (None when unknown or recorded without)."""
+        """The root span ``run_id`` was recorded with (None when unknown or not known)."""
         with self._lock:
-            return self._runs.get(run_id)
+            recorded = self._runs.get(run_id)
+            return recorded.span if recorded is not None and recorded.root else None
 
     def set(self, run_id: str, root_span: SpanContext | None) -> None:
         with self._lock:
-            self._put(run_id, root_span)
+            self._put(run_id, _Recorded(root_span, True))
 
-    def _put(self, run_id: str, root_span: SpanContext | None) -> None:
-        self._runs[run_id] = root_span
+    def carried(self, run_id: str, span: SpanContext | None) -> None:
+        """Record ``run_id`` as continued here from a context carried with ``span``, unless it
+        is recorded already (with its root span, say)."""
+        with self._lock:
+            if run_id not in self._runs:
+                self._put(run_id, _Recorded(span, False))
+
+    def _put(self, run_id: str, recorded: _Recorded) -> None:
+        self._runs[run_id] = recorded
         self._runs.move_to_end(run_id)
         while len(self._runs) > self.limit:
             self._runs.popitem(last=False)
@@ -306,7 +321,15 @@ def _open(
                 f"run {run_id!r} was opened before in this process; use run({run_id!r}, "
                 "resume=True) to continue it, or a new run id"
             )
-        return None, prior
+        if not prior.root:
+            # Known here only from a carried context: agents run under the stored root span
+            # where the log knows it, else under the carried span (the run's trace either way).
+            stored = _claim_in_store(run_id, None, start_ns)
+            stored_root = _valid(stored.root_span) if stored is not None else None
+            if stored_root is not None:
+                recorded_runs.set(run_id, stored_root)
+                return None, stored_root
+        return None, prior.span
     stored = _claim_in_store(run_id, root_span, start_ns)
     if stored is not None:
         recorded_runs.set(run_id, stored.root_span)
@@ -367,7 +390,9 @@ def run(
         parent = carrier.span_context
         if parent is None:
             parent = _known_root(carrier.run_id)
-        recorded_runs.set(carrier.run_id, parent)
+            if parent is not None:
+                recorded_runs.set(carrier.run_id, parent)
+        recorded_runs.carried(carrier.run_id, parent)
     elif run_id is None:
         run_id = new_id("run")  # random: never stored before, but claimed for resume elsewhere
         start_ns = time.time_ns()
