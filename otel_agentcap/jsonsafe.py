@@ -38,6 +38,7 @@ import datetime
 import enum
 import json
 import math
+import re
 import reprlib
 import uuid
 from collections.abc import Mapping
@@ -241,6 +242,14 @@ _py_encode_sorted = json.JSONEncoder(
 ).encode
 
 
+#: Where a dict key that was not a str could be in JSON ``_encode`` wrote: json writes an int or
+#: float key as its digits (or ``NaN``, ``Infinity``, ``-Infinity``), ``True``, ``False`` and
+#: ``None`` as ``true``, ``false``, ``null``, each quoted, right after ``{`` or ``,``. Only such a
+#: key can duplicate another key of its dict. Other text may match too (a list of strings that
+#: start with a digit); that only costs the check below.
+_MAYBE_NON_STR_KEY: Final = re.compile(r'[{,]"(?:-?[0-9I]|NaN|true"|false"|null")')
+
+
 def _encode(value: Any, sort_keys: bool = False) -> str:
     """``json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"),
     sort_keys=sort_keys)``."""
@@ -289,7 +298,7 @@ def dumps(
         # Fast path: most payloads are plain JSON; json.dumps in C plus a scan of its output is
         # far cheaper than walking the value in Python. Anything else takes the general path.
         text = _encode(value, sort_keys)
-        if not sort_keys and "{" in text:
+        if not sort_keys and _MAYBE_NON_STR_KEY.search(text) is not None:
             # json writes the keys 0 and "0" of one dict both as "0": duplicate keys, of which
             # jsonb keeps one. Sorting the keys of a dict that mixes str keys with other keys
             # raises TypeError (and no two keys of other types read the same): such values take

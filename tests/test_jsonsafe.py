@@ -367,6 +367,9 @@ def test_keys_jsonb_cannot_hold_are_kept_apart():
         {"1.5": "a", 1.5: "b"},
         [{"x": 1}, {"7": "str key", 7: "int key"}],
         {"outer": {"2": 1, 2: 2}},
+        {"-1": "a", -1: "b"},
+        {"x": 0, "-0.5": "a", -0.5: "b"},
+        [{"false": 1, False: 2}],
     ],
 )
 def test_keys_that_read_the_same_in_json_are_all_kept(value):
@@ -377,3 +380,31 @@ def test_keys_that_read_the_same_in_json_are_all_kept(value):
     )
     assert jsonsafe.dumps(value, max_chars=10**9) == expected
     assert "$agentcap.items" in expected
+
+
+#: Keys of every type json writes, drawn from a small set so that pairs reading the same
+#: (0 and "0", -1.5 and "-1.5", None and "null") meet often.
+mixed_keys = st.sampled_from(
+    [
+        *(0, "0", 7, "7", -1, "-1", 1.5, "1.5", -0.5, "-0.5", 1e100, "1e+100", True, "true"),
+        *(False, "false", None, "null", float("inf"), "Infinity", float("-inf"), "x", ""),
+    ]
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.recursive(
+        st.integers(),
+        lambda children: st.lists(children, max_size=3)
+        | st.dictionaries(mixed_keys, children, max_size=4),
+        max_leaves=12,
+    )
+)
+def test_keys_of_every_type_encode_as_the_general_path(value):
+    """Whatever mix of key types a dict has, at any depth, dumps writes what the general path
+    writes: every pair kept, never two keys that read the same."""
+    expected = json.dumps(
+        jsonsafe.to_jsonable(value), ensure_ascii=False, allow_nan=False, separators=(",", ":")
+    )
+    assert jsonsafe.dumps(value, max_chars=10**9) == expected
