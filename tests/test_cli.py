@@ -60,6 +60,25 @@ def test_unknown_run_is_one_line_and_nonzero(pg_dsn):
     ]
 
 
+@pytest.mark.storage
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("runs",),
+        ("show", "r"),
+        ("export", "r", "--format", "otlp-json"),
+        ("event", "r", "00000000-0000-0000-0000-000000000000"),
+    ],
+)
+def test_a_database_without_the_schema_is_one_line_that_says_what_to_run(pg_empty_dsn, command):
+    """Reading a database nobody migrated says so in one line, naming the command that fixes it
+    (not the SQL error over three lines, nor a Python function to call)."""
+    result = _cli(*command, "--dsn", pg_empty_dsn)
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "run `otel-agentcap db migrate`" in lines[0], result.stderr
+
+
 @pytest.mark.parametrize(
     ("dsn", "expected"),
     [

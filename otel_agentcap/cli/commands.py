@@ -34,6 +34,7 @@ from otel_agentcap.exporters.postgres.errors import (
     AgentCapStorageError,
     EventNotFound,
     RunNotFound,
+    SchemaNotReady,
 )
 from otel_agentcap.exporters.postgres.migrate import migrate
 from otel_agentcap.tokens import (
@@ -978,6 +979,17 @@ def _stdout_closed() -> int:
     return 141  # 128 + SIGPIPE: the status a shell reports for `cat big | head`
 
 
+_NO_SCHEMA = (
+    "the database has no agentcap schema (or not all of it): run `otel-agentcap db migrate` "
+    "with the same --dsn first"
+)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func
@@ -990,12 +1002,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CliError as exc:
         print(f"otel-agentcap: {_shown(exc)}", file=sys.stderr)
         return 1
+    except (SchemaNotReady, psycopg.errors.UndefinedTable) as exc:
+        if isinstance(exc, SchemaNotReady) or "agentcap." in str(exc):
+            print(f"otel-agentcap: {_NO_SCHEMA}", file=sys.stderr)
+        else:
+            print(f"otel-agentcap: database error: {_shown(_first_line(exc))}", file=sys.stderr)
+        return 1
     except AgentCapStorageError as exc:
-        print(f"otel-agentcap: {_shown(exc)}", file=sys.stderr)
+        print(f"otel-agentcap: {_shown(_first_line(exc))}", file=sys.stderr)
         return 1
     except psycopg.Error as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        print(f"otel-agentcap: database error: {_shown(first)}", file=sys.stderr)
+        print(f"otel-agentcap: database error: {_shown(_first_line(exc))}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
