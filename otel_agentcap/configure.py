@@ -17,7 +17,6 @@ import psycopg
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 from otel_agentcap.capture import _telemetry
 from otel_agentcap.capture.agents import set_spawn_registry, spawn_registry
@@ -60,8 +59,10 @@ from otel_agentcap.exporters.postgres.memory import default_database, set_defaul
 from otel_agentcap.exporters.postgres.migrate import migrate
 from otel_agentcap.exporters.postgres.recovery import PostgresRunRegistry, PostgresSpawnRegistry
 from otel_agentcap.exporters.queue import EventLogSpanProcessor, Overflow
+from otel_agentcap.exporters.synchronous import SynchronousSpanProcessor
 from otel_agentcap.instrumentation import instrument_installed
 from otel_agentcap.pipeline.processor import AgentCapSpanProcessor
+from otel_agentcap.pipeline.sampling import configured_sampler
 
 _logger = logging.getLogger(__name__)
 
@@ -402,7 +403,7 @@ def configure(
             on_drop=exporter.count_dropped,
         )
     else:
-        export_processor = SimpleSpanProcessor(exporter)
+        export_processor = SynchronousSpanProcessor(exporter)
     if unreachable is not None:
         faults.fault(
             DATABASE_CONDITION,
@@ -414,9 +415,12 @@ def configure(
             ),
         )
     provider = TracerProvider(
+        # Every span recorded, for the event log; OTEL_TRACES_SAMPLER still decides which are
+        # sampled (exported by the SDK's processors, e.g. to a collector).
+        sampler=configured_sampler(),
         resource=resource
         if resource is not None
-        else Resource.create({"service.name": service_name})
+        else Resource.create({"service.name": service_name}),
     )
     provider.add_span_processor(AgentCapSpanProcessor())
     provider.add_span_processor(export_processor)

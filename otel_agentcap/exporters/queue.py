@@ -75,16 +75,26 @@ class EventLogSpanProcessor(BatchSpanProcessor):
         # and wake-up event: the SDK has no public way to wait for room in its queue. Present
         # since opentelemetry-sdk 1.34 (the package's floor), tested with 1.34 and 1.45. Missing:
         # one warning, and a full queue drops spans (uncounted) as the SDK's own processor does.
+        # The same BatchProcessor's emit() queues a span that is not sampled too (the SDK's
+        # on_end skips those); missing, such spans are not stored (one warning).
         self._queue: Any = None
         self._max_queue_size = 0
         self._wake_worker: Any = None
+        self._emit: Callable[[ReadableSpan], None] | None = None
         try:
             batch = self._batch_processor
             self._queue = batch._queue  # noqa: SLF001 (see above)
             self._max_queue_size = int(batch._max_queue_size)  # noqa: SLF001 (see above)
             self._wake_worker = batch._worker_awaken  # noqa: SLF001 (see above)
+            self._emit = batch.emit
         except (AttributeError, TypeError, ValueError):
             self._queue = None
+        if self._emit is None:
+            private_parts.missing(
+                "opentelemetry-sdk",
+                "BatchSpanProcessor._batch_processor.emit",
+                "spans the sampler records without sampling them are not stored",
+            )
         if self._queue is None or not self._max_queue_size:
             self._queue = None
             private_parts.missing(
@@ -105,14 +115,13 @@ class EventLogSpanProcessor(BatchSpanProcessor):
         # other half between their check and their append (unless there are more of them than
         # that half holds). Past it, one thread at a time, so the SDK never pushes a span out.
         if queue is None or len(queue) < self._max_queue_size // 2:
-            super().on_end(span)
+            self._submit(span)
             return
-        context = span.context
-        if context is None or not context.trace_flags.sampled:
+        if span.context is None:
             return
         with self._lock:
             if len(queue) < self._max_queue_size or self._wait_for_room(queue):
-                super().on_end(span)
+                self._submit(span)
                 return
             self._dropped += 1
             dropped = self._dropped
@@ -122,6 +131,14 @@ class EventLogSpanProcessor(BatchSpanProcessor):
             except Exception:
                 _logger.debug("agentcap: drop counter failed", exc_info=True)
         self._log_drops(dropped)
+
+    def _submit(self, span: ReadableSpan) -> None:
+        """Queue ``span``, sampled or not: the event log records every span (see
+        ``otel_agentcap.pipeline.sampling``); the SDK's own ``on_end`` skips spans not sampled."""
+        if self._emit is not None and span.context is not None:
+            self._emit(span)
+        else:
+            super().on_end(span)
 
     def _wait_for_room(self, queue: Any) -> bool:
         if self.overflow == "drop":

@@ -14,6 +14,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from otel_agentcap.model import AgentRecord, Event
 from otel_agentcap.pipeline.mapping import batch_from_spans
 from otel_agentcap.pipeline.processor import AgentCapSpanProcessor, has_agentcap_processor
+from otel_agentcap.pipeline.sampling import configured_sampler
 
 
 class InMemoryEventExporter(SpanExporter):
@@ -114,7 +115,7 @@ def _ensure_installed() -> _FanOut:
             return _fan_out
         provider = trace.get_tracer_provider()
         if not isinstance(provider, TracerProvider):
-            provider = TracerProvider()
+            provider = TracerProvider(sampler=configured_sampler())  # every span recorded
             trace.set_tracer_provider(provider)
             provider = trace.get_tracer_provider()
             if not isinstance(provider, TracerProvider):
