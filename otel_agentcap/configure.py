@@ -16,7 +16,7 @@ from typing import Any, Final
 import psycopg
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace import SpanLimits, SpanProcessor, TracerProvider
 
 from otel_agentcap.capture import _telemetry
 from otel_agentcap.capture.agents import set_spawn_registry, spawn_registry
@@ -65,6 +65,27 @@ from otel_agentcap.pipeline.processor import AgentCapSpanProcessor
 from otel_agentcap.pipeline.sampling import configured_sampler
 
 _logger = logging.getLogger(__name__)
+
+#: The fewest attributes a span of configure()'s provider may keep. The richest spans it records
+#: (a model call with content, traced by the anthropic SDK) carry about 32; past the limit the
+#: SDK drops the oldest first, agentcap's own among them, and the span's events are lost.
+MIN_SPAN_ATTRIBUTES: Final = 128
+
+
+def _span_limits() -> SpanLimits:
+    """The environment's span limits, with room for at least ``MIN_SPAN_ATTRIBUTES``."""
+    limits = SpanLimits()
+    count = limits.max_span_attributes
+    if count is None or count >= MIN_SPAN_ATTRIBUTES:
+        return limits
+    _logger.warning(
+        "agentcap: the environment limits span attributes to %d (OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT "
+        "or OTEL_ATTRIBUTE_COUNT_LIMIT); spans with more would lose agentcap's own and their "
+        "events, so configure()'s provider keeps up to %d",
+        count,
+        MIN_SPAN_ATTRIBUTES,
+    )
+    return SpanLimits(max_span_attributes=MIN_SPAN_ATTRIBUTES)
 
 #: Messages of connection failures that are the user's to fix, not a server that is down.
 _USER_ERRORS: Final = (
@@ -418,6 +439,7 @@ def configure(
         # Every span recorded, for the event log; OTEL_TRACES_SAMPLER still decides which are
         # sampled (exported by the SDK's processors, e.g. to a collector).
         sampler=configured_sampler(),
+        span_limits=_span_limits(),
         resource=resource
         if resource is not None
         else Resource.create({"service.name": service_name}),

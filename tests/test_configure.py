@@ -295,3 +295,46 @@ def test_stats_has_every_figure_the_issue_names():
         "spans_dropped",
         "events_dropped",
     } <= names
+
+
+_LIMITED = textwrap.dedent(
+    """
+    import json, sys
+    import otel_agentcap as ac
+    from otel_agentcap.configure import configure
+
+    agentcap = configure(sys.argv[1], queue_dir=sys.argv[2], announce=False)
+
+    @ac.tool
+    def double(x):
+        return 2 * x
+
+    with ac.run(), ac.agent("a"):
+        ac.Memory("m")["k"] = 1
+        double.invoke("c1", 2)
+    agentcap.shutdown(timeout=30)
+    stats = agentcap.stats()
+    print(json.dumps([stats.events_inserted, stats.spans_rejected, stats.events_unreadable]))
+    """
+)
+
+
+@pytest.mark.storage
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("variable", ["OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT", "OTEL_ATTRIBUTE_COUNT_LIMIT"])
+def test_a_low_attribute_count_limit_does_not_cost_events(pg_dsn, tmp_path, variable):
+    """An environment that limits span attributes below what agentcap's spans carry (here 6)
+    would have the SDK drop the stamps and lose every event: configure() keeps room for
+    MIN_SPAN_ATTRIBUTES and says so once."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")} | {variable: "6"}
+    done = subprocess.run(
+        [sys.executable, "-c", _LIMITED, pg_dsn, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    # agent_start, memory_write, tool_invocation, tool_result, agent_end; nothing refused.
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == [5, 0, 0]
+    assert done.stderr.count("the environment limits span attributes to 6") == 1
