@@ -87,6 +87,7 @@ def _span_limits() -> SpanLimits:
     )
     return SpanLimits(max_span_attributes=MIN_SPAN_ATTRIBUTES)
 
+
 #: Messages of connection failures that are the user's to fix, not a server that is down.
 _USER_ERRORS: Final = (
     "does not exist",
