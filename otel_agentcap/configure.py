@@ -436,6 +436,12 @@ def configure(
                 else "events wait in memory and are retried"
             ),
         )
+    if os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        # The SDK's own test: its providers then hand out tracers that record nothing.
+        _logger.warning(
+            "agentcap: OTEL_SDK_DISABLED=true turns the OpenTelemetry SDK off: no span is "
+            "recorded, so nothing is stored in the event log"
+        )
     provider = TracerProvider(
         # Every span recorded, for the event log; OTEL_TRACES_SAMPLER still decides which are
         # sampled (exported by the SDK's processors, e.g. to a collector).

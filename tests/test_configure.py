@@ -338,3 +338,21 @@ def test_a_low_attribute_count_limit_does_not_cost_events(pg_dsn, tmp_path, vari
     # agent_start, memory_write, tool_invocation, tool_result, agent_end; nothing refused.
     assert json.loads(done.stdout.strip().splitlines()[-1]) == [5, 0, 0]
     assert done.stderr.count("the environment limits span attributes to 6") == 1
+
+
+@pytest.mark.storage
+@pytest.mark.multiprocess
+def test_a_disabled_sdk_is_said_once(pg_dsn, tmp_path):
+    """OTEL_SDK_DISABLED=true is the SDK's switch: nothing is recorded, and configure() says so
+    instead of leaving an empty log unexplained."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    done = subprocess.run(
+        [sys.executable, "-c", _LIMITED, pg_dsn, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env | {"OTEL_SDK_DISABLED": "true"},
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == [0, 0, 0]
+    assert done.stderr.count("OTEL_SDK_DISABLED=true turns the OpenTelemetry SDK off") == 1
