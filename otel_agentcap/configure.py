@@ -72,6 +72,21 @@ _logger = logging.getLogger(__name__)
 MIN_SPAN_ATTRIBUTES: Final = 128
 
 
+DEFAULT_SERVICE_NAME: Final = "otel-agentcap"
+
+
+def _resource(service_name: str | None) -> Resource:
+    """The environment's resource (``OTEL_RESOURCE_ATTRIBUTES``, ``OTEL_SERVICE_NAME``), with
+    ``service_name`` when given, else ``DEFAULT_SERVICE_NAME`` when the environment names no
+    service (the SDK would say ``unknown_service``)."""
+    if service_name is not None:
+        return Resource.create({"service.name": service_name})
+    resource = Resource.create()
+    if str(resource.attributes.get("service.name", "")).startswith("unknown_service"):
+        resource = resource.merge(Resource({"service.name": DEFAULT_SERVICE_NAME}))
+    return resource
+
+
 def _span_limits() -> SpanLimits:
     """The environment's span limits, with room for at least ``MIN_SPAN_ATTRIBUTES``."""
     limits = SpanLimits()
@@ -319,7 +334,7 @@ def configure(
     dsn: str | None = None,
     *,
     span_processors: Iterable[SpanProcessor] = (),
-    service_name: str = "otel-agentcap",
+    service_name: str | None = None,
     resource: Resource | None = None,
     set_global: bool = True,
     batch: bool = True,
@@ -447,9 +462,7 @@ def configure(
         # sampled (exported by the SDK's processors, e.g. to a collector).
         sampler=configured_sampler(),
         span_limits=_span_limits(),
-        resource=resource
-        if resource is not None
-        else Resource.create({"service.name": service_name}),
+        resource=resource if resource is not None else _resource(service_name),
     )
     provider.add_span_processor(AgentCapSpanProcessor())
     provider.add_span_processor(export_processor)

@@ -321,7 +321,9 @@ _LIMITED = textwrap.dedent(
 
 @pytest.mark.storage
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("variable", ["OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT", "OTEL_ATTRIBUTE_COUNT_LIMIT"])
+@pytest.mark.parametrize(
+    "variable", ["OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT", "OTEL_ATTRIBUTE_COUNT_LIMIT"]
+)
 def test_a_low_attribute_count_limit_does_not_cost_events(pg_dsn, tmp_path, variable):
     """An environment that limits span attributes below what agentcap's spans carry (here 6)
     would have the SDK drop the stamps and lose every event: configure() keeps room for
@@ -356,3 +358,35 @@ def test_a_disabled_sdk_is_said_once(pg_dsn, tmp_path):
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.strip().splitlines()[-1]) == [0, 0, 0]
     assert done.stderr.count("OTEL_SDK_DISABLED=true turns the OpenTelemetry SDK off") == 1
+
+
+@pytest.mark.storage
+@pytest.mark.parametrize(
+    ("environment", "argument", "expected"),
+    [
+        ({"OTEL_SERVICE_NAME": "my-agents"}, None, "my-agents"),
+        (
+            {"OTEL_RESOURCE_ATTRIBUTES": "service.name=from-attributes,team=a"},
+            None,
+            "from-attributes",
+        ),
+        ({}, None, "otel-agentcap"),
+        ({"OTEL_SERVICE_NAME": "my-agents"}, "given", "given"),
+    ],
+)
+def test_the_service_name_comes_from_the_environment_unless_given(
+    pg_dsn, tmp_path, monkeypatch, environment, argument, expected
+):
+    """OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES name the service as everywhere else in
+    OpenTelemetry; configure(service_name=...) overrides them; "otel-agentcap" only when nothing
+    names one."""
+    for name in ("OTEL_SERVICE_NAME", "OTEL_RESOURCE_ATTRIBUTES"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    with configure(
+        pg_dsn, queue_dir=tmp_path, announce=False, service_name=argument, **_IN_PROCESS
+    ) as agentcap:
+        assert agentcap.resource.attributes["service.name"] == expected
+        if "team=a" in environment.get("OTEL_RESOURCE_ATTRIBUTES", ""):
+            assert agentcap.resource.attributes["team"] == "a"
