@@ -61,16 +61,11 @@ from otel_agentcap.exporters.postgres.recovery import PostgresRunRegistry, Postg
 from otel_agentcap.exporters.queue import EventLogSpanProcessor, Overflow
 from otel_agentcap.exporters.synchronous import SynchronousSpanProcessor
 from otel_agentcap.instrumentation import instrument_installed
+from otel_agentcap.pipeline.limits import LimitedView, needs_view, provider_limits
 from otel_agentcap.pipeline.processor import AgentCapSpanProcessor
 from otel_agentcap.pipeline.sampling import configured_sampler
 
 _logger = logging.getLogger(__name__)
-
-#: The fewest attributes a span of configure()'s provider may keep. The richest spans it records
-#: (a model call with content, traced by the anthropic SDK) carry about 32; past the limit the
-#: SDK drops the oldest first, agentcap's own among them, and the span's events are lost.
-MIN_SPAN_ATTRIBUTES: Final = 128
-
 
 DEFAULT_SERVICE_NAME: Final = "otel-agentcap"
 
@@ -85,22 +80,6 @@ def _resource(service_name: str | None) -> Resource:
     if str(resource.attributes.get("service.name", "")).startswith("unknown_service"):
         resource = resource.merge(Resource({"service.name": DEFAULT_SERVICE_NAME}))
     return resource
-
-
-def _span_limits() -> SpanLimits:
-    """The environment's span limits, with room for at least ``MIN_SPAN_ATTRIBUTES``."""
-    limits = SpanLimits()
-    count = limits.max_span_attributes
-    if count is None or count >= MIN_SPAN_ATTRIBUTES:
-        return limits
-    _logger.warning(
-        "agentcap: the environment limits span attributes to %d (OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT "
-        "or OTEL_ATTRIBUTE_COUNT_LIMIT); spans with more would lose agentcap's own and their "
-        "events, so configure()'s provider keeps up to %d",
-        count,
-        MIN_SPAN_ATTRIBUTES,
-    )
-    return SpanLimits(max_span_attributes=MIN_SPAN_ATTRIBUTES)
 
 
 #: Messages of connection failures that are the user's to fix, not a server that is down.
@@ -451,6 +430,7 @@ def configure(
                 else "events wait in memory and are retried"
             ),
         )
+    limits = SpanLimits()  # the environment's
     if os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
         # The SDK's own test: its providers then hand out tracers that record nothing.
         _logger.warning(
@@ -461,13 +441,17 @@ def configure(
         # Every span recorded, for the event log; OTEL_TRACES_SAMPLER still decides which are
         # sampled (exported by the SDK's processors, e.g. to a collector).
         sampler=configured_sampler(),
-        span_limits=_span_limits(),
+        # The environment's limits are for what is exported: the log's spans are not cut, and
+        # the further processors see each span as those limits would have left it.
+        span_limits=provider_limits(limits),
         resource=resource if resource is not None else _resource(service_name),
     )
     provider.add_span_processor(AgentCapSpanProcessor())
     provider.add_span_processor(export_processor)
     for processor in span_processors:
-        provider.add_span_processor(processor)
+        provider.add_span_processor(
+            LimitedView(processor, limits) if needs_view(limits) else processor
+        )
     installed_source: SequenceSource | None = None
     previous_source = clocks.configuration()
     host_sequences: HostSequenceStore | None = None

@@ -12,7 +12,10 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
+from typing import Any
 
+import psycopg
 import pytest
 from anthropic_support import expected_tool_use_ids, needs_sdk_tracing, stored_events
 from opentelemetry.sdk.trace import TracerProvider
@@ -300,23 +303,55 @@ def test_stats_has_every_figure_the_issue_names():
 _LIMITED = textwrap.dedent(
     """
     import json, sys
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
     import otel_agentcap as ac
     from otel_agentcap.configure import configure
 
-    agentcap = configure(sys.argv[1], queue_dir=sys.argv[2], announce=False)
+    collector = InMemorySpanExporter()
+    agentcap = configure(
+        sys.argv[1],
+        queue_dir=sys.argv[2],
+        announce=False,
+        span_processors=[SimpleSpanProcessor(collector)],
+    )
 
     @ac.tool
     def double(x):
         return 2 * x
 
     with ac.run(), ac.agent("a"):
-        ac.Memory("m")["k"] = 1
+        ac.Memory("m")["k"] = "v" * 5000
         double.invoke("c1", 2)
     agentcap.shutdown(timeout=30)
     stats = agentcap.stats()
-    print(json.dumps([stats.events_inserted, stats.spans_rejected, stats.events_unreadable]))
+    exported = collector.get_finished_spans()
+    print(json.dumps({
+        "stored": [stats.events_inserted, stats.spans_rejected, stats.events_unreadable],
+        "most_attributes": max((len(s.attributes) for s in exported), default=0),
+        "dropped": sum(s.dropped_attributes for s in exported),
+        "longest": max(
+            (len(v) for s in exported for v in s.attributes.values() if isinstance(v, str)),
+            default=0,
+        ),
+    }))
     """
 )
+
+
+def _limited(dsn: str, tmp_path: Path, **environment: str) -> dict[str, Any]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")} | environment
+    done = subprocess.run(
+        [sys.executable, "-c", _LIMITED, dsn, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "Dropping the oldest" not in done.stderr  # never on the log's spans
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
 
 
 @pytest.mark.storage
@@ -324,22 +359,30 @@ _LIMITED = textwrap.dedent(
 @pytest.mark.parametrize(
     "variable", ["OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT", "OTEL_ATTRIBUTE_COUNT_LIMIT"]
 )
-def test_a_low_attribute_count_limit_does_not_cost_events(pg_dsn, tmp_path, variable):
-    """An environment that limits span attributes below what agentcap's spans carry (here 6)
-    would have the SDK drop the stamps and lose every event: configure() keeps room for
-    MIN_SPAN_ATTRIBUTES and says so once."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")} | {variable: "6"}
-    done = subprocess.run(
-        [sys.executable, "-c", _LIMITED, pg_dsn, str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-    )
-    assert done.returncode == 0, done.stderr
+def test_an_attribute_count_limit_bounds_the_collector_not_the_log(pg_dsn, tmp_path, variable):
+    """A count limit below what agentcap's spans carry (here 6) would have the SDK drop the
+    stamps and every event: the log's spans keep them, and the further processors (a
+    collector's) get at most 6 attributes a span, the rest counted as dropped."""
+    result = _limited(pg_dsn, tmp_path, **{variable: "6"})
     # agent_start, memory_write, tool_invocation, tool_result, agent_end; nothing refused.
-    assert json.loads(done.stdout.strip().splitlines()[-1]) == [5, 0, 0]
-    assert done.stderr.count("the environment limits span attributes to 6") == 1
+    assert result["stored"] == [5, 0, 0]
+    assert result["most_attributes"] == 6 and result["dropped"] > 0
+
+
+@pytest.mark.storage
+@pytest.mark.multiprocess
+def test_a_value_length_limit_bounds_the_collector_not_the_log(pg_dsn, tmp_path):
+    """OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT cuts what the collector gets, not the payloads the log
+    stores: the 5,000-character value is stored whole."""
+    result = _limited(pg_dsn, tmp_path, OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT="100")
+    assert result["stored"] == [5, 0, 0]
+    assert result["longest"] == 100
+    with psycopg.connect(pg_dsn) as conn:
+        value = conn.execute(
+            "SELECT payload->>'after' FROM agentcap.events WHERE event_type = 'memory_write'"
+            " ORDER BY wall_time DESC LIMIT 1"
+        ).fetchone()[0]
+    assert value == "v" * 5000
 
 
 @pytest.mark.storage
@@ -356,7 +399,7 @@ def test_a_disabled_sdk_is_said_once(pg_dsn, tmp_path):
         env=env | {"OTEL_SDK_DISABLED": "true"},
     )
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout.strip().splitlines()[-1]) == [0, 0, 0]
+    assert json.loads(done.stdout.strip().splitlines()[-1])["stored"] == [0, 0, 0]
     assert done.stderr.count("OTEL_SDK_DISABLED=true turns the OpenTelemetry SDK off") == 1
 
 
