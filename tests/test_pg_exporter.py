@@ -340,10 +340,20 @@ def test_spans_that_break_a_validation_rule_are_left_out_alone(pg_dsn):
 _LIMITED = textwrap.dedent(
     """
     import json, sys
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
     import otel_agentcap as ac
-    from otel_agentcap.configure import configure, exporter_of
+    from otel_agentcap.exporters.postgres import PostgresSpanExporter
+    from otel_agentcap.exporters.synchronous import SynchronousSpanProcessor
+    from otel_agentcap.pipeline.processor import AgentCapSpanProcessor
 
-    provider = configure(sys.argv[1], batch=False, announce=False)
+    # A provider built by hand takes the environment's limits (configure() keeps them off the
+    # log's spans).
+    exporter = PostgresSpanExporter(sys.argv[1])
+    provider = TracerProvider()
+    provider.add_span_processor(AgentCapSpanProcessor())
+    provider.add_span_processor(SynchronousSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
 
     @ac.tool
     def double(x: int) -> int:
@@ -352,15 +362,16 @@ _LIMITED = textwrap.dedent(
     with ac.run("run-limit"), ac.agent("planner"):
         double.invoke("call-1", 1)
     provider.shutdown()
-    print(json.dumps(exporter_of(provider).stats().__dict__))
+    print(json.dumps(exporter.stats().__dict__))
     """
 )
 
 
 @pytest.mark.multiprocess
 def test_closing_events_cut_by_a_length_limit_are_counted_and_logged(pg_dsn):
-    """Under OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT=100 a closing event's record is cut before its
-    identity: it cannot be stored, and it is counted and logged instead of vanishing."""
+    """Under OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT=100, on a provider built by hand, a closing
+    event's record is cut before its identity: it cannot be stored, and it is counted and logged
+    instead of vanishing."""
     done = subprocess.run(
         [sys.executable, "-c", _LIMITED, pg_dsn],
         capture_output=True,

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from opentelemetry.context import Context
+from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
 from opentelemetry.trace import Link, SpanKind
@@ -52,5 +53,7 @@ class RecordEverySpan(Sampler):
 def configured_sampler() -> Sampler:
     """The sampler the SDK would use for a new ``TracerProvider`` (``OTEL_TRACES_SAMPLER`` and
     ``OTEL_TRACES_SAMPLER_ARG``, else parent-based always-on), wrapped in ``RecordEverySpan``."""
-    sampler = TracerProvider(shutdown_on_exit=False).sampler
+    # A provider made only to read its sampler (the SDK's own choice from the environment); an
+    # empty resource, so no resource detector runs for it.
+    sampler = TracerProvider(resource=Resource.get_empty(), shutdown_on_exit=False).sampler
     return sampler if isinstance(sampler, RecordEverySpan) else RecordEverySpan(sampler)
