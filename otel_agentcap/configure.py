@@ -82,6 +82,28 @@ def _resource(service_name: str | None) -> Resource:
     return resource
 
 
+def _check_no_global_provider() -> None:
+    """Raise ``ConfigurationError`` when a global TracerProvider is set already: OpenTelemetry
+    keeps the first one, so capture (and the SDKs' own tracing) would go to it, and the
+    provider configure() builds would record nothing."""
+    current = trace.get_tracer_provider()
+    if isinstance(current, trace.ProxyTracerProvider):
+        return
+    if isinstance(current, TracerProvider) and current in _handles:
+        raise ConfigurationError(
+            "configure() was called before in this process, and OpenTelemetry keeps the first "
+            "global TracerProvider: use the handle it returned (a shut down one cannot record "
+            "again; start a new process)"
+        )
+    raise ConfigurationError(
+        f"a global TracerProvider is set already ({type(current).__module__}."
+        f"{type(current).__qualname__}), and OpenTelemetry keeps the first one, so the provider "
+        "configure() builds would record nothing: call configure() before anything sets one "
+        "(under opentelemetry-instrument, set OTEL_PYTHON_DISTRO=agentcap; see the README, "
+        "Troubleshooting)"
+    )
+
+
 #: Messages of connection failures that are the user's to fix, not a server that is down.
 _USER_ERRORS: Final = (
     "does not exist",
@@ -364,7 +386,9 @@ def configure(
       the SDK makes, as it makes it; None leaves the setting as it is.
     * ``metrics_enabled``: report the export path's figures as ``agentcap.*`` metrics on the
       global MeterProvider (no-op when none is set).
-    * ``set_global``: install the provider as the global one (capture uses the global provider).
+    * ``set_global``: install the provider as the global one (capture uses the global provider);
+      raises ``ConfigurationError`` when a global provider is set already (OpenTelemetry keeps
+      the first, so this one would record nothing).
     * ``instrument``: instrument the libraries installed that need it for a full record (see
       :func:`otel_agentcap.instrumentation.instrument_installed`: the anthropic SDK's causal
       links); ``False`` leaves instrumentation to the caller.
@@ -383,6 +407,8 @@ def configure(
     """
     if writers < 1:
         raise ValueError("writers must be at least 1")
+    if set_global:
+        _check_no_global_provider()
     resolved = resolve_dsn(dsn, announce=announce)
     unreachable = _check_database(resolved, connect_timeout)
     faults = FaultLog()

@@ -433,3 +433,51 @@ def test_the_service_name_comes_from_the_environment_unless_given(
         assert agentcap.resource.attributes["service.name"] == expected
         if "team=a" in environment.get("OTEL_RESOURCE_ATTRIBUTES", ""):
             assert agentcap.resource.attributes["team"] == "a"
+
+
+_SECOND_PROVIDER = textwrap.dedent(
+    """
+    import sys
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from otel_agentcap.configure import configure
+    from otel_agentcap.errors import ConfigurationError
+
+    dsn, queue_dir, case = sys.argv[1:4]
+    if case == "foreign":
+        trace.set_tracer_provider(TracerProvider())
+    else:
+        configure(dsn, queue_dir=queue_dir, announce=False).shutdown(timeout=10)
+    try:
+        configure(dsn, queue_dir=queue_dir, announce=False)
+    except ConfigurationError as exc:
+        print(f"ConfigurationError: {exc}")
+    """
+)
+
+
+@pytest.mark.storage
+@pytest.mark.multiprocess
+@pytest.mark.parametrize(
+    ("case", "expected"),
+    [
+        (
+            "foreign",
+            "a global TracerProvider is set already (opentelemetry.sdk.trace.TracerProvider)",
+        ),
+        ("again", "configure() was called before in this process"),
+    ],
+)
+def test_configure_refuses_when_a_global_provider_is_set(pg_dsn, tmp_path, case, expected):
+    """OpenTelemetry keeps the first global TracerProvider: configure() after another one is set
+    (or after an earlier configure(), shut down or not) would record nothing, so it fails at
+    once and says what to do, instead of an empty log and the API's generic warning."""
+    done = subprocess.run(
+        [sys.executable, "-c", _SECOND_PROVIDER, pg_dsn, str(tmp_path), case],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={k: v for k, v in os.environ.items() if not k.startswith("OTEL_")},
+    )
+    assert done.returncode == 0, done.stderr
+    assert f"ConfigurationError: {expected}" in done.stdout, done.stdout + done.stderr
