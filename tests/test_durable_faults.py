@@ -4,9 +4,13 @@ writes, a database that hangs. Nothing captured is lost, nothing is stored twice
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
+import subprocess
+import sys
+import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -219,3 +223,49 @@ def test_a_database_that_hangs_does_not_hold_up_the_agent(pg_dsn, tmp_path):
     assert max(result["slowest"]) < 3.0, result["slowest"]
     assert log_summary(pg_dsn, "run-hang")["events"] == result["events"]
     assert "Traceback" not in err
+
+
+_FORKED_POOL = textwrap.dedent(
+    """
+    import json, multiprocessing, sys
+    import otel_agentcap as ac
+    from otel_agentcap.configure import configure
+
+    dsn, queue_dir, run_id = sys.argv[1:4]
+    agentcap = configure(dsn, queue_dir=queue_dir, announce=False)
+
+    def task(i):
+        with ac.run(run_id, resume=True), ac.agent(f"worker-{i}"):
+            for j in range(5):
+                ac.Memory("m")[f"k{i}-{j}"] = j
+        return i
+
+    if __name__ == "__main__":
+        # Pool workers are forked; leaving the block terminates them (SIGTERM): what they queued
+        # is on disk, in their own queues, and nothing of it is flushed by them.
+        with multiprocessing.get_context("fork").Pool(2) as pool:
+            pool.map(task, range(8))
+        agentcap.shutdown(timeout=60)
+        stats = agentcap.stats()
+        print(json.dumps({"adopted": stats.spans_adopted, "left": stats.spans_left}))
+    """
+)
+
+
+def test_forked_workers_queues_are_delivered_by_the_parents_shutdown(pg_dsn, tmp_path):
+    """Workers forked after configure() write queues of their own; when they end without
+    flushing (a pool terminated), the parent's shutdown looks for the queues they left and
+    delivers them within its timeout, instead of leaving them for a later process."""
+    run_id = "run-forked-pool"
+    done = subprocess.run(
+        [sys.executable, "-c", _FORKED_POOL, pg_dsn, str(tmp_path / "queue"), run_id],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["adopted"] > 0 and result["left"] == 0
+    summary = log_summary(pg_dsn, run_id)
+    assert summary["events"] == 8 * 7  # agent_start, 5 writes, agent_end for each worker
+    assert summary["conflicts"] == summary["dangling"] == 0

@@ -95,6 +95,8 @@ class Delivery:
         self._progress = threading.Condition()
         self._urgent = 0
         self._scanned = threading.Event()  # the first look for queues to adopt is done
+        self._scans = 0  # looks for queues to adopt done so far
+        self._scan_asked = False
         self._in_flight: deque[_InFlight] = deque()
         self._adopted: list[AdoptedSource] = []
         self._skip: set[str] = set()
@@ -133,9 +135,13 @@ class Delivery:
         while not self._stop.is_set():
             try:
                 now = time.monotonic()
-                if self._adopt_enabled and now >= next_adopt:
+                if self._adopt_enabled and (now >= next_adopt or self._scan_asked):
+                    self._scan_asked = False
                     self._finish_adopted()
                     self._adopt()
+                    with self._progress:
+                        self._scans += 1
+                        self._progress.notify_all()
                     self._scanned.set()
                     next_adopt = now + self.adopt_interval
                 self._settle(block=False)
@@ -395,8 +401,17 @@ class Delivery:
             with self._lock:
                 self._urgent -= 1
 
-    def drain_adopted(self, deadline: float) -> bool:
-        """Wait until the adopted queues are delivered, or the monotonic ``deadline``."""
+    def drain_adopted(self, deadline: float, *, look_again: bool = False) -> bool:
+        """Wait until the adopted queues are delivered, or the monotonic ``deadline``. With
+        ``look_again``, first look for queues of processes that ended since the last look (this
+        process's forked children, say) and deliver them too."""
+        if self._adopt_enabled and look_again and self._thread.is_alive():
+            with self._progress:
+                target = self._scans + 1
+                self._scan_asked = True
+                self._wake.set()
+                while self._scans < target and time.monotonic() < deadline:
+                    self._progress.wait(min(0.1, max(0.0, deadline - time.monotonic())))
         if self._adopt_enabled:
             self._scanned.wait(max(0.0, deadline - time.monotonic()))
         with self._lock:

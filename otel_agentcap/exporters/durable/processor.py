@@ -264,7 +264,9 @@ class DurableSpanProcessor(SpanProcessor):
             self.queue.stop_accepting()
             flushed = self.delivery.flush(max(0.0, deadline - time.monotonic()))
             if flushed:
-                self.delivery.drain_adopted(deadline)
+                # Queues that ended processes left since the last look (forked workers that
+                # exited without flushing, say) are delivered too, within the timeout.
+                self.delivery.drain_adopted(deadline, look_again=True)
             unstored = self.delivery.stop(max(0.05, deadline - time.monotonic()))
             lost = self._keep(unstored)
             own, adopted = self.delivery.leftovers()
