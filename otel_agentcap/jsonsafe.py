@@ -390,6 +390,14 @@ def _decode_marker(key: str, inner: Any) -> Any:
     return {k: from_jsonable(v) for k, v in inner.items()}
 
 
+class EncodedObject(dict[str, Any]):
+    """A JSON object already in this module's encoding (parsed from text :func:`dumps` wrote,
+    markers and all): storage keeps it as it is instead of encoding it again, which would read
+    its markers as user keys (``$agentcap.literal``)."""
+
+    __slots__ = ()
+
+
 class RawJson(str):
     """JSON text known to be valid and jsonb-safe, passed to storage as is (no parse and dump
     round trip). Only the exporters use it; events for users carry parsed payloads."""

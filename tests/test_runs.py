@@ -335,3 +335,25 @@ def test_a_run_opens_unchecked_when_the_store_cannot_be_asked(caplog):
     assert Down.calls == 3
     warnings = [r for r in caplog.records if "unchecked" in r.getMessage()]
     assert len(warnings) == 1
+
+
+def test_run_attributes_over_the_payload_limit_are_bounded_value_by_value():
+    """Run attributes over the payload limit keep their other keys readable: the long value is
+    a truncation marker in its own place. Storage keeps the capture's encoding as it is (its
+    markers are not read as user keys and wrapped again)."""
+    from otel_agentcap import jsonsafe
+    from otel_agentcap.exporters.postgres.rows import _run_attributes
+    from otel_agentcap.pipeline.mapping import declared_run_attributes
+
+    run_id = _run_id()
+    with capture_events() as captured, ac.run(run_id, purpose="p", big="x" * 300_000):
+        pass
+    (root,) = _by_name(captured.spans, "invoke_workflow")
+    declared = declared_run_attributes(root.attributes)
+    assert isinstance(declared, jsonsafe.EncodedObject)
+    assert declared["purpose"] == "p"
+    assert set(declared["big"]) == {"$agentcap.truncated", "size"}
+    assert declared["big"]["size"] == 300_002
+    assert _run_attributes(declared) is declared  # stored as capture encoded it
+    # Attributes of user values (a hand-built RunRecord) are encoded, their markers escaped.
+    assert _run_attributes({"$agentcap.x": 1}) == {"$agentcap.literal": {"$agentcap.x": 1}}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from opentelemetry import trace
@@ -38,6 +38,35 @@ def _resolved_tracer() -> Tracer:
 
 _escape = json.encoder.encode_basestring_ascii
 json_string = json.encoder.encode_basestring
+
+
+def run_attributes_json(attributes: Mapping[str, Any]) -> str:
+    """A run's attributes (``run(**attributes)``) as JSON text, ``jsonsafe.dumps``. Over the
+    payload size limit, each value is bounded on its own (a truncation marker in its place), so
+    the other attributes stay readable, as a tool's payload keeps its tool name."""
+    text = jsonsafe.dumps(attributes)
+    if not text.startswith('{"$agentcap.truncated"'):
+        return text
+    keys = [str(key) for key in attributes]
+    if any(
+        "\x00" in key or key.startswith(jsonsafe.MARKER_PREFIX) or not _utf8(key) for key in keys
+    ):
+        return text  # keys only the whole object's encoding can hold: bounded as a whole
+    fields = (
+        f"{json_string(key)}:{jsonsafe.dumps(value)}"
+        for key, value in zip(keys, attributes.values(), strict=True)
+    )
+    return "{" + ",".join(fields) + "}"
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 """A str as a JSON string, as ``jsonsafe.dumps`` writes it (for ids, which are valid UTF-8 without
 NUL; see ``model.validate_id``)."""
 

@@ -17,7 +17,6 @@ from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, SpanKind
 
 from otel_agentcap import attributes as attr
-from otel_agentcap import jsonsafe
 from otel_agentcap.capture import _telemetry as tel
 from otel_agentcap.clock import clocks
 from otel_agentcap.context import (
@@ -261,7 +260,7 @@ class AgentScope:
             extra[attr.SPAWNED_AT_EVENT_ID] = agent.spawned_at.event_id
         run = current_run()
         if run is not None and run.run_id == agent.run_id and run.attributes:
-            extra[attr.RUN_ATTRIBUTES] = jsonsafe.dumps(run.attributes)
+            extra[attr.RUN_ATTRIBUTES] = tel.run_attributes_json(run.attributes)
         # A spawned child runs under the create_agent span that spawned it, wherever it runs
         # (also in another process, from the stored spawn); anything else under the current span.
         spawn_span = agent.spawn_span_context

@@ -37,7 +37,6 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from opentelemetry.util.types import AttributeValue
 
 from otel_agentcap import attributes as attr
-from otel_agentcap import jsonsafe
 from otel_agentcap.capture import _telemetry as tel
 from otel_agentcap.context import RunContext, bind_run, current_run, new_id, reset_run
 from otel_agentcap.errors import RunExistsError
@@ -283,7 +282,7 @@ def _start_root(run_id: str, attributes: dict[str, Any], start_ns: int) -> Span:
         attr.RUN_ROOT: True,
     }
     if attributes:
-        span_attributes[attr.RUN_ATTRIBUTES] = jsonsafe.dumps(attributes)
+        span_attributes[attr.RUN_ATTRIBUTES] = tel.run_attributes_json(attributes)
     return tel.start_span(
         f"invoke_workflow {run_id}", span_attributes, (), SpanKind.INTERNAL, None, start_ns
     )

@@ -510,10 +510,9 @@ def declared_run_attributes(attributes: Mapping[str, AttributeValue]) -> dict[st
     declared = attributes.get(attr.RUN_ATTRIBUTES)
     if not isinstance(declared, str):
         return None
-    # Decoded (markers back to the values they stand for): the record holds the run's values,
-    # which storage encodes once; the encoded form itself would be escaped as user data.
-    parsed = jsonsafe.from_jsonable(jsonsafe.loads(declared))
-    return parsed if isinstance(parsed, dict) else None
+    # Encoded already (by capture): stored as it is, not encoded again.
+    parsed = jsonsafe.loads(declared)
+    return jsonsafe.EncodedObject(parsed) if isinstance(parsed, dict) else None
 
 
 def _span_agents(attributes: Mapping[str, AttributeValue]) -> tuple[AgentRecord, ...]:

@@ -80,7 +80,7 @@ def snapshot_batches(snapshot: RunSnapshot) -> list[Batch]:
     """The batches that store ``snapshot`` (its conflicts aside): the run, agents and spans with
     the first events, then the other events in chunks."""
     run = snapshot.run
-    attributes = jsonsafe.from_jsonable(jsonsafe.loads(run.attributes_json))  # see mapping
+    attributes = jsonsafe.loads(run.attributes_json)  # as the log stored it: encoded already
     events = [_event(row) for row in snapshot.events]
     started = (
         _time(run.started_at_us)
@@ -106,7 +106,7 @@ def snapshot_batches(snapshot: RunSnapshot) -> list[Batch]:
             RunRecord(
                 run.run_id,
                 started,
-                attributes if isinstance(attributes, dict) else {},
+                jsonsafe.EncodedObject(attributes) if isinstance(attributes, dict) else {},
                 run.trace_id,
                 run.root_span_id,
             ),

@@ -361,6 +361,22 @@ def _utc(value: datetime) -> datetime:
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value
 
 
+def _run_attributes(attributes: Mapping[str, Any]) -> Any:
+    """A run's attributes as the JSON value to store: encoded once. An ``EncodedObject``
+    (encoded by capture, or read from a log) is kept as it is when jsonb can hold it (an
+    imported file may hold anything); anything else is encoded."""
+    if isinstance(attributes, jsonsafe.EncodedObject):
+        try:
+            text = json.dumps(attributes, ensure_ascii=False, allow_nan=False)
+            if "\\u0000" not in text:
+                text.encode("utf-8")
+                return attributes
+        except (TypeError, ValueError, UnicodeEncodeError, RecursionError):
+            pass
+        return jsonsafe.to_jsonable(jsonsafe.from_jsonable(dict(attributes)))
+    return jsonsafe.to_jsonable(dict(attributes))
+
+
 def payload_dumps(max_chars: int) -> Callable[[Any], bytes]:
     """A ``dumps`` for psycopg's ``Jsonb`` that never produces JSON jsonb would reject."""
 
@@ -635,7 +651,7 @@ def merge_runs(
             start if previous is None or (start is not None and start < previous) else previous
         )
         if run.attributes is not None:
-            attrs = jsonsafe.to_jsonable(dict(run.attributes))
+            attrs = _run_attributes(run.attributes)
             value = Jsonb(attrs if isinstance(attrs, dict) else {}, dumps)
             offers.setdefault((run_id, dumps(value.obj)), value)
             declared.setdefault(run_id, value)
