@@ -79,6 +79,15 @@ def test_a_database_without_the_schema_is_one_line_that_says_what_to_run(pg_empt
     assert len(lines) == 1 and "run `otel-agentcap db migrate`" in lines[0], result.stderr
 
 
+def test_a_password_in_a_dsn_is_never_printed():
+    """libpq quotes a URI it cannot parse in its error, password included; the command line
+    prints it with the password replaced."""
+    result = _cli("runs", "--dsn", "postgresql://agent:s3cret-pw@[bad/db")
+    assert result.returncode == 1
+    assert "s3cret-pw" not in result.stderr + result.stdout
+    assert "postgresql://agent:***@[bad/db" in result.stderr
+
+
 @pytest.mark.parametrize(
     ("dsn", "expected"),
     [

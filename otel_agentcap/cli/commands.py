@@ -29,6 +29,7 @@ from otel_agentcap.cli.timeline import (
 )
 from otel_agentcap.errors import RunExistsError
 from otel_agentcap.exporters.postgres import embedded, partitions, retention, store
+from otel_agentcap.exporters.postgres.connection import first_line, without_password
 from otel_agentcap.exporters.postgres.database import ENV_DSN, resolve_dsn
 from otel_agentcap.exporters.postgres.errors import (
     AgentCapStorageError,
@@ -116,10 +117,9 @@ def _connect(dsn: str) -> psycopg.Connection[Any]:
     try:
         return psycopg.connect(dsn, connect_timeout=5)
     except psycopg.ProgrammingError as exc:
-        raise CliError(f"invalid DSN: {str(exc).strip()}") from None
+        raise CliError(f"invalid DSN: {first_line(exc)}") from None
     except psycopg.OperationalError as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else "connection failed"
-        raise CliError(f"cannot connect to PostgreSQL: {first}") from None
+        raise CliError(f"cannot connect to PostgreSQL: {first_line(exc)}") from None
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -182,8 +182,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
             f"{', '.join(result.timed_out_agents) or 'none'}, conflicts: {conflicts}"
         )
     )
-    console.print(_text(f"  database: {dsn}"))
-    dsn_flag = f" --dsn {shlex.quote(args.dsn)}" if args.dsn else ""
+    console.print(_text(f"  database: {without_password(dsn)}"))
+    dsn_flag = f" --dsn {shlex.quote(without_password(args.dsn))}" if args.dsn else ""
     # As the user ran it (e.g. .venv/bin/otel-agentcap from make demo), so it can be pasted.
     prog = sys.argv[0] if sys.argv[0].endswith("otel-agentcap") else "otel-agentcap"
     console.print(_text(f"next: {prog} show {shlex.quote(result.run_id)}{dsn_flag}"))
@@ -985,11 +985,6 @@ _NO_SCHEMA = (
 )
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func
@@ -1006,13 +1001,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if isinstance(exc, SchemaNotReady) or "agentcap." in str(exc):
             print(f"otel-agentcap: {_NO_SCHEMA}", file=sys.stderr)
         else:
-            print(f"otel-agentcap: database error: {_shown(_first_line(exc))}", file=sys.stderr)
+            print(f"otel-agentcap: database error: {_shown(first_line(exc))}", file=sys.stderr)
         return 1
     except AgentCapStorageError as exc:
-        print(f"otel-agentcap: {_shown(_first_line(exc))}", file=sys.stderr)
+        print(f"otel-agentcap: {_shown(first_line(exc))}", file=sys.stderr)
         return 1
     except psycopg.Error as exc:
-        print(f"otel-agentcap: database error: {_shown(_first_line(exc))}", file=sys.stderr)
+        print(f"otel-agentcap: database error: {_shown(first_line(exc))}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

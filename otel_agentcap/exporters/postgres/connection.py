@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import re
 import threading
 from collections.abc import Iterator
 from typing import Any, Final
@@ -161,6 +162,21 @@ class SmallPool:
 
 
 def first_line(exc: BaseException) -> str:
-    """The first line of an error's message (libpq's messages run over several lines)."""
+    """The first line of an error's message (libpq's messages run over several lines), with any
+    password it quotes from a DSN replaced (see :func:`without_password`)."""
     text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+    return without_password(text.splitlines()[0]) if text else type(exc).__name__
+
+
+#: A password in a DSN: ``scheme://user:PASSWORD@`` or ``password=PASSWORD`` (quoted or not).
+_PASSWORD: Final = re.compile(
+    r"(?P<uri>postgres(?:ql)?://[^:/@\s\"']*:)[^@\s\"']*(?=@)"
+    r"|(?P<key>\bpassword\s*=\s*)(?:'(?:[^'\\]|\\.)*'|[^\s\"']+)",
+    re.IGNORECASE,
+)
+
+
+def without_password(text: str) -> str:
+    """``text`` (a DSN, or a message quoting one: libpq echoes a URI it cannot parse) with its
+    passwords replaced by ``***``, for what is printed or logged."""
+    return _PASSWORD.sub(lambda m: (m.group("uri") or m.group("key")) + "***", text)

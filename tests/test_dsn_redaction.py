@@ -1,0 +1,38 @@
+"""Passwords in DSNs never reach what is printed or logged."""
+
+from __future__ import annotations
+
+import pytest
+
+from otel_agentcap.configure import configure
+from otel_agentcap.errors import ConfigurationError
+from otel_agentcap.exporters.postgres.connection import without_password
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("postgresql://u:s3cret@h/db", "postgresql://u:***@h/db"),
+        ('in URI: "postgres://u:s3cret@[bad/db"', 'in URI: "postgres://u:***@[bad/db"'),
+        ("postgresql://:s3cret@h/db", "postgresql://:***@h/db"),
+        ("host=h password=s3cret port=5", "host=h password=*** port=5"),
+        ("host=h password='s3 cret' port=5", "host=h password=*** port=5"),
+        ("user=u PASSWORD = s3cret", "user=u PASSWORD = ***"),
+        ("postgresql://u@h/db", "postgresql://u@h/db"),
+        ("host=h user=u", "host=h user=u"),
+    ],
+)
+def test_without_password(text, expected):
+    assert without_password(text) == expected
+
+
+def test_configure_names_a_bad_dsn_without_its_password(tmp_path):
+    with pytest.raises(ConfigurationError) as raised:
+        configure(
+            "postgresql://u:s3cret@[bad/db",
+            queue_dir=tmp_path,
+            set_global=False,
+            instrument=False,
+            announce=False,
+        )
+    assert "s3cret" not in str(raised.value) and "u:***@" in str(raised.value)
