@@ -409,6 +409,10 @@ def configure(
         raise ValueError("writers must be at least 1")
     if set_global:
         _check_no_global_provider()
+    try:
+        limits = SpanLimits()  # the environment's
+    except ValueError as exc:  # checked before anything is set up
+        raise ConfigurationError(f"invalid span limit in the environment: {exc}") from None
     resolved = resolve_dsn(dsn, announce=announce)
     unreachable = _check_database(resolved, connect_timeout)
     faults = FaultLog()
@@ -456,7 +460,6 @@ def configure(
                 else "events wait in memory and are retried"
             ),
         )
-    limits = SpanLimits()  # the environment's
     if os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
         # The SDK's own test: its providers then hand out tracers that record nothing.
         _logger.warning(

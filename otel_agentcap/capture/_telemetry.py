@@ -38,6 +38,8 @@ def _resolved_tracer() -> Tracer:
 
 _escape = json.encoder.encode_basestring_ascii
 json_string = json.encoder.encode_basestring
+"""A str as a JSON string, as ``jsonsafe.dumps`` writes it (for ids, which are valid UTF-8 without
+NUL; see ``model.validate_id``)."""
 
 
 def run_attributes_json(attributes: Mapping[str, Any]) -> str:
@@ -65,10 +67,6 @@ def _utf8(text: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
-
-
-"""A str as a JSON string, as ``jsonsafe.dumps`` writes it (for ids, which are valid UTF-8 without
-NUL; see ``model.validate_id``)."""
 
 
 class Encoded(str):
