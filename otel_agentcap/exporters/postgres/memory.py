@@ -22,6 +22,7 @@ agents of the run in several processes share it with the guarantees of the in-pr
 
 from __future__ import annotations
 
+import random
 import time
 from typing import Any, Final
 
@@ -61,7 +62,7 @@ _WRITE: Final = (
 )
 #: Writes tried again after the key's last writer turned out to be ahead of the writer's clock,
 #: or after another write took the sequence (both rare); then the write fails.
-_MAX_ATTEMPTS: Final = 8
+_MAX_ATTEMPTS: Final = 64
 
 _default_database: Database | None = None
 
@@ -229,7 +230,11 @@ class PostgresMemory(MemoryBase):
         span_id = f"{context.span_id:016x}" if context.is_valid else None
         start = getattr(span, "start_time", None)
         when = wall_time(start if isinstance(start, int) else time.time_ns())
-        for _ in range(_MAX_ATTEMPTS):
+        for attempt in range(_MAX_ATTEMPTS):
+            if attempt >= 4:
+                # Writers of one key in several processes keep overtaking each other: spread
+                # them out a little, so that one of them gets through each round.
+                time.sleep(random.uniform(0, 0.002 * attempt))
             event = stamp(ctx, EventType.MEMORY_WRITE, parents=())
             try:
                 row = self._call(
