@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 import time
 import uuid
+from typing import Any
 
 import pytest
 
@@ -562,3 +564,121 @@ def test_a_replayed_result_is_the_callers_own():
         replayed["items"].append(3)
         assert make.invoke("m") == {"items": [1]}
     assert captured.of_type("tool_result")[0].payload["result"] == {"items": [1]}
+
+
+def _sync_wrapper(fn: Any) -> Any:
+    """A decorator that knows nothing of asyncio: its wrapper is a plain function that returns
+    what ``fn`` returns (for an async ``fn``, a coroutine), as many decorator libraries write."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **kwargs)
+
+    return wrapper
+
+
+class _AsyncCallable:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def __call__(self, x: int) -> int:
+        self.calls += 1
+        await asyncio.sleep(0.01)
+        return x * 3
+
+
+@pytest.mark.parametrize("shape", ["async __call__", "partial of async __call__", "sync wrapper"])
+def test_async_bodies_behind_other_callables_are_awaited_in_the_tool_span(shape: str) -> None:
+    """A tool whose calls return coroutines although it is not an ``async def`` function (an
+    object with an async ``__call__``, a partial of one, a sync decorator's wrapper) records the
+    awaited result, runs its body inside its span, and replays that result: it recorded the
+    coroutine object's repr, and a retry got the same, already awaited, coroutine back."""
+    memory = oa.Memory()
+    ran: list[int] = []
+
+    async def body(x: int) -> int:
+        ran.append(x)
+        memory["seen"] = x
+        await asyncio.sleep(0.01)
+        return x * 3
+
+    if shape == "async __call__":
+        target: Any = _AsyncCallable()
+        counted = target
+    elif shape == "partial of async __call__":
+        target = functools.partial(_AsyncCallable())
+        counted = target.func
+    else:
+        target = _sync_wrapper(body)
+        counted = None
+    tripled = oa.tool(name="tripled")(target)
+
+    async def main() -> list[int]:
+        async with oa.agent("alpha"):
+            first = await asyncio.gather(*(tripled.invoke("t-1", 5) for _ in range(3)))
+            again = await tripled.invoke("t-1", 5)
+            return [*first, again]
+
+    with capture_events() as captured, oa.run(_run_id()):
+        assert asyncio.run(asyncio.wait_for(main(), 10)) == [15, 15, 15, 15]
+    assert (counted.calls if counted is not None else len(ran)) == 1
+    (result,) = captured.of_type("tool_result")
+    assert result.payload["result"] == 15
+    tool_span = next(s for s in captured.spans if s.name == "execute_tool tripled")
+    if counted is None:
+        write_span = next(s for s in captured.spans if s.name == "memory_write")
+        assert write_span.parent is not None
+        assert write_span.parent.span_id == tool_span.context.span_id
+        assert write_span.end_time <= tool_span.end_time
+
+
+def test_a_sync_wrapper_that_raises_after_awaiting_records_the_error() -> None:
+    """The error of a coroutine a sync wrapper returned is the call's outcome, replayed."""
+
+    @oa.tool
+    @_sync_wrapper
+    async def fails(x: int) -> int:
+        await asyncio.sleep(0)
+        raise KeyError(x)
+
+    async def main() -> None:
+        async with oa.agent("alpha"):
+            for _ in range(2):
+                with pytest.raises(KeyError):
+                    await fails.invoke("f-1", 1)
+
+    with capture_events() as captured, oa.run(_run_id()):
+        asyncio.run(main())
+    (error,) = captured.of_type("agent_error")
+    assert error.payload["error_type"] == "KeyError"
+    assert not captured.of_type("tool_result")
+
+
+def _numbers(n: int) -> Any:
+    yield from range(n)
+
+
+async def _anumbers(n: int) -> Any:
+    for i in range(n):
+        yield i
+
+
+class _GeneratorCallable:
+    def __call__(self, n: int) -> Any:
+        yield from range(n)
+
+
+@pytest.mark.parametrize(
+    ("fn", "kind"),
+    [
+        (_numbers, "generator"),
+        (_anumbers, "async generator"),
+        (functools.partial(_numbers, 3), "generator"),
+        (_GeneratorCallable(), "generator"),
+    ],
+)
+def test_generator_functions_are_refused_as_tools(fn: Any, kind: str) -> None:
+    """A generator's body runs as its caller iterates, after the call returned: it recorded the
+    generator's repr as the result, and a retry got the same, exhausted, generator back."""
+    with pytest.raises(TypeError, match=f"is a {kind} function"):
+        oa.tool(name="numbers")(fn)

@@ -15,6 +15,7 @@ import logging
 import random
 import threading
 import time
+import types
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any, Final, Generic, NamedTuple, ParamSpec, TypeVar, cast, overload
@@ -510,6 +511,23 @@ def _poll_delays() -> Any:
         delay = min(delay * 2, POLL_MAX)
 
 
+def _body_kind(fn: Callable[..., Any]) -> str:
+    """ "coroutine", "generator", "async generator" or "plain": what calling ``fn`` runs its body
+    as, looking through ``functools.partial`` and into the ``__call__`` of a callable object."""
+    target: Any = fn
+    while isinstance(target, functools.partial):
+        target = target.func
+    if callable(target) and not inspect.isroutine(target) and not isinstance(target, type):
+        target = type(target).__call__
+    if inspect.iscoroutinefunction(target):
+        return "coroutine"
+    if inspect.isasyncgenfunction(target):
+        return "async generator"
+    if inspect.isgeneratorfunction(target):
+        return "generator"
+    return "plain"
+
+
 class Tool(Generic[P, R]):
     """A captured tool. Calling it runs the function with its own arguments, untouched; use
     :meth:`invoke` to give the invocation an id that makes retries of the same call return the
@@ -548,7 +566,17 @@ class Tool(Generic[P, R]):
         if codec is not None:
             register_codec(codec)
         self.signature = inspect.signature(fn)
-        self.is_async = inspect.iscoroutinefunction(fn)
+        kind = _body_kind(fn)
+        if kind in ("generator", "async generator"):
+            raise TypeError(
+                f"tool {self.name!r} is a {kind} function: its body would run as the caller "
+                "iterates, after the call has returned and its outcome was recorded; return the "
+                "items (a list) instead"
+            )
+        #: Whether a call returns an awaitable: an ``async def`` function (or an object whose
+        #: ``__call__`` is one), or a function seen returning a coroutine (a sync wrapper around
+        #: an async function, which only its first call can reveal).
+        self.is_async = kind == "coroutine"
         # Names of leading plain positional parameters: binding a call that passes only those
         # (the common case) is a zip, not a full Signature.bind.
         simple: list[str] = []
@@ -851,6 +879,14 @@ class Tool(Generic[P, R]):
         _current_invocation.reset(current)
         if token is not None:
             otel_context.detach(token)
+        if type(result) is types.CoroutineType:
+            # A sync function that returned a coroutine (a wrapper around an async function):
+            # its body runs when the caller awaits it, so the call is recorded there, and this
+            # tool's later calls take the async path.
+            self.is_async = True
+            return cast(
+                R, self._run_async(finisher, span, args, kwargs, cast(Awaitable[Any], result))
+            )
         finisher.succeeded(result)
         return result
 
@@ -860,11 +896,16 @@ class Tool(Generic[P, R]):
         span: Any,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
+        started: Awaitable[Any] | None = None,
     ) -> Any:
+        if started is not None and finisher.entry is not None:
+            finisher.entry.runner = asyncio.current_task()
         token = otel_context.attach(trace.set_span_in_context(span)) if self.current_span else None
         current = _current_invocation.set(finisher)
         try:
-            result = await cast(Callable[..., Awaitable[Any]], self.fn)(*args, **kwargs)
+            awaitable = started if started is not None else self.fn(*args, **kwargs)
+            # A tool seen returning a coroutine once may return a plain value on another call.
+            result = await awaitable if inspect.isawaitable(awaitable) else awaitable
         except BaseException as error:
             _current_invocation.reset(current)
             if token is not None:
