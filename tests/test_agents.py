@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import functools
+import gc
 import threading
 import time
 import uuid
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -598,3 +603,48 @@ def test_a_spawn_does_not_hold_a_lock_while_its_span_is_exported():
         "a/blocked",
         "b/free",
     }
+
+
+async def _later() -> int:
+    return 5
+
+
+def _items() -> Iterator[int]:
+    yield 1
+
+
+def _sync_wrapper(fn: Callable[[], Any]) -> Callable[[], Any]:
+    @functools.wraps(fn)
+    def wrapper() -> Any:
+        return fn()
+
+    return wrapper
+
+
+@pytest.mark.parametrize("timeout", [None, 5.0])
+@pytest.mark.parametrize(
+    ("fn", "kind", "recorded"),
+    [
+        (_later, "coroutine", False),
+        (functools.partial(_later), "coroutine", False),
+        (_items, "generator", False),
+        (_sync_wrapper(_later), "coroutine", True),
+        (_sync_wrapper(_items), "generator", True),
+    ],
+)
+def test_agent_run_refuses_a_body_that_would_run_after_its_execution(
+    fn: Callable[[], Any], kind: str, recorded: bool, timeout: float | None
+) -> None:
+    """``Agent.run`` of an async or generator function returned the coroutine or generator and
+    recorded ``agent_end`` at once: the body then ran outside the agent (its capture calls
+    attributed to whichever agent awaited it). Refused with a ``TypeError``; when only the result
+    shows it (a sync wrapper), inside the execution, which records the error."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a coroutine never awaited would warn
+        with capture_events() as captured, oa.run(_run_id()), oa.agent("parent") as parent:
+            child = parent.spawn("worker")
+            with pytest.raises(TypeError, match=f"got a {kind} function"):
+                child.run(fn, timeout=timeout)
+        gc.collect()
+    ends = [e.event_type for e in captured.events if e.agent_id == child.agent_id]
+    assert ends == (["agent_start", "agent_error"] if recorded else [])

@@ -18,6 +18,7 @@ from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, SpanKind
 
 from otel_agentcap import attributes as attr
 from otel_agentcap.capture import _telemetry as tel
+from otel_agentcap.capture.callables import body_kind, deferred_kind
 from otel_agentcap.clock import clocks
 from otel_agentcap.context import (
     AgentContext,
@@ -98,9 +99,12 @@ class Agent:
         its state rolled back, and any further capture call from that thread raises
         :class:`~otel_agentcap.errors.AgentCancelled` (a thread cannot be killed).
         """
+        kind = body_kind(fn)
+        if kind != "plain":
+            raise TypeError(_deferred_message(self.agent_id, kind))
         if timeout is None:
             with self.scope():
-                return fn(*args, **kwargs)
+                return _ran(self.agent_id, fn(*args, **kwargs))
         scope = AgentScope(self, timeout)
         done = threading.Event()
         outcome: dict[str, Any] = {}
@@ -108,7 +112,7 @@ class Agent:
         def target() -> None:
             try:
                 with scope:
-                    outcome["result"] = fn(*args, **kwargs)
+                    outcome["result"] = _ran(self.agent_id, fn(*args, **kwargs))
             except BaseException as exc:
                 outcome["error"] = exc
             finally:
@@ -140,6 +144,29 @@ class Agent:
     def _commit(self, state: dict[str, Any]) -> None:
         with self._state_lock:
             self._state = state
+
+
+def _deferred_message(agent_id: str, kind: str) -> str:
+    fix = (
+        "use `await agent.arun(...)` instead"
+        if kind == "coroutine"
+        else "collect its items inside the function instead"
+    )
+    return (
+        f"Agent.run of agent {agent_id!r} got a {kind} function: its body would run after the "
+        f"execution ended, outside the agent; {fix}"
+    )
+
+
+def _ran(agent_id: str, result: R) -> R:
+    """``result``, unless it is a body that has not run (a sync wrapper around an async function
+    returns a coroutine): that is closed, unrun, and refused inside the execution, which records
+    the ``TypeError``."""
+    kind = deferred_kind(result)
+    if kind is None:
+        return result
+    result.close()  # type: ignore[attr-defined]
+    raise TypeError(_deferred_message(agent_id, kind))
 
 
 class AgentExecution:

@@ -27,6 +27,7 @@ from opentelemetry.util.types import AttributeValue
 from otel_agentcap import attributes as attr
 from otel_agentcap import jsonsafe
 from otel_agentcap.capture import _telemetry as tel
+from otel_agentcap.capture.callables import body_kind
 from otel_agentcap.capture.ledger import (
     CRASH_POLICIES,
     DEFAULT_CRASH_POLICY,
@@ -511,23 +512,6 @@ def _poll_delays() -> Any:
         delay = min(delay * 2, POLL_MAX)
 
 
-def _body_kind(fn: Callable[..., Any]) -> str:
-    """ "coroutine", "generator", "async generator" or "plain": what calling ``fn`` runs its body
-    as, looking through ``functools.partial`` and into the ``__call__`` of a callable object."""
-    target: Any = fn
-    while isinstance(target, functools.partial):
-        target = target.func
-    if callable(target) and not inspect.isroutine(target) and not isinstance(target, type):
-        target = type(target).__call__
-    if inspect.iscoroutinefunction(target):
-        return "coroutine"
-    if inspect.isasyncgenfunction(target):
-        return "async generator"
-    if inspect.isgeneratorfunction(target):
-        return "generator"
-    return "plain"
-
-
 class Tool(Generic[P, R]):
     """A captured tool. Calling it runs the function with its own arguments, untouched; use
     :meth:`invoke` to give the invocation an id that makes retries of the same call return the
@@ -566,7 +550,7 @@ class Tool(Generic[P, R]):
         if codec is not None:
             register_codec(codec)
         self.signature = inspect.signature(fn)
-        kind = _body_kind(fn)
+        kind = body_kind(fn)
         if kind in ("generator", "async generator"):
             raise TypeError(
                 f"tool {self.name!r} is a {kind} function: its body would run as the caller "
