@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import gc
 import threading
 import time
 import uuid
+import warnings
 from typing import Any
 
 import pytest
@@ -682,3 +684,28 @@ def test_generator_functions_are_refused_as_tools(fn: Any, kind: str) -> None:
     generator's repr as the result, and a retry got the same, exhausted, generator back."""
     with pytest.raises(TypeError, match=f"is a {kind} function"):
         oa.tool(name="numbers")(fn)
+
+
+def test_a_never_awaited_coroutine_of_a_sync_wrapper_releases_its_call() -> None:
+    """The first call of a sync wrapper claims the invocation before its coroutine shows it is
+    async; if that coroutine is dropped unawaited, the call ends as interrupted and a retry runs
+    the body (it would otherwise wait forever for a body that never ran)."""
+    ran: list[int] = []
+
+    @oa.tool
+    @_sync_wrapper
+    async def echo(x: int) -> int:
+        ran.append(x)
+        return x
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the dropped coroutine's warning
+        with capture_events() as captured, oa.run(_run_id()), oa.agent("alpha"):
+            dropped = echo.invoke("e-1", 1)
+            del dropped
+            gc.collect()
+            assert asyncio.run(asyncio.wait_for(echo.invoke("e-1", 1), 10)) == 1
+    assert ran == [1]
+    (interrupted,) = captured.of_type("agent_error")
+    assert interrupted.payload["error_type"].endswith("CancelledError")
+    assert [e.payload["result"] for e in captured.of_type("tool_result")] == [1]

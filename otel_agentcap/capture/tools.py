@@ -16,8 +16,9 @@ import random
 import threading
 import time
 import types
+import weakref
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Final, Generic, NamedTuple, ParamSpec, TypeVar, cast, overload
 
 from opentelemetry import context as otel_context
@@ -868,9 +869,10 @@ class Tool(Generic[P, R]):
             # its body runs when the caller awaits it, so the call is recorded there, and this
             # tool's later calls take the async path.
             self.is_async = True
-            return cast(
-                R, self._run_async(finisher, span, args, kwargs, cast(Awaitable[Any], result))
-            )
+            body = cast(Coroutine[Any, Any, Any], result)
+            running = self._run_async(finisher, span, args, kwargs, body)
+            weakref.finalize(running, _unless_awaited, finisher, body)
+            return cast(R, running)
         finisher.succeeded(result)
         return result
 
@@ -901,6 +903,15 @@ class Tool(Generic[P, R]):
             otel_context.detach(token)
         finisher.succeeded(result)
         return result
+
+
+def _unless_awaited(finisher: _Finisher, body: Coroutine[Any, Any, Any]) -> None:
+    """Called when the awaitable a call returned for a coroutine its tool's function returned is
+    collected: if it was never awaited, the body never ran, and the call ends as interrupted (its
+    claim released, so a retry runs it) instead of holding its claim forever."""
+    if inspect.getcoroutinestate(body) == inspect.CORO_CREATED:
+        body.close()
+        finisher.failed(asyncio.CancelledError("the call's awaitable was never awaited"))
 
 
 class _Finisher(NamedTuple):
