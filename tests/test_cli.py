@@ -492,3 +492,29 @@ def test_event_shows_parents_children_and_past(pg_dsn):
         result = _cli(*args, "--dsn", pg_dsn)
         assert result.returncode == 1 and message in result.stderr, result.stderr
         assert len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("args", "option"),
+    [
+        (("runs", "--limit", "-1"), "--limit"),
+        (("runs", "--limit", "0"), "--limit"),
+        (("db", "partitions", "--ahead", "-5"), "--ahead"),
+        (("ingest", "--port", "70000"), "--port"),
+        (("ingest", "--grpc-port", "-1"), "--grpc-port"),
+        (("ingest", "--max-body-mib", "nan"), "--max-body-mib"),
+        (("ingest", "--max-concurrent", "0"), "--max-concurrent"),
+        (("ingest", "--idle-timeout", "inf"), "--idle-timeout"),
+        (("ui", "--port", "99999"), "--port"),
+        (("queue", "drain", "--timeout", "-1"), "--timeout"),
+    ],
+)
+def test_out_of_range_numbers_are_usage_errors(args: tuple[str, ...], option: str) -> None:
+    """A number out of range is a usage error naming the option (status 2), before anything
+    connects or binds: it was a traceback (a port over 65535, a negative --ahead), a database
+    error (a negative --limit), "no runs stored yet" (--limit 0), or accepted (a negative drain
+    timeout)."""
+    done = _cli(*args, "--dsn", "postgresql://nobody@127.0.0.1:1/none")
+    assert done.returncode == 2, done.stderr
+    assert f"error: argument {option}: " in done.stderr
+    assert "Traceback" not in done.stderr

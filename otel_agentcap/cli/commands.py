@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
+from otel_agentcap.cli import arguments
 from otel_agentcap.cli.timeline import (
     Totals,
     event_positions,
@@ -842,7 +843,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=cmd_demo)
 
     runs = sub.add_parser("runs", parents=[common], help="list recorded runs")
-    runs.add_argument("--limit", type=int, default=50)
+    runs.add_argument("--limit", type=arguments.integer(1), default=50)
     runs.set_defaults(func=cmd_runs)
 
     show = sub.add_parser(
@@ -871,25 +872,36 @@ def build_parser() -> argparse.ArgumentParser:
         "ingest", parents=[common], help="receive OTLP traces from a collector into the log"
     )
     ingest.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    ingest.add_argument("--port", type=int, default=4319, help="OTLP/HTTP port (0: any free)")
     ingest.add_argument(
-        "--grpc-port", type=int, default=None, help="also serve OTLP/gRPC on this port"
+        "--port", type=arguments.port, default=4319, help="OTLP/HTTP port (0: any free)"
+    )
+    ingest.add_argument(
+        "--grpc-port", type=arguments.port, default=None, help="also serve OTLP/gRPC on this port"
     )
     _server_security_options(ingest, "write", INGEST_TOKENS_ENV)
     ingest.add_argument(
-        "--max-body-mib", type=float, default=64, help="largest request, after decompression"
+        "--max-body-mib",
+        type=arguments.positive_number,
+        default=64,
+        help="largest request, after decompression",
     )
     ingest.add_argument(
-        "--max-concurrent", type=int, default=4, help="requests read and stored at once"
+        "--max-concurrent",
+        type=arguments.integer(1),
+        default=4,
+        help="requests read and stored at once",
     )
     ingest.add_argument(
-        "--idle-timeout", type=float, default=30, help="seconds before an idle connection closes"
+        "--idle-timeout",
+        type=arguments.positive_number,
+        default=30,
+        help="seconds before an idle connection closes",
     )
     ingest.set_defaults(func=cmd_ingest)
 
     ui = sub.add_parser("ui", parents=[common], help="serve a read-only web view of the event log")
     ui.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback)")
-    ui.add_argument("--port", type=int, default=8321, help="port (0: any free port)")
+    ui.add_argument("--port", type=arguments.port, default=8321, help="port (0: any free port)")
     _server_security_options(ui, "read", UI_TOKENS_ENV)
     ui.add_argument(
         "--jaeger-url", help="base address of a Jaeger UI, to link events to their spans"
@@ -920,7 +932,9 @@ def build_parser() -> argparse.ArgumentParser:
     queue.add_argument(
         "--queue-dir", help="queue directory (default: $AGENTCAP_QUEUE_DIR, else the user's)"
     )
-    queue.add_argument("--timeout", type=float, default=300.0, help="drain: seconds at most")
+    queue.add_argument(
+        "--timeout", type=arguments.positive_number, default=300.0, help="drain: seconds at most"
+    )
     queue.set_defaults(func=cmd_queue)
 
     event = sub.add_parser(
@@ -957,7 +971,7 @@ def build_parser() -> argparse.ArgumentParser:
     db.add_argument("--dry-run", action="store_true", help="prune: only say what would go")
     db.add_argument(
         "--ahead",
-        type=int,
+        type=arguments.integer(0),
         metavar="N",
         help="partitions: create the partitions of this and the next N intervals",
     )
