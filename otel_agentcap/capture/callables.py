@@ -7,12 +7,9 @@ import functools
 import inspect
 import types
 from collections.abc import Callable
-from typing import Any, Final, Literal
+from typing import Any, Literal
 
 BodyKind = Literal["plain", "coroutine", "generator", "async generator"]
-
-#: Results whose body has not run yet when the call returns.
-DEFERRED_TYPES: Final = (types.CoroutineType, types.GeneratorType, types.AsyncGeneratorType)
 
 
 def body_kind(fn: Callable[..., Any]) -> BodyKind:
