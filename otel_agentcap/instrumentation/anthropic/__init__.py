@@ -122,7 +122,7 @@ _STREAM_CONTENT_HOOK: Final = _PrivateHook(
 _RUNNER_HOOK: Final = _PrivateHook(
     "2.14.0", "tools run by client.beta.messages.tool_runner(...) are not captured"
 )
-#: ``SessionToolRunner._call_tool``.
+#: ``_call_tool`` of ``SessionRun`` (anthropic 2.16 and later) or ``SessionToolRunner``.
 _SESSION_HOOK: Final = _PrivateHook(
     "2.14.0", "tools run by client.beta.sessions.events.tool_runner(...) are not captured"
 )
@@ -265,7 +265,7 @@ class AnthropicInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             )
         self._wrap(
             tool_runner.SESSION_RUNNER_MODULE,
-            tool_runner.SESSION_RUNNER,
+            tool_runner.session_runner_class(),
             "_call_tool",
             tool_runner.session_call_tool_wrapper(),
             _SESSION_HOOK,

@@ -39,6 +39,7 @@ SDK runs unchanged; capture failures are logged, never raised.
 from __future__ import annotations
 
 import contextvars
+import importlib
 import inspect
 import keyword
 import logging
@@ -63,6 +64,7 @@ from otel_agentcap.model import EventRef, EventType, validate_id
 __all__ = [
     "RUNNERS",
     "RUNNER_MODULE",
+    "SESSION_RUN",
     "SESSION_RUNNER",
     "SESSION_RUNNER_MODULE",
     "TOOLSETS",
@@ -70,6 +72,7 @@ __all__ = [
     "exactly_once",
     "run_tool_wrapper",
     "session_call_tool_wrapper",
+    "session_runner_class",
     "set_exactly_once_default",
     "toolset_member_wrapper",
     "toolset_result_wrapper",
@@ -92,6 +95,20 @@ TOOLSETS: tuple[tuple[str, bool], ...] = (
 #: The Sessions tool runner (async only).
 SESSION_RUNNER_MODULE = "anthropic.lib.tools._beta_session_runner"
 SESSION_RUNNER = "SessionToolRunner"
+#: Where anthropic 2.16 and later run a session's tool calls (one per attachment to a session).
+SESSION_RUN = "SessionRun"
+
+
+def session_runner_class() -> str:
+    """The class of the installed SDK whose ``_call_tool`` runs a session's tool calls."""
+    try:
+        module = importlib.import_module(SESSION_RUNNER_MODULE)
+    except ImportError:
+        return SESSION_RUNNER
+    return (
+        SESSION_RUN if hasattr(getattr(module, SESSION_RUN, None), "_call_tool") else SESSION_RUNNER
+    )
+
 
 Wrapper = Callable[[Callable[..., Any], Any, tuple[Any, ...], dict[str, Any]], Any]
 Scope = Callable[[], AbstractContextManager[None]]
@@ -579,7 +596,8 @@ def session_call_tool_wrapper() -> Wrapper:
                 tool_name="tool",
                 use_name="ev",
                 is_async=None,
-                once=_wants_exactly_once(runner),
+                # A SessionRun (2.16 and later) belongs to the SessionToolRunner the user made.
+                once=_wants_exactly_once(runner, getattr(runner, "_runner", None)),
             )
             if prepared is None:
                 return None

@@ -34,7 +34,8 @@ MAX_REQUEST_BYTES = 32 * 1024 * 1024
 """Bodies larger than this are refused with a 413 ``request_too_large`` error."""
 
 _MESSAGES_PATH = "/v1/messages"
-_SESSION_EVENTS_PATH = re.compile(r"^/v1/sessions/([^/]+)/events(/stream)?$")
+#: A session (``GET``: the session resource, as ``sessions.retrieve`` reads it) or its events.
+_SESSION_EVENTS_PATH = re.compile(r"^/v1/sessions/([^/]+)(/events(/stream)?)?$")
 _SESSION_END_EVENTS = frozenset({"session.status_terminated", "session.deleted"})
 
 
@@ -219,11 +220,19 @@ class RequestHandler(BaseHTTPRequestHandler):
     ) -> None:
         state = self.server.state
         session = state.session(route.group(1))
-        stream = route.group(2) is not None
+        resource = route.group(2) is None  # /v1/sessions/{id}, not its events
+        stream = route.group(3) is not None
         reply: ErrorReply | None = None
         payload: dict[str, Any] = {}
         if session is None:
             reply = error_reply(404, message=f"session {route.group(1)} not found")
+        elif resource:
+            if self.command == "GET":
+                payload = state.session_resource(session)
+            else:
+                reply = error_reply(
+                    405, "invalid_request_error", f"Method {self.command} not allowed"
+                )
         elif self.command == "GET" and not stream:
             payload = state.list_session_events(session, self.path)
         elif self.command == "POST" and not stream:

@@ -12,7 +12,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Final
 from urllib.parse import parse_qs, urlsplit
 
 from otel_agentcap.testing.messages_server.replies import (
@@ -76,6 +76,16 @@ class IdFactory:
         with self._lock:
             tail = "".join(self._rng.choice(_ID_ALPHABET) for _ in range(22))
         return f"{prefix}_01{tail}"
+
+
+#: A session's status after each of the events that change it.
+_SESSION_STATUS: Final = {
+    "session.status_running": "running",
+    "session.status_idle": "idle",
+    "session.status_rescheduled": "rescheduling",
+    "session.status_terminated": "terminated",
+    "session.deleted": "terminated",
+}
 
 
 @dataclass
@@ -144,6 +154,18 @@ class ServerState:
     def session(self, session_id: str) -> Session | None:
         with self.lock:
             return self.sessions.get(session_id)
+
+    def session_resource(self, session: Session) -> dict[str, Any]:
+        """The session as ``GET /v1/sessions/{id}`` returns it: its id and its status, which its
+        latest status event gives (``running`` before any)."""
+        status = "running"
+        with self.lock:
+            for event in reversed(session.events):
+                found = _SESSION_STATUS.get(str(event.get("type")))
+                if found is not None:
+                    status = found
+                    break
+        return {"id": session.session_id, "type": "session", "status": status}
 
     def list_session_events(self, session: Session, path: str) -> dict[str, Any]:
         """One page of the session's log (``limit`` and ``page`` from the query string)."""
