@@ -381,3 +381,42 @@ def test_memory_tool_chain(
         client.beta.messages.tool_runner(**_runner_kwargs([memory])).until_done()
     assert (tmp_path / "memories" / "plan.txt").read_text() == "clocks"
     check_tool_chain(runner_events(captured, "r-runner-memory"), inputs, "does not exist")
+
+
+class _InputKeeper:
+    """An SDK tool as the runners see one: ``name`` and ``call(input)``; it keeps what it got and
+    clears it, as a tool may."""
+
+    name = "keeper"
+
+    def __init__(self) -> None:
+        self.got: list[object] = []
+
+    def call(self, input: dict[str, Any]) -> str:
+        self.got.append(input)
+        input.clear()
+        return "done"
+
+
+@pytest.mark.parametrize("once", [False, True])
+def test_a_captured_sdk_tool_gets_the_very_input_object_the_runner_passes(once: bool) -> None:
+    """The runner's own records of a call read its input after the tool ran (anthropic 2.16's
+    session span records the arguments "as the tool left them"): the tool must get the runner's
+    dict, not a copy, or a tool that changes it is recorded unchanged (a regression the SDK's
+    own test suite showed under the instrumentation)."""
+    from types import SimpleNamespace
+
+    from otel_agentcap.instrumentation.anthropic import tool_runner
+
+    keeper = _InputKeeper()
+    tool_use = SimpleNamespace(id="toolu_keep", name="keeper", input={"x": 1})
+    with ac.run(f"keep-{once}"), ac.agent("worker"):
+        prepared = tool_runner._prepare_tool(
+            (keeper, tool_use), {}, tool_name="tool", use_name="tool_use", is_async=False, once=once
+        )
+        assert prepared is not None
+        runnable = prepared[0][0]
+        given = {"x": 1}
+        assert runnable.call(given) == "done"
+    assert keeper.got == [given] and keeper.got[0] is given
+    assert given == {}

@@ -181,16 +181,23 @@ class _CapturedRunnable(ObjectProxy):
     :class:`Tool` (``isinstance`` checks still see the SDK tool)."""
 
     def __init__(
-        self, wrapped: Any, captured: Tool[..., Any], tool_use_id: str, once: bool
+        self,
+        wrapped: Any,
+        captured: Tool[..., Any],
+        tool_use_id: str,
+        once: bool,
+        given: list[object],
     ) -> None:
         super().__init__(wrapped)
         self._self_captured = captured
         self._self_tool_use_id = tool_use_id
         self._self_once = once
+        self._self_given = given
 
     def call(self, input: object) -> Any:
         if not isinstance(input, Mapping):
             return self.__wrapped__.call(input)
+        self._self_given[:] = [input]
         captured = self._self_captured
         run = captured.invoke if self._self_once else captured.run_again
         return run(self._self_tool_use_id, **input)
@@ -428,9 +435,16 @@ def _prepare_tool(
     tool_use_id = validate_id(tool_use_id, "invocation_id")
     if is_async is None:
         is_async = not _runs_on_worker_thread(sdk_tool)
-    captured = _captured_tool(name, tool_input, sdk_tool.call, is_async=is_async)
+    # The very input object the runner hands the tool (see _CapturedRunnable.call): a tool that
+    # changes it changes what the runner records afterwards, as without the instrumentation.
+    given: list[object] = []
+
+    def run(arguments: dict[str, Any]) -> Any:
+        return sdk_tool.call(given[0] if given else arguments)
+
+    captured = _captured_tool(name, tool_input, run, is_async=is_async)
     args, kwargs = _replace(
-        args, kwargs, 0, tool_name, _CapturedRunnable(sdk_tool, captured, tool_use_id, once)
+        args, kwargs, 0, tool_name, _CapturedRunnable(sdk_tool, captured, tool_use_id, once, given)
     )
     return args, kwargs, tool_use_id
 
