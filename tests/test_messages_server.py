@@ -599,3 +599,23 @@ def test_session_refusal_and_unknown_session(server: MessagesServer) -> None:
         with pytest.raises(anthropic.NotFoundError):
             client.beta.sessions.events.send("sesn_missing", events=[{"type": "user.interrupt"}])
     assert server.session_events(sid) == []
+
+
+@needs_anthropic(2, 14, what="client.beta.sessions")
+def test_session_resource_status_follows_the_latest_status_event(server: MessagesServer) -> None:
+    """``sessions.retrieve`` gets the session with the status its latest status event set:
+    running before any, then idle, then terminated once deleted; an unknown id is a 404."""
+    sid = server.add_session([session_event("agent.message", content=[])])
+    with anthropic.Anthropic(base_url=server.base_url, api_key="test", max_retries=0) as client:
+        statuses = [client.beta.sessions.retrieve(sid).status]
+        server.append_session_events(sid, session_event("session.status_idle"))
+        statuses.append(client.beta.sessions.retrieve(sid).status)
+        server.append_session_events(
+            sid, session_event("session.deleted"), session_event("agent.message", content=[])
+        )
+        statuses.append(client.beta.sessions.retrieve(sid).status)
+        with pytest.raises(anthropic.NotFoundError):
+            client.beta.sessions.retrieve("sesn_missing")
+        retrieved = client.beta.sessions.retrieve(sid)
+    assert statuses == ["running", "idle", "terminated"]
+    assert retrieved.id == sid

@@ -32,17 +32,16 @@ the terminating chunk, which clients see as a protocol error. With
 ``sse_framing="close"`` streams are sent with ``Connection: close`` and end at
 EOF, so a cut-off stream looks like a clean end of body.
 
-Sessions (the managed-agents event log, enough to drive the SDK's Sessions tool
-runner, ``client.beta.sessions.events.tool_runner``): `MessagesServer.add_session`
-creates a session with a scripted history; ``GET /v1/sessions/{id}/events`` lists
-it (``limit`` / ``page`` cursor), ``GET /v1/sessions/{id}/events/stream`` streams
-the events appended after the stream opened (server-sent events named by their
-type; the stream ends after ``session.status_terminated`` / ``session.deleted``, or
-on `MessagesServer.drop_session_streams`), and ``POST /v1/sessions/{id}/events``
-appends the sent events, then whatever the session's ``on_send`` responder returns
-for them (the agent's next events), or refuses them with its `ErrorReply`.
-
-The module depends on the standard library only; it never imports the SDK.
+Sessions (the managed-agents event log, enough to drive the SDK's Sessions tool runner,
+``client.beta.sessions.events.tool_runner``): `MessagesServer.add_session` creates a session
+with a scripted history; ``GET /v1/sessions/{id}`` gives the session and its status (from its
+latest status event; ``running`` before any); ``GET /v1/sessions/{id}/events`` lists its log
+(``limit`` / ``page`` cursor); ``GET /v1/sessions/{id}/events/stream`` streams the events
+appended after the stream opened (server-sent events named by their type; the stream ends after
+``session.status_terminated`` / ``session.deleted``, or on
+`MessagesServer.drop_session_streams`); and ``POST /v1/sessions/{id}/events`` appends the sent
+events, then whatever the session's ``on_send`` responder returns for them (the agent's next
+events), or refuses them with its `ErrorReply`.
 
 The package depends on the standard library only; it never imports the SDK. Its modules:
 ``replies`` (the reply builders and their wire form), ``state`` (what the server holds while it

@@ -26,7 +26,12 @@ from otel_agentcap.testing.messages_server.replies import (
     error_body,
     error_reply,
 )
-from otel_agentcap.testing.messages_server.state import RecordedRequest, ServerState, Session
+from otel_agentcap.testing.messages_server.state import (
+    SESSION_END_EVENTS,
+    RecordedRequest,
+    ServerState,
+    Session,
+)
 
 _log = logging.getLogger("otel_agentcap.testing.messages_server")
 
@@ -36,7 +41,6 @@ MAX_REQUEST_BYTES = 32 * 1024 * 1024
 _MESSAGES_PATH = "/v1/messages"
 #: A session (``GET``: the session resource, as ``sessions.retrieve`` reads it) or its events.
 _SESSION_EVENTS_PATH = re.compile(r"^/v1/sessions/([^/]+)(/events(/stream)?)?$")
-_SESSION_END_EVENTS = frozenset({"session.status_terminated", "session.deleted"})
 
 
 class StreamAborted(Exception):
@@ -311,7 +315,7 @@ class RequestHandler(BaseHTTPRequestHandler):
             ended = False
             for event in new:
                 write(encode_event(str(event["type"]), event))
-                ended = ended or event["type"] in _SESSION_END_EVENTS
+                ended = ended or event["type"] in SESSION_END_EVENTS
             if ended or dropped:
                 break
             if not new and self._client_gone():

@@ -86,6 +86,10 @@ _SESSION_STATUS: Final = {
     "session.status_terminated": "terminated",
     "session.deleted": "terminated",
 }
+#: The events after which a session's event stream ends.
+SESSION_END_EVENTS: Final = frozenset(
+    event for event, status in _SESSION_STATUS.items() if status == "terminated"
+)
 
 
 @dataclass
