@@ -7,6 +7,7 @@ Driven over real HTTP against the local server's sessions endpoints."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ import anthropic
 import pytest
 from anthropic import beta_async_tool, beta_tool
 from anthropic.lib.tools.agent_toolset import AgentToolContext, beta_agent_toolset_20260401
-from anthropic_support import conflict_count, runner_events, stored_events
+from anthropic_support import conflict_count, needs_anthropic, runner_events, stored_events
 
 import otel_agentcap as ac
 from otel_agentcap.instrumentation.anthropic import AnthropicInstrumentor
@@ -224,7 +225,9 @@ def test_session_runner_runs_a_tool_once_per_event_when_opted_in(
     instrumented: AnthropicInstrumentor,
 ) -> None:
     """With exactly-once tools switched on for every runner, a call the runner dispatches again
-    does not run again: the recorded result (and the recorded error) is posted."""
+    does not run again: the recorded result (and the recorded error) is posted. (From 2.16 a
+    runner dispatches a call once; the second-runner tests below cover a call dispatched
+    again.)"""
     from otel_agentcap.instrumentation.anthropic import set_exactly_once_default
 
     sid = _session(server, CUSTOM_CALLS, refuse_first_post=True)
@@ -245,6 +248,108 @@ def test_session_runner_runs_a_tool_once_per_event_when_opted_in(
     assert posted["sevt_b"]["is_error"] is True
     inputs = {"sevt_w": {"city": "Oslo"}, "sevt_b": {"city": "X"}}
     check_session_chain(runner_events(captured, "r-session-once"), inputs, "no data for X")
+
+
+def _two_runners(
+    aclient: anthropic.AsyncAnthropic, server: MessagesServer, *, exactly_once: bool
+) -> tuple[list[Any], list[Any], str]:
+    """A first runner runs both CUSTOM_CALLS but none of its result posts reaches the session
+    (every post refused), as when a process dies between a tool's side effect and its post; it
+    is closed after dispatching both. A second runner on the same session then finds both calls
+    unanswered and dispatches them again, with the session accepting posts."""
+    from otel_agentcap.instrumentation.anthropic import set_exactly_once_default
+
+    accepting = False
+    received: set[str] = set()
+
+    def on_send(sent: list[dict[str, Any]]) -> Any:
+        if not accepting:
+            return error_reply(400, message="not now")
+        received.update(_result_id(e) for e in sent)
+        return _end_of_turn(received, {"sevt_w", "sevt_b"})
+
+    sid = server.add_session(
+        [
+            session_event("session.status_running"),
+            *CUSTOM_CALLS,
+            session_event(
+                "session.status_idle",
+                stop_reason={"type": "requires_action", "event_ids": ["sevt_b", "sevt_w"]},
+            ),
+        ],
+        on_send=on_send,
+    )
+
+    async def main() -> tuple[list[Any], list[Any]]:
+        nonlocal accepting
+        async with aclient:
+            first: list[Any] = []
+            runner = aclient.beta.sessions.events.tool_runner(
+                sid, tools=[weather, forecast], max_idle=0.3
+            )
+            async with contextlib.aclosing(aiter(runner)) as calls:
+                async for call in calls:
+                    first.append(call)
+                    if {c.tool_use_id for c in first} == {"sevt_w", "sevt_b"}:
+                        break
+            accepting = True
+            runner = aclient.beta.sessions.events.tool_runner(
+                sid, tools=[weather, forecast], max_idle=0.3
+            )
+            return first, [call async for call in runner]
+
+    set_exactly_once_default(exactly_once)
+    try:
+        first, second = asyncio.run(main())
+    finally:
+        set_exactly_once_default(False)
+    return first, second, sid
+
+
+@needs_anthropic(2, 16, what="a runner closed after refused posts closes cleanly")
+def test_a_second_runner_posts_the_recorded_outcome_when_opted_in(
+    server: MessagesServer,
+    aclient: anthropic.AsyncAnthropic,
+    captured: InMemoryEventExporter,
+    instrumented: AnthropicInstrumentor,
+) -> None:
+    """With exactly-once tools on, a call whose result never reached the session is not run
+    again by the next runner on the session: the outcome recorded by the first is posted."""
+    with ac.run("r-session-second"), ac.agent("worker"):
+        first, second, sid = _two_runners(aclient, server, exactly_once=True)
+    assert not any(c.posted for c in first)
+    assert RUNS == {"weather": 1, "forecast": 1}
+    assert {c.tool_use_id for c in second if c.posted} == {"sevt_w", "sevt_b"}
+    posted = _posted(server, sid)
+    assert posted["sevt_w"]["content"] == [{"type": "text", "text": "sunny in Oslo"}]
+    assert posted["sevt_b"]["is_error"] is True
+    inputs = {"sevt_w": {"city": "Oslo"}, "sevt_b": {"city": "X"}}
+    check_session_chain(runner_events(captured, "r-session-second"), inputs, "no data for X")
+
+
+@needs_anthropic(2, 16, what="a runner closed after refused posts closes cleanly")
+def test_a_second_runner_runs_the_tools_again_by_default(
+    server: MessagesServer,
+    aclient: anthropic.AsyncAnthropic,
+    captured: InMemoryEventExporter,
+    instrumented: AnthropicInstrumentor,
+) -> None:
+    """Without exactly-once, the second runner runs both tools again, as the SDK does; each run
+    is recorded as the next attempt of its invocation."""
+    with ac.run("r-session-second-again"), ac.agent("worker"):
+        _, second, sid = _two_runners(aclient, server, exactly_once=False)
+    assert {c.tool_use_id for c in second if c.posted} == {"sevt_w", "sevt_b"}
+    assert RUNS == {"weather": 2, "forecast": 2}
+    assert _posted(server, sid)["sevt_w"]["content"] == [{"type": "text", "text": "sunny in Oslo"}]
+    invocations = [
+        e
+        for e in runner_events(captured, "r-session-second-again")
+        if e["event_type"] == "tool_invocation"
+    ]
+    attempts = sorted(
+        (e["payload"]["invocation_id"], e["payload"].get("attempt", 1)) for e in invocations
+    )
+    assert attempts == [("sevt_b", 1), ("sevt_b", 2), ("sevt_w", 1), ("sevt_w", 2)]
 
 
 def test_session_runner_agent_toolset(
