@@ -55,3 +55,31 @@ def test_the_view_bounds_as_the_sdk_would_and_passes_what_fits_as_it_is():
     assert dict(bounded.attributes) == {"s": "abcd", "seq": ("abcd", "ab"), "n": 3}
     assert bounded.dropped_attributes == 2
     assert bounded.name == "b" and over.attributes["s"] == "abcdefgh"  # the original is intact
+
+
+def test_the_view_keeps_what_the_sdk_dropped_and_adds_what_it_drops():
+    """A bounded span reports the attributes, events and links the SDK had already dropped,
+    plus the attributes the view drops (an OTLP exporter sends these counts)."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from opentelemetry.trace import Link, SpanContext
+
+    provider_seen = InMemorySpanExporter()
+    provider = TracerProvider(
+        span_limits=SpanLimits(max_span_attributes=4, max_events=1, max_links=1)
+    )
+    provider.add_span_processor(SimpleSpanProcessor(provider_seen))
+    links = [Link(SpanContext(1, i, is_remote=False)) for i in (1, 2, 3)]
+    with provider.get_tracer("t").start_as_current_span("s", links=links) as span:
+        for i in range(6):
+            span.set_attribute(f"a{i}", i)
+        span.add_event("first")
+        span.add_event("second")
+    (ended,) = provider_seen.get_finished_spans()
+    assert (ended.dropped_attributes, ended.dropped_events, ended.dropped_links) == (2, 1, 2)
+    seen = _Seen()
+    LimitedView(seen, SpanLimits(max_span_attributes=3)).on_end(ended)
+    bounded = seen.spans[-1]
+    assert dict(bounded.attributes) == {"a3": 3, "a4": 4, "a5": 5}
+    assert (bounded.dropped_attributes, bounded.dropped_events, bounded.dropped_links) == (3, 1, 2)

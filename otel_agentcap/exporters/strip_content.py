@@ -27,6 +27,7 @@ from opentelemetry.util.types import AttributeValue
 from otel_agentcap import attributes as attr
 from otel_agentcap import jsonsafe
 from otel_agentcap.pipeline.model_calls import is_content_attribute
+from otel_agentcap.pipeline.span_copy import copy_with
 
 __all__ = ["ContentStrippingExporter"]
 
@@ -76,19 +77,10 @@ class ContentStrippingExporter(SpanExporter):
         events = span.events
         if not self._changes(attributes) and not any(self._changes(e.attributes) for e in events):
             return span
-        return ReadableSpan(
-            name=span.name,
-            context=span.context,
-            parent=span.parent,
-            resource=span.resource,
-            attributes=self._filter(attributes),
+        return copy_with(
+            span,
+            self._filter(attributes),
             events=[Event(e.name, self._filter(e.attributes), e.timestamp) for e in events],
-            links=span.links,
-            kind=span.kind,
-            status=span.status,
-            start_time=span.start_time,
-            end_time=span.end_time,
-            instrumentation_scope=span.instrumentation_scope,
         )
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:

@@ -20,6 +20,8 @@ from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanLimits, SpanProcessor
 
+from otel_agentcap.pipeline.span_copy import copy_with
+
 #: The fewest attributes a span of the provider keeps. The richest spans agentcap records (a model
 #: call with content, traced by the anthropic SDK) carry about 32.
 MIN_SPAN_ATTRIBUTES: Final = 128
@@ -83,21 +85,7 @@ class LimitedView(SpanProcessor):
             dropped = len(items) - self.max_count
             items = items[dropped:]
         bounded = BoundedAttributes(self.max_count, dict(items), True, length)
-        bounded.dropped = dropped
-        return ReadableSpan(
-            name=span.name,
-            context=span.context,
-            parent=span.parent,
-            resource=span.resource,
-            attributes=bounded,
-            events=span.events,
-            links=span.links,
-            kind=span.kind,
-            status=span.status,
-            start_time=span.start_time,
-            end_time=span.end_time,
-            instrumentation_scope=span.instrumentation_scope,
-        )
+        return copy_with(span, bounded, dropped_attributes=dropped)
 
     def shutdown(self) -> None:
         self.inner.shutdown()
