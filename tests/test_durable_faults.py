@@ -29,6 +29,7 @@ from durable_support import (
 
 from otel_agentcap.exporters.durable.records import decode_span
 from otel_agentcap.exporters.durable.segments import (
+    AckFile,
     Position,
     SegmentReader,
     segment_indexes,
@@ -104,8 +105,45 @@ def test_a_torn_queue_is_delivered_up_to_its_last_complete_record(pg_dsn, tmp_pa
         }
     assert complete <= stored
     assert result["stats"]["bytes_corrupt"] > 0
-    assert "damaged or cut" in err
+    assert "bytes of a cut record" in err and "damaged records" not in err
     assert log_summary(pg_dsn, "run-torn")["conflicts"] == 0
+
+
+def test_records_damaged_before_the_end_are_skipped_counted_and_said_to_be_lost(pg_dsn, tmp_path):
+    """Bytes changed in the middle of a killed process's segment (a lost block, not a cut):
+    every intact record before and after them is delivered; the damage is counted and logged
+    as damage, with its spans lost, not as a crash while writing."""
+    queue_dir = tmp_path / "queue"
+    _kill_mid_batch(pg_dsn, "run-damaged", queue_dir, tmp_path)
+    (queue,) = _queues(queue_dir)
+    acked = AckFile(queue).load()  # what the killed process had stored: never read again
+    index = max(segment_indexes(queue))
+    path = segment_path(queue, index)
+    start = acked.offset if acked.segment == index else 0
+    middle = (start + path.stat().st_size) // 2
+    with open(path, "r+b") as file:
+        file.seek(middle)
+        block = file.read(64)
+        file.seek(middle)
+        file.write(bytes(b ^ 0xFF for b in block))
+    reader = SegmentReader(queue, acked)
+    intact: set[str] = set()
+    while batch := reader.read(1000, 1 << 24):
+        intact.update(f"{decode_span(r).context.span_id:016x}" for r in batch)
+    reader.close()
+    assert reader.scan.skipped > 0 and intact
+    result, err = finish(start_worker(pg_dsn, "run-other", "b", ops=10, queue_dir=queue_dir))
+    with psycopg.connect(pg_dsn) as conn:
+        stored = {
+            r[0]
+            for r in conn.execute(
+                "SELECT DISTINCT span_id FROM agentcap.events WHERE run_id = 'run-damaged'"
+            )
+        }
+    assert intact <= stored
+    assert result["stats"]["bytes_corrupt"] >= reader.scan.skipped
+    assert "damaged records before its end" in err and "are lost" in err
+    assert log_summary(pg_dsn, "run-damaged")["conflicts"] == 0
 
 
 def test_postgres_restart_under_load_from_two_processes(server, tmp_path):

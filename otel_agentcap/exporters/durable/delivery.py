@@ -302,15 +302,7 @@ class Delivery:
         for source in list(self._adopted):
             if source.removed or id(source) in busy or not source.exhausted():
                 continue
-            skipped, torn = source.scan
-            if skipped or torn:
-                self.counters.bytes_corrupt += skipped + torn
-                _logger.warning(
-                    "agentcap: queue %s held %d bytes of damaged or cut records (a crash while "
-                    "they were written); every complete record was delivered",
-                    source.name,
-                    skipped + torn,
-                )
+            self._report_damage(source)
             try:
                 source.finish()
             except OSError as exc:
@@ -326,6 +318,25 @@ class Delivery:
                 source.name,
             )
         self._queue.adopted_bytes = sum(s.waiting_bytes() for s in self._adopted)
+
+    def _report_damage(self, source: AdoptedSource) -> None:
+        skipped, torn = source.scan
+        self.counters.bytes_corrupt += skipped + torn
+        if torn:
+            _logger.warning(
+                "agentcap: queue %s ended in %d bytes of a cut record (its process died while "
+                "writing it); every complete record was delivered",
+                source.name,
+                torn,
+            )
+        if skipped:
+            _logger.error(
+                "agentcap: queue %s held %d bytes of damaged records before its end (a power "
+                "loss before they reached the disk, a disk error, or another program writing "
+                "there); the spans in them are lost, every intact record was delivered",
+                source.name,
+                skipped,
+            )
 
     def _drop_source(self, source: Source, exc: Exception) -> None:
         if isinstance(source, AdoptedSource):
