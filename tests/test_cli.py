@@ -383,6 +383,33 @@ def test_hostile_run_ids_are_printed_as_text_by_every_command(pg_dsn):
     _plain(demo.stdout)
 
 
+def test_queue_commands_on_a_directory_that_is_not_one_or_not_there(tmp_path):
+    """A --queue-dir that is a file is one error line (status 1) for status and drain; draining
+    a directory that does not exist says there is nothing to drain and creates nothing."""
+    a_file = tmp_path / "afile"
+    a_file.write_text("not a directory")
+    dsn = "postgresql://agentcap@127.0.0.1:1/none?connect_timeout=1"  # never connected to
+    for action in ("status", "drain"):
+        done = _cli("queue", action, "--dsn", dsn, "--queue-dir", str(a_file))
+        assert done.returncode == 1
+        assert done.stderr == f"otel-agentcap: the queue directory {a_file} is not a directory\n"
+    missing = tmp_path / "typo"
+    done = _cli("queue", "drain", "--dsn", dsn, "--queue-dir", str(missing))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("nothing to drain: no queue for this database in ")
+    data = json.loads(
+        _cli("queue", "drain", "--dsn", dsn, "--queue-dir", str(missing), "--json").stdout
+    )
+    assert data == {
+        "drained": True,
+        "spans_read": 0,
+        "events_inserted": 0,
+        "duplicates": 0,
+        "conflicts": 0,
+    }
+    assert not missing.exists()
+
+
 @pytest.mark.storage
 @pytest.mark.fault
 @pytest.mark.multiprocess

@@ -765,6 +765,8 @@ def _queue_directory(args: argparse.Namespace) -> Any:
     )
 
     base = Path(args.queue_dir) if args.queue_dir else default_base_dir()
+    if base.exists() and not base.is_dir():
+        raise CliError(f"the queue directory {base} is not a directory")
     dsn = _dsn(args)
     return dsn, QueueDirectory(base, target_of(dsn))
 
@@ -792,6 +794,14 @@ def cmd_queue(args: argparse.Namespace) -> int:
                 f"  rejected: {report['rejected_files']} file(s) of records the database refused "
                 f"in {report['rejected']}"
             )
+        return 0
+    if not directory.path.is_dir():
+        # Nothing was ever queued there for this database; draining must not create it.
+        if args.json:
+            empty = ("spans_read", "events_inserted", "duplicates", "conflicts")
+            _print_json({"drained": True, **dict.fromkeys(empty, 0)})
+        else:
+            print(f"nothing to drain: no queue for this database in {directory.path}")
         return 0
     from otel_agentcap.exporters.durable.processor import DurableSpanProcessor
     from otel_agentcap.exporters.postgres import Database, PostgresSpanExporter
