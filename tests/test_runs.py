@@ -184,6 +184,8 @@ _PROCESS = textwrap.dedent(
     try:
         if mode == "carried":  # a context taken where no span was recording: the run id only
             scope = ac.run(context={"baggage": ac.RunCarrier(run_id).to_dict()["baggage"]})
+        elif mode == "carried-span":  # a context carried with a span, from wherever
+            scope = ac.run(context=sys.argv[4])
         elif mode == "carried-then-resumed":  # continued from a carried span, then by id
             with ac.run(context=sys.argv[4]), ac.agent("agent-carried"):
                 pass
@@ -253,6 +255,32 @@ def test_a_stored_run_is_not_merged_into_by_another_process(pg_dsn):
 
 @pytest.mark.storage
 @pytest.mark.multiprocess
+def test_a_context_carried_from_another_event_log_is_not_merged_into_a_run_of_that_id(
+    pg_dsn, pg_empty_dsn
+):
+    """A context carried from a run in another database, into a process whose database has an
+    unrelated run of the same id, raises RunExistsError there and stores nothing under it."""
+    run_id = _run_id()
+    elsewhere = _process(pg_empty_dsn, run_id, "new")
+    assert elsewhere.returncode == 0, elsewhere.stderr
+    here = _process(pg_dsn, run_id, "new")
+    assert here.returncode == 0, here.stderr
+    carried = _process(pg_dsn, run_id, "carried-span", elsewhere.stdout.strip().splitlines()[-1])
+    assert carried.returncode == 3, carried.stderr
+    assert "another run" in carried.stdout
+    with psycopg.connect(pg_dsn) as conn:
+        trace_id = conn.execute(
+            "SELECT trace_id FROM agentcap.runs WHERE run_id = %s", (run_id,)
+        ).fetchone()[0]
+        stored = conn.execute(
+            "SELECT agent_id, trace_id FROM agentcap.events WHERE run_id = %s", (run_id,)
+        ).fetchall()
+    assert {agent for agent, _ in stored} == {"agent-new"}
+    assert {trace for _, trace in stored} == {trace_id}
+
+
+@pytest.mark.storage
+@pytest.mark.multiprocess
 def test_a_run_resumed_after_a_carried_context_runs_under_its_root_span(pg_dsn):
     """A process that continued a run from a carried span (an agent's), and then resumes the
     run by id, runs the resumed agents under the run's stored root span, not under the span
@@ -299,6 +327,26 @@ def test_a_context_carried_without_a_span_joins_the_stored_run_trace(pg_dsn):
         ).fetchall()
     assert ("invoke_agent agent-carried", trace_id, root) in spans
     assert {s[1] for s in spans} == {trace_id}
+
+
+def test_a_context_carried_from_another_run_of_the_same_id_is_refused():
+    """A carried context whose trace is not the trace of the run this process opened under that
+    id (another run of the same id, elsewhere) raises RunExistsError instead of merging."""
+    from opentelemetry.trace import SpanContext, TraceFlags
+
+    run_id = _run_id()
+    foreign = RunCarrier(run_id, SpanContext(0xABC, 0xDEF, True, TraceFlags(TraceFlags.SAMPLED)))
+    with capture_events() as captured:
+        with ac.run(run_id), ac.agent("here"):
+            pass
+        with pytest.raises(ac.RunExistsError, match="another run"), ac.run(context=foreign):
+            pass
+        with ac.run(run_id, resume=True), ac.agent("here"):
+            carried = ac.run_context()
+        with ac.run(context=carried.to_string()), ac.agent("there"):
+            pass
+    assert {s.context.trace_id for s in captured.spans} != {0xABC}
+    assert 0xABC not in {s.context.trace_id for s in captured.spans}
 
 
 def test_a_run_opened_inside_an_agent_of_another_run_keeps_its_own_id():

@@ -10,7 +10,8 @@ when the caller says so:
   root span; agents run under the stored root span, in the run's trace;
 * ``run(context=carried)`` continues a run whose context another process carried over with
   :func:`run_context` (W3C ``traceparent`` and the run id in W3C ``baggage``): agents run under
-  the span that was current where the context was taken;
+  the span that was current where the context was taken (a context in another trace than the
+  run this process or the event log knows under that id raises ``RunExistsError``);
 
 and otherwise fails with :class:`~otel_agentcap.errors.RunExistsError`, never merging a new run into
 a stored one silently. Needs only ``opentelemetry-api``.
@@ -298,6 +299,23 @@ def _known_root(run_id: str) -> SpanContext | None:
     return _valid(stored.root_span) if stored is not None else None
 
 
+def _check_carried_trace(run_id: str, carried: SpanContext) -> None:
+    """Raise :class:`RunExistsError` when this process or the event log knows ``run_id`` in
+    another trace than the carried span's: the context was carried from another run of that id
+    (in another event log, say), and continuing it would merge that run into this one."""
+    root = recorded_runs.get(run_id)
+    if root is None:
+        stored = _claim_in_store(run_id, None, time.time_ns())
+        root = _valid(stored.root_span) if stored is not None else None
+    if root is not None and root.trace_id != carried.trace_id:
+        raise RunExistsError(
+            f"the context carried for run {run_id!r} is in trace {carried.trace_id:032x}, but "
+            f"run {run_id!r} here is in trace {root.trace_id:032x}: it was carried from another "
+            "run of that id (another event log?); continue it where that run is stored, or use "
+            "a new run id"
+        )
+
+
 def _valid(span_context: SpanContext | None) -> SpanContext | None:
     return span_context if span_context is not None and span_context.is_valid else None
 
@@ -391,6 +409,8 @@ def run(
             parent = _known_root(carrier.run_id)
             if parent is not None:
                 recorded_runs.set(carrier.run_id, parent)
+        else:
+            _check_carried_trace(carrier.run_id, parent)
         recorded_runs.carried(carrier.run_id, parent)
     elif run_id is None:
         run_id = new_id("run")  # random: never stored before, but claimed for resume elsewhere
