@@ -43,7 +43,12 @@ from otel_agentcap.exporters.durable.processor import (
     QueueSettings,
     ShutdownReport,
 )
-from otel_agentcap.exporters.durable.queue import DEFAULT_MAX_BYTES, FsyncPolicy
+from otel_agentcap.exporters.durable.queue import (
+    DEFAULT_MAX_BYTES,
+    FSYNC_POLICIES,
+    OVERFLOW_POLICIES,
+    FsyncPolicy,
+)
 from otel_agentcap.exporters.faults import FaultLog
 from otel_agentcap.exporters.postgres import (
     Database,
@@ -331,6 +336,71 @@ def _check_database(dsn: str, timeout: float) -> str | None:
     return None
 
 
+def _number(name: str, value: object, *, zero: bool = False) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigurationError(f"{name} must be a number of seconds, not {value!r}")
+    if value < 0 or (value == 0 and not zero):
+        raise ConfigurationError(
+            f"{name} must be {'at least 0' if zero else 'positive'}, not {value!r}"
+        )
+
+
+def _integer(name: str, value: object, least: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigurationError(f"{name} must be an integer, not {value!r}")
+    if value < least:
+        raise ConfigurationError(f"{name} must be at least {least}, not {value!r}")
+
+
+def _check_options(options: dict[str, Any]) -> list[SpanProcessor]:
+    """Raise ``ConfigurationError`` naming the first option of a wrong type or out of range,
+    before anything is set up (a wrong type found later would be a TypeError from deep inside,
+    or fail when spans end); returns ``span_processors`` as a list."""
+    for name in ("dsn", "service_name"):
+        if options[name] is not None and not isinstance(options[name], str):
+            raise ConfigurationError(f"{name} must be a string, not {options[name]!r}")
+    if options["resource"] is not None and not isinstance(options["resource"], Resource):
+        raise ConfigurationError(
+            f"resource must be an opentelemetry.sdk.resources.Resource, not {options['resource']!r}"
+        )
+    if options["queue_dir"] is not None and not isinstance(options["queue_dir"], str | os.PathLike):
+        raise ConfigurationError(f"queue_dir must be a path, not {options['queue_dir']!r}")
+    if options["fsync"] not in FSYNC_POLICIES:
+        raise ConfigurationError(f"fsync must be one of {FSYNC_POLICIES}, not {options['fsync']!r}")
+    if options["overflow"] not in OVERFLOW_POLICIES:
+        raise ConfigurationError(
+            f"overflow must be one of {OVERFLOW_POLICIES}, not {options['overflow']!r}"
+        )
+    _integer("max_queue_bytes", options["max_queue_bytes"], 64 * 1024)
+    _integer("writers", options["writers"], 1)
+    if options["queue_size"] is not None:
+        _integer("queue_size", options["queue_size"], 1)
+    _number("block_timeout", options["block_timeout"])
+    _number("connect_timeout", options["connect_timeout"])
+    _number("shutdown_timeout", options["shutdown_timeout"], zero=True)
+    if options["sdk_tools_exactly_once"] not in (None, True, False):
+        raise ConfigurationError(
+            f"sdk_tools_exactly_once must be True, False or None, not "
+            f"{options['sdk_tools_exactly_once']!r}"
+        )
+    given = options["span_processors"]
+    if isinstance(given, str | bytes) or not isinstance(given, Iterable):
+        raise ConfigurationError(
+            f"span_processors must be a list of span processors, not {given!r}"
+        )
+    processors = list(given)
+    for processor in processors:
+        if not all(
+            callable(getattr(processor, method, None))
+            for method in ("on_start", "on_end", "shutdown", "force_flush")
+        ):
+            raise ConfigurationError(
+                f"span_processors must hold span processors (on_start, on_end, shutdown, "
+                f"force_flush), not {processor!r}"
+            )
+    return processors
+
+
 def configure(
     dsn: str | None = None,
     *,
@@ -401,12 +471,12 @@ def configure(
     settings were before.
 
     Raises :class:`~otel_agentcap.errors.ConfigurationError` at once for what the user must fix:
-    a DSN that does not parse, a failed authentication, a database or role that does not exist,
+    an option of a wrong type or out of range (before anything is set up), a DSN that does not
+    parse, a failed authentication, a database or role that does not exist,
     a schema this role cannot create. A server that is down (or still starting) is not an error:
     its events wait in the durable queue, and one line says so.
     """
-    if writers < 1:
-        raise ValueError("writers must be at least 1")
+    span_processors = _check_options(locals())
     if set_global:
         _check_no_global_provider()
     try:

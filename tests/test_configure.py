@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -134,6 +135,47 @@ def test_a_dsn_that_does_not_parse_fails_at_once(tmp_path):
     with pytest.raises(ConfigurationError, match="invalid"):
         configure("host=x bogus_option=1", queue_dir=tmp_path, **_IN_PROCESS)
     assert time.monotonic() - started < 2
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("dsn", 5),
+        ("writers", "2"),
+        ("writers", 0),
+        ("writers", 2.5),
+        ("fsync", "sometimes"),
+        ("overflow", "explode"),
+        ("max_queue_bytes", "1GiB"),
+        ("max_queue_bytes", 1024),
+        ("block_timeout", "2"),
+        ("block_timeout", 0),
+        ("shutdown_timeout", "10"),
+        ("shutdown_timeout", -1),
+        ("connect_timeout", "5"),
+        ("connect_timeout", 0),
+        ("queue_size", -5),
+        ("queue_size", "10"),
+        ("queue_size", True),
+        ("span_processors", None),
+        ("span_processors", [object()]),
+        ("resource", {"service.name": "x"}),
+        ("service_name", 5),
+        ("queue_dir", 5),
+        ("sdk_tools_exactly_once", "yes"),
+    ],
+)
+def test_an_option_of_the_wrong_type_or_range_fails_at_once(tmp_path, option, value):
+    """A wrong option is one ConfigurationError naming it, raised before anything is set up (no
+    thread, no connection, no queue), not a TypeError from deep inside, nor accepted to fail
+    when spans are recorded or at shutdown."""
+    before = set(threading.enumerate())
+    options: dict[str, Any] = {"queue_dir": tmp_path, "announce": False, **_IN_PROCESS}
+    options[option] = value
+    with pytest.raises(ConfigurationError, match=option):
+        configure(**({"dsn": "postgresql://u@127.0.0.1:1/db"} | options))
+    assert set(threading.enumerate()) <= before
     assert not list(tmp_path.iterdir())
 
 
