@@ -153,9 +153,7 @@ def _check_log(dsn: str, run_id: str, children: int) -> None:
         run_id,
     )
     assert starts == [(0,)]
-    assert _rows(dsn, "SELECT count(*) FROM agentcap.conflicts WHERE run_id = %s", run_id) == [
-        (0,)
-    ]
+    assert _rows(dsn, "SELECT count(*) FROM agentcap.conflicts WHERE run_id = %s", run_id) == [(0,)]
 
 
 @pytest.mark.multiprocess
@@ -194,9 +192,7 @@ def test_staggered_spawns_before_the_first_export(pg_dsn, tmp_path):
         export_delay_ms=600_000,
     )
     deadline = time.monotonic() + 120
-    while _rows(pg_dsn, "SELECT count(*) FROM agentcap.spawns WHERE run_id = %s", run_id) != [
-        (5,)
-    ]:
+    while _rows(pg_dsn, "SELECT count(*) FROM agentcap.spawns WHERE run_id = %s", run_id) != [(5,)]:
         assert first.poll() is None, first.communicate()[1]
         assert time.monotonic() < deadline
         time.sleep(0.1)
@@ -210,9 +206,7 @@ def test_staggered_spawns_before_the_first_export(pg_dsn, tmp_path):
         "SELECT count(*) FROM agentcap.events WHERE run_id = %s AND event_type = 'agent_spawn'",
         run_id,
     ) == [(0,)]
-    assert _rows(pg_dsn, "SELECT count(*) FROM agentcap.spawns WHERE run_id = %s", run_id) == [
-        (5,)
-    ]
+    assert _rows(pg_dsn, "SELECT count(*) FROM agentcap.spawns WHERE run_id = %s", run_id) == [(5,)]
     release.touch()
     _wait([first])
     _check_log(pg_dsn, run_id, 5)
@@ -230,7 +224,10 @@ def test_a_child_resumed_after_a_restart_links_to_its_registered_spawn(pg_dsn):
             with ac.run(run_id, resume=True), ac.agent("parent") as parent:
                 first = parent.spawn("worker", key="w")
                 first.run(lambda: None)
-            with ac.run(run_id, resume=True), ac.agent("parent") as parent:  # released and entered again
+            with (
+                ac.run(run_id, resume=True),
+                ac.agent("parent") as parent,
+            ):  # released and entered again
                 again = parent.spawn("worker", key="w")
                 again.run(lambda: None)
     finally:
@@ -267,3 +264,53 @@ def test_a_spawn_registered_by_another_parent_is_a_conflict(pg_dsn):
     finally:
         set_spawn_registry(None)
         database.close()
+
+
+_SPAWNER = textwrap.dedent(
+    """
+    import sys
+    import otel_agentcap as ac
+    from otel_agentcap.configure import configure
+
+    dsn, run_id, queue_dir = sys.argv[1:4]
+    with configure(dsn, announce=False, queue_dir=queue_dir):
+        with ac.run(run_id, resume=True), ac.agent("parent") as parent:
+            parent.spawn("worker", key="w").run(lambda: None)
+    """
+)
+
+
+@pytest.mark.multiprocess
+def test_a_spawn_that_is_not_recorded_is_not_registered(pg_dsn, tmp_path):
+    """A spawn that records nothing (OTEL_SDK_DISABLED=true) is not registered: its event never
+    reaches the log, so the retry of a process that records must record the spawn itself, not
+    link its child to an event that is not there."""
+    run_id = f"spawns-{uuid.uuid4().hex[:10]}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    for disabled in (True, False):
+        done = subprocess.run(
+            [sys.executable, "-c", _SPAWNER, pg_dsn, run_id, str(tmp_path)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env | ({"OTEL_SDK_DISABLED": "true"} if disabled else {}),
+        )
+        assert done.returncode == 0, done.stderr
+    with psycopg.connect(pg_dsn) as conn:
+        spawns = conn.execute(
+            "SELECT event_id FROM agentcap.events WHERE run_id = %s AND event_type = 'agent_spawn'",
+            (run_id,),
+        ).fetchall()
+        dangling = conn.execute(
+            "SELECT e.event_id, p FROM agentcap.events e, unnest(e.causal_parent_ids) p"
+            " WHERE e.run_id = %(run)s AND NOT EXISTS (SELECT 1 FROM agentcap.events x"
+            " WHERE x.run_id = %(run)s AND x.event_id = p)",
+            {"run": run_id},
+        ).fetchall()
+        spawned_at = conn.execute(
+            "SELECT spawned_at_event_id FROM agentcap.agents WHERE run_id = %s AND agent_id = %s",
+            (run_id, "parent/w"),
+        ).fetchone()
+    assert len(spawns) == 1
+    assert dangling == []
+    assert spawned_at == spawns[0]

@@ -650,26 +650,29 @@ def _register_spawn(parent: AgentContext, name: str, key: str | None, child_id: 
     if registry is None:
         span = tel.start_event_span(span_name, spawn_stamp, payload, extra)
     else:
-        # The event goes on the span only if this spawn is the one registered.
+        # The event goes on the span only if this spawn is the one registered. A span that
+        # records nothing (no SDK provider, OTEL_SDK_DISABLED=true) is not registered: its event
+        # never reaches the log, and a retry elsewhere would link its child to it.
         span = tel.start_span(span_name, dict(extra), spawn_stamp.links)
-        trace_id, span_id = _hex_ids(span.get_span_context())
-        claim = SpawnClaim(
-            parent.run_id,
-            child_id,
-            parent.agent_id,
-            name,
-            key,
-            spawn_stamp.event_id,
-            spawn_stamp.seq,
-            trace_id,
-            span_id,
-        )
-        try:
-            record = registry.register(claim)
-        except Exception as exc:
-            _registry_failed("register", child_id, exc)
-        else:
-            _registry_answered()
+        if span.is_recording():
+            trace_id, span_id = _hex_ids(span.get_span_context())
+            claim = SpawnClaim(
+                parent.run_id,
+                child_id,
+                parent.agent_id,
+                name,
+                key,
+                spawn_stamp.event_id,
+                spawn_stamp.seq,
+                trace_id,
+                span_id,
+            )
+            try:
+                record = registry.register(claim)
+            except Exception as exc:
+                _registry_failed("register", child_id, exc)
+            else:
+                _registry_answered()
         if record is None or record.won:
             tel.stamp_span(span, spawn_stamp, payload)
     if record is None or record.won:
