@@ -132,16 +132,20 @@ def _exporter_names(variable: str) -> list[str]:
     return [name.strip() for name in value.split(",") if name.strip()]
 
 
+def _otlp_protocol() -> tuple[str, str]:
+    """The configured OTLP protocol for traces and the variable that sets it (``grpc`` when
+    none does, as in the SDK)."""
+    for variable in (OTEL_EXPORTER_OTLP_TRACES_PROTOCOL, OTEL_EXPORTER_OTLP_PROTOCOL):
+        if os.environ.get(variable):
+            return os.environ[variable].strip(), variable
+    return "grpc", OTEL_EXPORTER_OTLP_PROTOCOL
+
+
 def _entry_point_name(name: str) -> str:
     """``otlp`` stands for the exporter of the configured protocol, as in the SDK."""
     if name != "otlp":
         return name
-    protocol = (
-        os.environ.get(OTEL_EXPORTER_OTLP_TRACES_PROTOCOL)
-        or os.environ.get(OTEL_EXPORTER_OTLP_PROTOCOL)
-        or "grpc"
-    ).strip()
-    return _OTLP_BY_PROTOCOL.get(protocol, name)
+    return _OTLP_BY_PROTOCOL.get(_otlp_protocol()[0], name)
 
 
 def _trace_exporters(names: Iterable[str]) -> list[SpanExporter]:
@@ -149,6 +153,15 @@ def _trace_exporters(names: Iterable[str]) -> list[SpanExporter]:
     installed, or fails to start, is logged on one line and left out."""
     exporters: list[SpanExporter] = []
     for name in names:
+        protocol, variable = _otlp_protocol()
+        if name == "otlp" and protocol not in _OTLP_BY_PROTOCOL:
+            _logger.error(
+                "agentcap: %s is %r, but the otlp exporters speak %s; not exporting there",
+                variable,
+                protocol,
+                " or ".join(_OTLP_BY_PROTOCOL),
+            )
+            continue
         resolved = _entry_point_name(name)
         found = list(entry_points(group="opentelemetry_traces_exporter", name=resolved))
         if not found:

@@ -217,3 +217,19 @@ def test_a_missing_otlp_exporter_names_what_installs_it(monkeypatch, caplog, pro
         "agentcap: OTEL_TRACES_EXPORTER names 'otlp', but no installed package provides it"
         f" ({install}); not exporting there"
     ]
+
+
+@pytest.mark.parametrize(
+    "variable", ["OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"]
+)
+@pytest.mark.usefixtures("otel_env")
+def test_an_otlp_protocol_that_is_not_supported_is_named(caplog, variable):
+    """otlp with a protocol no OTLP exporter speaks is reported as that protocol, naming the
+    variable and the protocols there are, not as an exporter that is not installed."""
+    os.environ[variable] = "bogus"
+    with caplog.at_level(logging.ERROR, logger=distro.__name__):
+        assert distro._trace_exporters(["otlp"]) == []
+    assert [record.getMessage() for record in caplog.records] == [
+        f"agentcap: {variable} is 'bogus', but the otlp exporters speak grpc or http/protobuf;"
+        " not exporting there"
+    ]
