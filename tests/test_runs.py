@@ -281,6 +281,26 @@ def test_a_context_carried_from_another_event_log_is_not_merged_into_a_run_of_th
 
 @pytest.mark.storage
 @pytest.mark.multiprocess
+def test_a_context_carried_without_a_span_for_an_unknown_run_claims_it_with_a_root(pg_dsn):
+    """A context carried without a span, for a run the event log does not know, claims the run
+    with a root span of its own: the agents run under it, in one trace, as resume=True would."""
+    run_id = _run_id()
+    carried = _process(pg_dsn, run_id, "carried")
+    assert carried.returncode == 0, carried.stderr
+    with psycopg.connect(pg_dsn) as conn:
+        trace_id, root = conn.execute(
+            "SELECT trace_id, root_span_id FROM agentcap.runs WHERE run_id = %s", (run_id,)
+        ).fetchone()
+        spans = conn.execute(
+            "SELECT name, trace_id, parent_span_id FROM agentcap.spans WHERE run_id = %s",
+            (run_id,),
+        ).fetchall()
+    assert trace_id and root
+    assert ("invoke_agent agent-carried", trace_id, root) in spans
+
+
+@pytest.mark.storage
+@pytest.mark.multiprocess
 def test_a_run_resumed_after_a_carried_context_runs_under_its_root_span(pg_dsn):
     """A process that continued a run from a carried span (an agent's), and then resumes the
     run by id, runs the resumed agents under the run's stored root span, not under the span
@@ -347,6 +367,24 @@ def test_a_context_carried_from_another_run_of_the_same_id_is_refused():
             pass
     assert {s.context.trace_id for s in captured.spans} != {0xABC}
     assert 0xABC not in {s.context.trace_id for s in captured.spans}
+
+
+def test_a_context_carried_without_a_span_for_a_run_nobody_knows_starts_it():
+    """A context carried without a span, for a run neither this process nor the log knows,
+    starts the run with its root span (as resume=True does), so its agents share one trace."""
+    run_id = _run_id()
+    carried = {"baggage": RunCarrier(run_id).to_dict()["baggage"]}
+    with capture_events() as captured, ac.run(context=carried):
+        with ac.agent("a"):
+            pass
+        with ac.agent("b"):
+            pass
+    (root,) = _by_name(captured.spans, "invoke_workflow")
+    agents = _by_name(captured.spans, "invoke_agent")
+    assert len(agents) == 2
+    for span in agents:
+        assert span.parent is not None and span.parent.span_id == root.context.span_id
+        assert span.context.trace_id == root.context.trace_id
 
 
 def test_a_run_opened_inside_an_agent_of_another_run_keeps_its_own_id():

@@ -289,16 +289,6 @@ def _start_root(run_id: str, attributes: dict[str, Any], start_ns: int) -> Span:
     )
 
 
-def _known_root(run_id: str) -> SpanContext | None:
-    """The root span of a run carried without a span (no span was recording where the context
-    was taken): this process's record of the run, else the event log's."""
-    prior = recorded_runs.get(run_id)
-    if prior is not None:
-        return prior
-    stored = _claim_in_store(run_id, None, time.time_ns())
-    return _valid(stored.root_span) if stored is not None else None
-
-
 def _check_carried_trace(run_id: str, carried: SpanContext) -> None:
     """Raise :class:`RunExistsError` when this process or the event log knows ``run_id`` in
     another trace than the carried span's: the context was carried from another run of that id
@@ -406,12 +396,13 @@ def run(
     if carrier is not None:
         parent = carrier.span_context
         if parent is None:
-            parent = _known_root(carrier.run_id)
-            if parent is not None:
-                recorded_runs.set(carrier.run_id, parent)
+            # Taken where no span was recording: under the run's root span as this process or
+            # the event log knows it, else the run starts here, with its root span (as
+            # resume=True does).
+            root, parent = _open(carrier.run_id, True, attributes)
         else:
             _check_carried_trace(carrier.run_id, parent)
-        recorded_runs.carried(carrier.run_id, parent)
+            recorded_runs.carried(carrier.run_id, parent)
     elif run_id is None:
         run_id = new_id("run")  # random: never stored before, but claimed for resume elsewhere
         start_ns = time.time_ns()
