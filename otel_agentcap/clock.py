@@ -13,9 +13,11 @@ this process only.
 from __future__ import annotations
 
 import logging
+import os
 import random
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from typing import Final
 
@@ -33,6 +35,7 @@ class LamportClock:
     """A thread-safe logical clock for one agent."""
 
     __slots__ = (
+        "__weakref__",
         "_block_size",
         "_last",
         "_limit",
@@ -67,6 +70,8 @@ class LamportClock:
         # Set by a ClockRegistry that released this clock's run (see ClockRegistry.adopt).
         self._registry: ClockRegistry | None = None
         self._released = False
+        if source is not None:
+            _sourced_clocks.add(self)
 
     @property
     def last(self) -> int:
@@ -118,6 +123,14 @@ class LamportClock:
         assert self._registry is not None
         return self._registry.adopt(self)
 
+    def after_fork_in_child(self) -> None:
+        """A forked child (a pool worker forked inside an agent, say) must not hand out the rest
+        of its parent's block, which the parent goes on using: its next tick reserves a block of
+        its own. Its lock may have been held by a thread the child does not have."""
+        self._lock = threading.Lock()
+        self._limit = 0
+        self._local = False
+
     def _reserve(self, at_least: int) -> int:
         assert self._source is not None
         try:
@@ -147,6 +160,19 @@ class LamportClock:
         self._local = False
         self._limit = start + self._block_size
         return start
+
+
+#: Clocks with a sequence source, whose blocks a forked child must not reuse (held weakly).
+_sourced_clocks: weakref.WeakSet[LamportClock] = weakref.WeakSet()
+
+
+def _clocks_after_fork_in_child() -> None:  # pragma: no cover - runs in a forked child
+    for clock in list(_sourced_clocks):
+        clock.after_fork_in_child()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_clocks_after_fork_in_child)
 
 
 #: The largest random distance of a local block (the last resort of ``LamportClock``) above

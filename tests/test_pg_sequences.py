@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import itertools
+import json
 import multiprocessing
+import os
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 
 import pytest
 from psycopg_pool import ConnectionPool
 
+from otel_agentcap.clock import LamportClock
+from otel_agentcap.exporters.postgres import Database, PostgresSequenceSource
 from otel_agentcap.exporters.postgres.sequences import max_stored_sequence, reserve_sequence_block
 from otel_agentcap.exporters.postgres.writer import EventWriter
 from otel_agentcap.model import Batch, Event, event_id_for
@@ -87,3 +91,30 @@ def test_reserve_with_a_plain_connection(pg_dsn: str) -> None:
         assert reserve_sequence_block(conn, "r", "a", at_least=0, size=3) == 0
     with psycopg.connect(pg_dsn) as conn:
         assert reserve_sequence_block(conn, "r", "a", at_least=0, size=3) == 3
+
+
+@pytest.mark.multiprocess
+def test_a_clock_forked_while_it_holds_a_block_reserves_its_own(pg_dsn: str) -> None:
+    """A process forked while an agent's clock holds a block (a pool worker forked inside an
+    agent) reserves blocks of its own: parent and child never hand out the same sequence."""
+    database = Database(pg_dsn)
+    clock = LamportClock("run", "agent", PostgresSequenceSource(database))
+    try:
+        first = clock.tick()
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child
+            try:
+                os.write(write, json.dumps([clock.tick() for _ in range(5)]).encode())
+            finally:
+                os._exit(0)
+        os.close(write)
+        with os.fdopen(read) as pipe:
+            child = json.loads(pipe.read() or "[]")
+        os.waitpid(pid, 0)
+        parent = [clock.tick() for _ in range(5)]
+    finally:
+        database.close()
+    assert len(child) == 5
+    assert first not in child
+    assert not set(child) & set(parent), (child, parent)
