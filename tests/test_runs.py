@@ -396,6 +396,32 @@ def test_a_run_opened_inside_an_agent_of_another_run_keeps_its_own_id():
     assert roots == {outer, inner}
 
 
+def test_a_stored_run_without_a_root_span_is_resumed_under_a_new_one():
+    """resume=True of a run the log stores without its root span (claimed where nothing was
+    recorded: OTEL_SDK_DISABLED=true) starts the root span, so the agents share one trace."""
+    from otel_agentcap.capture import runs as runs_module
+
+    class StoredWithoutRoot:
+        def claim(self, run_id, root_span, started_at):
+            return runs_module.StoredRun(run_id, None)
+
+    run_id = _run_id()
+    runs_module.set_run_registry(StoredWithoutRoot())
+    try:
+        with capture_events() as captured, ac.run(run_id, resume=True):
+            with ac.agent("a"):
+                pass
+            with ac.agent("b"):
+                pass
+    finally:
+        runs_module.set_run_registry(None)
+    (root,) = _by_name(captured.spans, "invoke_workflow")
+    agents = _by_name(captured.spans, "invoke_agent")
+    assert len(agents) == 2
+    for span in agents:
+        assert span.parent is not None and span.parent.span_id == root.context.span_id
+
+
 @pytest.mark.fault
 def test_a_run_opens_unchecked_when_the_store_cannot_be_asked(caplog):
     """A registry that fails lets runs open (capture never breaks the program), with one warning

@@ -338,7 +338,7 @@ def _open(
                 return None, stored_root
         return None, prior.span
     stored = _claim_in_store(run_id, root_span, start_ns)
-    if stored is not None:
+    if stored is not None and (not resume or _valid(stored.root_span) is not None):
         recorded_runs.set(run_id, stored.root_span)
         if not resume:
             raise RunExistsError(
@@ -346,6 +346,9 @@ def _open(
                 "resume=True) to continue it, or a new run id"
             )
         return None, _valid(stored.root_span)
+    # A new run, or a stored one without its root span (claimed where nothing was recorded,
+    # OTEL_SDK_DISABLED=true say): this root span becomes the run's (the log records the first
+    # root span it gets), so its agents share one trace.
     return root, root_span
 
 
