@@ -145,6 +145,20 @@ def test_a_carried_context_must_name_a_run():
         ac.run_context()
 
 
+def test_a_carrier_built_by_hand_is_checked_when_built():
+    """RunCarrier(...) built in code checks its run id and span context as a parsed one does, so
+    a wrong one fails where it is made, not as an AssertionError (or worse, under python -O)
+    when the run opens."""
+    with pytest.raises(TypeError, match="must be a str"):
+        RunCarrier(None)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="non-empty"):
+        RunCarrier("")
+    with pytest.raises(TypeError, match="SpanContext"):
+        RunCarrier("r", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="must be a str"), ac.run(context=RunCarrier(None)):  # type: ignore[arg-type]
+        pass
+
+
 @pytest.mark.parametrize(
     "traceparent",
     [

@@ -73,6 +73,14 @@ class RunCarrier:
     run_id: str
     span_context: SpanContext | None = None
 
+    def __post_init__(self) -> None:
+        validate_id(self.run_id, "run_id")
+        if self.span_context is not None and not isinstance(self.span_context, SpanContext):
+            raise TypeError(
+                "span_context must be an opentelemetry.trace.SpanContext or None, not "
+                f"{type(self.span_context).__name__}"
+            )
+
     def to_dict(self) -> dict[str, str]:
         """``{"traceparent": ..., "baggage": "agentcap.run.id=..."}`` (W3C formats: the run id
         percent-encoded as a baggage value; no ``traceparent`` when no span was recording)."""
