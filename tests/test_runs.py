@@ -330,8 +330,7 @@ def test_a_run_resumed_after_a_carried_context_runs_under_its_root_span(pg_dsn):
             "SELECT trace_id, root_span_id FROM agentcap.runs WHERE run_id = %s", (run_id,)
         ).fetchone()
         spans = conn.execute(
-            "SELECT name, span_id, parent_span_id, trace_id FROM agentcap.spans"
-            " WHERE run_id = %s",
+            "SELECT name, span_id, parent_span_id, trace_id FROM agentcap.spans WHERE run_id = %s",
             (run_id,),
         ).fetchall()
     assert {span[3] for span in spans} == {trace_id}
@@ -483,3 +482,44 @@ def test_run_attributes_over_the_payload_limit_are_bounded_value_by_value():
     assert _run_attributes(declared) is declared  # stored as capture encoded it
     # Attributes of user values (a hand-built RunRecord) are encoded, their markers escaped.
     assert _run_attributes({"$agentcap.x": 1}) == {"$agentcap.literal": {"$agentcap.x": 1}}
+
+
+def test_a_run_continued_again_from_carried_contexts_asks_the_log_once():
+    """A worker that continues one run from message after message (a carried context each)
+    checks the run in the event log the first time only; a foreign context is still refused."""
+    from opentelemetry.trace import SpanContext, TraceFlags
+
+    from otel_agentcap.capture import runs as runs_module
+
+    class Log:
+        """Stores each run id once, with the root span it was first claimed with."""
+
+        def __init__(self) -> None:
+            self.roots: dict[str, SpanContext | None] = {}
+            self.claims: list[str] = []
+
+        def claim(self, run_id, root_span, started_at):
+            self.claims.append(run_id)
+            if run_id not in self.roots:
+                self.roots[run_id] = root_span
+                return None
+            return runs_module.StoredRun(run_id, self.roots[run_id])
+
+    run_id = _run_id()
+    log = Log()
+    runs_module.set_run_registry(log)
+    try:
+        with capture_events() as captured:
+            with ac.run(run_id), ac.agent("sender"):
+                carried = ac.run_context().to_string()
+            runs_module.forget_runs()  # the worker: another process
+            for message in range(5):
+                with ac.run(context=carried), ac.agent(f"worker-{message}"):
+                    pass
+            foreign = RunCarrier(run_id, SpanContext(0xABC, 0xDEF, True, TraceFlags(1)))
+            with pytest.raises(ac.RunExistsError), ac.run(context=foreign):
+                pass
+    finally:
+        runs_module.set_run_registry(None)
+    assert log.claims == [run_id, run_id]  # the sender's open, the worker's first message
+    assert len({s.context.trace_id for s in captured.spans}) == 1

@@ -218,6 +218,11 @@ class _RecordedRuns:
             recorded = self._runs.get(run_id)
             return recorded.span if recorded is not None and recorded.root else None
 
+    def known(self, run_id: str) -> _Recorded | None:
+        """What ``run_id`` was recorded with: its root span, or a span it was carried with."""
+        with self._lock:
+            return self._runs.get(run_id)
+
     def set(self, run_id: str, root_span: SpanContext | None) -> None:
         with self._lock:
             self._put(run_id, _Recorded(root_span, True))
@@ -301,10 +306,15 @@ def _check_carried_trace(run_id: str, carried: SpanContext) -> None:
     """Raise :class:`RunExistsError` when this process or the event log knows ``run_id`` in
     another trace than the carried span's: the context was carried from another run of that id
     (in another event log, say), and continuing it would merge that run into this one."""
-    root = recorded_runs.get(run_id)
-    if root is None:
+    known = recorded_runs.known(run_id)
+    # A run continued here before is checked here: a worker taking message after message of
+    # one run asks the event log once.
+    root = known.span if known is not None else None
+    if known is None:
         stored = _claim_in_store(run_id, None, time.time_ns())
         root = _valid(stored.root_span) if stored is not None else None
+        if root is not None:
+            recorded_runs.set(run_id, root)
     if root is not None and root.trace_id != carried.trace_id:
         raise RunExistsError(
             f"the context carried for run {run_id!r} is in trace {carried.trace_id:032x}, but "
