@@ -352,3 +352,49 @@ def test_import_counts_and_fails_on_records_it_leaves_out(pg_dsn, pg_empty_dsn, 
     assert f"{result['rejected']} left out (invalid".encode() in done.stdout
     # An unedited file imports with status 0 and nothing left out.
     assert _import(pg_empty_dsn, tmp_path / "run.json")["rejected"] == 0
+
+
+def _demo_otlp(dsn: str, tmp_path: Path) -> tuple[str, dict[str, Any]]:
+    run_id = _demo(dsn)
+    return run_id, json.loads(_export(dsn, run_id, "otlp-json", tmp_path / "run.json"))
+
+
+def _import_error(dsn: str, path: Path) -> str:
+    """The one line ``import`` prints for ``path``, which it refuses with status 1."""
+    done = _cli("import", str(path), "--dsn", dsn)
+    stderr = done.stderr.decode()
+    assert done.returncode == 1, (path.name, stderr)
+    assert stderr.count("\n") == 1 and "Traceback" not in stderr, (path.name, stderr)
+    return stderr
+
+
+def _event_count(dsn: str) -> int:
+    with psycopg.connect(dsn) as conn:
+        return int(conn.execute("SELECT count(*) FROM agentcap.events").fetchone()[0])
+
+
+def test_import_of_otlp_json_with_values_of_the_wrong_shape_is_one_line(
+    pg_dsn, pg_empty_dsn, tmp_path
+):
+    """OTLP/JSON whose objects or lists hold values of another type (a number for a resource,
+    a string for a scope, a list for a status, numbers for span events) is a one-line error and
+    stores nothing."""
+    _, whole = _demo_otlp(pg_dsn, tmp_path)
+
+    def span(d: dict[str, Any]) -> dict[str, Any]:
+        return d["resourceSpans"][0]["scopeSpans"][0]["spans"][0]
+
+    edits = {
+        "resource_number": lambda d: d["resourceSpans"].__setitem__(0, 1),
+        "resource_spans_text": lambda d: d.__setitem__("resourceSpans", "abc"),
+        "scope_text": lambda d: d["resourceSpans"][0]["scopeSpans"][0].__setitem__("scope", "x"),
+        "status_list": lambda d: span(d).__setitem__("status", [1]),
+        "events_numbers": lambda d: span(d).__setitem__("events", [1, 2]),
+    }
+    for name, edit in edits.items():
+        document = json.loads(json.dumps(whole))
+        edit(document)
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(document))
+        assert "malformed OTLP/JSON" in _import_error(pg_empty_dsn, path), name
+    assert _event_count(pg_empty_dsn) == 0

@@ -234,7 +234,7 @@ def _otlp_spans(data: bytes, fmt: str) -> list[Any]:
                 raise ValueError("not OTLP/JSON: expected an object")
             try:
                 spans.extend(spans_from_json(document))
-            except (KeyError, TypeError, ValueError, RecursionError) as exc:
+            except (AttributeError, KeyError, TypeError, ValueError, RecursionError) as exc:
                 raise ValueError(f"malformed OTLP/JSON: {exc!r}") from None
         return spans
     try:

@@ -177,7 +177,8 @@ _KINDS = {
 
 def spans_from_json(data: Mapping[str, Any]) -> list[JsonSpan]:
     """The spans of an OTLP/JSON ``ExportTraceServiceRequest`` (or ``TracesData``); raises
-    ``ValueError`` (``KeyError``, ``TypeError``) on a malformed document."""
+    ``ValueError`` (``KeyError``, ``TypeError``, ``AttributeError`` where a value is not the
+    object a field holds) on a malformed document."""
     spans: list[JsonSpan] = []
     for resource_spans in data.get("resourceSpans") or ():
         resource = _attributes((resource_spans.get("resource") or {}).get("attributes"))
