@@ -398,3 +398,17 @@ def test_import_of_otlp_json_with_values_of_the_wrong_shape_is_one_line(
         path.write_text(json.dumps(document))
         assert "malformed OTLP/JSON" in _import_error(pg_empty_dsn, path), name
     assert _event_count(pg_empty_dsn) == 0
+
+
+def test_import_refuses_json_that_is_not_otlp(pg_dsn, pg_empty_dsn, tmp_path):
+    """A JSON document with no resourceSpans (the run's Jaeger JSON, an empty object, another
+    tool's JSON) is a one-line error saying so, not an import of nothing with status 0."""
+    run_id = _demo(pg_dsn)
+    jaeger = tmp_path / "jaeger.json"
+    _export(pg_dsn, run_id, "jaeger-json", jaeger)
+    assert "Jaeger JSON" in _import_error(pg_empty_dsn, jaeger)
+    for name, text in {"empty_object": "{}", "other": '{"traces": []}'}.items():
+        path = tmp_path / f"{name}.json"
+        path.write_text(text)
+        assert "not OTLP/JSON: no resourceSpans" in _import_error(pg_empty_dsn, path), name
+    assert _event_count(pg_empty_dsn) == 0

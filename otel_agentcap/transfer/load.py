@@ -232,6 +232,13 @@ def _otlp_spans(data: bytes, fmt: str) -> list[Any]:
         for document in _otlp_json_documents(data):
             if not isinstance(document, dict):
                 raise ValueError("not OTLP/JSON: expected an object")
+            if "resourceSpans" not in document:
+                if isinstance(document.get("data"), list):  # /api/traces, as export writes
+                    raise ValueError(
+                        "this is Jaeger JSON, which import does not read (export the run as "
+                        "agentcap-pb or otlp-json to import it)"
+                    )
+                raise ValueError("not OTLP/JSON: no resourceSpans")
             try:
                 spans.extend(spans_from_json(document))
             except (AttributeError, KeyError, TypeError, ValueError, RecursionError) as exc:
