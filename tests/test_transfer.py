@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,8 @@ from otel_agentcap.exporters.postgres.database import Database
 from otel_agentcap.exporters.postgres.writer import EventWriter
 from otel_agentcap.model import EVENT_TYPES, Batch, Event, event_id_for
 from otel_agentcap.testing import capture_events
+from otel_agentcap.transfer import agentcap_pb
+from otel_agentcap.transfer.snapshot import ConflictRow
 
 pytestmark = pytest.mark.storage
 
@@ -412,3 +415,50 @@ def test_import_refuses_json_that_is_not_otlp(pg_dsn, pg_empty_dsn, tmp_path):
         path.write_text(text)
         assert "not OTLP/JSON: no resourceSpans" in _import_error(pg_empty_dsn, path), name
     assert _event_count(pg_empty_dsn) == 0
+
+
+def _edited_pb(source: Path, target: Path, edit: Any) -> Path:
+    """``source`` (an agentcap-pb export of one run) with ``edit`` applied to its snapshot."""
+    (snapshot,) = agentcap_pb.loads(source.read_bytes())
+    target.write_bytes(agentcap_pb.dumps(edit(snapshot)))
+    return target
+
+
+def test_import_refuses_agentcap_pb_rows_of_a_run_it_has_no_record_of(
+    pg_dsn, pg_empty_dsn, tmp_path
+):
+    """An agentcap-pb file whose events, agents, spans or conflicts name a run the file holds no
+    run record of (a run record renamed by hand, one event moved to another run) is a one-line
+    error naming that run, and stores nothing: no run made up from the events, no other rows
+    dropped in silence."""
+    run_id = _demo(pg_dsn)
+    whole = tmp_path / "run.pb"
+    _export(pg_dsn, run_id, "agentcap-pb", whole)
+    (snapshot,) = agentcap_pb.loads(whole.read_bytes())
+    event = snapshot.events[3]
+    conflict = ConflictRow(
+        "run_agent_seq",
+        event.event_id,
+        event.wall_time_us,
+        "digest",
+        replace(event, run_id="ghost-run"),
+    )
+    edits = {
+        "run_renamed": lambda s: replace(s, run=replace(s.run, run_id="renamed-run")),
+        "event_moved": lambda s: replace(
+            s, events=(*s.events[:3], replace(s.events[3], run_id="ghost-run"), *s.events[4:])
+        ),
+        "span_moved": lambda s: replace(
+            s, spans=(replace(s.spans[0], run_id="ghost-run"), *s.spans[1:])
+        ),
+        "agent_moved": lambda s: replace(
+            s, agents=(replace(s.agents[0], run_id="ghost-run"), *s.agents[1:])
+        ),
+        "conflict_of_another_run": lambda s: replace(s, conflicts=(conflict,)),
+    }
+    for name, edit in edits.items():
+        path = _edited_pb(whole, tmp_path / f"{name}.pb", edit)
+        message = _import_error(pg_empty_dsn, path)
+        assert "no record of that run" in message, (name, message)
+        with psycopg.connect(pg_empty_dsn) as conn:
+            assert conn.execute("SELECT count(*) FROM agentcap.runs").fetchone()[0] == 0, name

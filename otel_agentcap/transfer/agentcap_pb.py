@@ -270,14 +270,28 @@ def loads(data: bytes) -> list[RunSnapshot]:
                     row,
                 )
             )
-    run_ids = list(runs) + [r for r in (*events, *agents) if r not in runs]
+    # Every row a log holds of a run belongs to its run row, which an export writes first: rows
+    # of a run with no record would make up a run (its start guessed from the events) or be lost.
+    named: dict[str, Any] = {
+        "agents": agents,
+        "spans": spans,
+        "events": events,
+        "conflicts": conflicts,
+    }
+    for what, rows in named.items():
+        orphans = sorted(rows.keys() - runs.keys())
+        if orphans:
+            raise ValueError(
+                f"the agentcap-pb stream holds {what} of run {orphans[0]!r} but no record of "
+                "that run"
+            )
     return [
         RunSnapshot(
-            runs.get(run_id, RunRow(run_id, None, "{}", None, None)),
+            run,
             tuple(agents.get(run_id, ())),
             tuple(spans.get(run_id, ())),
             tuple(events.get(run_id, ())),
             tuple(conflicts.get(run_id, ())),
         )
-        for run_id in dict.fromkeys(run_ids)
+        for run_id, run in runs.items()
     ]
