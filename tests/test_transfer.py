@@ -462,3 +462,42 @@ def test_import_refuses_agentcap_pb_rows_of_a_run_it_has_no_record_of(
         assert "no record of that run" in message, (name, message)
         with psycopg.connect(pg_empty_dsn) as conn:
             assert conn.execute("SELECT count(*) FROM agentcap.runs").fetchone()[0] == 0, name
+
+
+def test_import_of_agentcap_pb_json_nested_too_deeply_is_one_line(pg_dsn, pg_empty_dsn, tmp_path):
+    """agentcap-pb run attributes or a payload nested deeper than can be read is a one-line error
+    that says so and stores nothing, also when the run is the second of the file."""
+    run_id = _demo(pg_dsn)
+    whole = tmp_path / "run.pb"
+    _export(pg_dsn, run_id, "agentcap-pb", whole)
+    deep = '{"a":' * 100_000 + "1" + "}" * 100_000
+    deep_attributes = _edited_pb(
+        whole,
+        tmp_path / "attributes.pb",
+        lambda s: replace(s, run=replace(s.run, attributes_json=deep)),
+    )
+    run_alone = _edited_pb(
+        whole,
+        tmp_path / "run-alone.pb",
+        lambda s: replace(
+            s,
+            run=replace(s.run, run_id="second", attributes_json=deep),
+            agents=(),
+            spans=(),
+            events=(),
+            conflicts=(),
+        ),
+    )
+    deep_payload = _edited_pb(
+        whole,
+        tmp_path / "payload.pb",
+        lambda s: replace(
+            s, events=(replace(s.events[0], payload_json=f'["\\u0000", {deep}]'), *s.events[1:])
+        ),
+    )
+    second = tmp_path / "second.pb"
+    second.write_bytes(whole.read_bytes() + run_alone.read_bytes())
+    for path in (deep_attributes, deep_payload, second):
+        assert "nested too deeply" in _import_error(pg_empty_dsn, path), path.name
+    with psycopg.connect(pg_empty_dsn) as conn:
+        assert conn.execute("SELECT count(*) FROM agentcap.runs").fetchone()[0] == 0

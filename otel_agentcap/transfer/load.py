@@ -136,6 +136,15 @@ def snapshot_batches(snapshot: RunSnapshot) -> list[Batch]:
     return [head, *rest]
 
 
+def _readable_batches(snapshot: RunSnapshot) -> list[Batch]:
+    try:
+        return snapshot_batches(snapshot)
+    except RecursionError:
+        raise ValueError(
+            f"run {snapshot.run.run_id!r}: its attributes or a payload are JSON nested too deeply"
+        ) from None
+
+
 # A conflict row lives in the partition of its run's start, which the run's row (stored by the
 # writer with the snapshot's first batch) holds; a run the log refused (pruned) takes none.
 _INSERT_CONFLICT: Final = """
@@ -269,9 +278,12 @@ def import_file(database: Database, data: bytes) -> ImportResult:
         with instrumentation_suppressed():
             database.ensure_schema()
             if fmt == "agentcap-pb":
-                for snapshot in agentcap_pb.loads(data):
+                # Every run of the file is read before the first is written: a run that cannot
+                # be read stores nothing of the others.
+                planned = [(s, _readable_batches(s)) for s in agentcap_pb.loads(data)]
+                for snapshot, batches in planned:
                     result.runs.append(snapshot.run.run_id)
-                    for batch in snapshot_batches(snapshot):
+                    for batch in batches:
                         result.add(writer.write(batch))
                     result.conflicts_imported += _import_conflicts(database, snapshot)
             else:
