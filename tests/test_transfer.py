@@ -21,7 +21,7 @@ from otel_agentcap.exporters.postgres.database import Database
 from otel_agentcap.exporters.postgres.writer import EventWriter
 from otel_agentcap.model import EVENT_TYPES, Batch, Event, event_id_for
 from otel_agentcap.testing import capture_events
-from otel_agentcap.transfer import agentcap_pb
+from otel_agentcap.transfer import agentcap_pb, load
 from otel_agentcap.transfer.snapshot import ConflictRow
 
 pytestmark = pytest.mark.storage
@@ -501,3 +501,60 @@ def test_import_of_agentcap_pb_json_nested_too_deeply_is_one_line(pg_dsn, pg_emp
         assert "nested too deeply" in _import_error(pg_empty_dsn, path), path.name
     with psycopg.connect(pg_empty_dsn) as conn:
         assert conn.execute("SELECT count(*) FROM agentcap.runs").fetchone()[0] == 0
+
+
+def test_an_import_that_fails_part_way_says_what_it_stored(
+    pg_dsn, pg_empty_dsn, tmp_path, monkeypatch
+):
+    """When the log refuses a write after part of an agentcap-pb file was stored (a second run
+    with a payload PostgreSQL cannot hold, conflict rows with a reason it does not know), the
+    one-line error says which runs were stored in full and what of the failing run was, and the
+    rows stored are exactly those."""
+    first_id, second_id = _demo(pg_dsn), _demo(pg_dsn)
+    first, second = tmp_path / "first.pb", tmp_path / "second.pb"
+    _export(pg_dsn, first_id, "agentcap-pb", first)
+    _export(pg_dsn, second_id, "agentcap-pb", second)
+    overflow = _edited_pb(
+        second,
+        tmp_path / "overflow.pb",
+        lambda s: replace(s, events=(replace(s.events[0], payload_json="1e999999"), *s.events[1:])),
+    )
+    two_runs = tmp_path / "two-runs.pb"
+    two_runs.write_bytes(first.read_bytes() + overflow.read_bytes())
+    message = _import_error(pg_empty_dsn, two_runs)
+    assert "stopped part-way" in message, message
+    assert f"run {first_id!r} in full" in message and f"nothing of run {second_id!r}" in message
+    stored = _rows(pg_empty_dsn, first_id)
+    assert {k: v for k, v in stored.items() if k != "conflicts"} == {
+        k: v for k, v in _rows(pg_dsn, first_id).items() if k != "conflicts"
+    }
+    assert _rows(pg_empty_dsn, second_id)["runs"] == []
+
+    (snapshot,) = agentcap_pb.loads(second.read_bytes())
+    event = snapshot.events[0]
+    conflict = ConflictRow("no such reason", event.event_id, event.wall_time_us, "d", event)
+    bad_conflict = _edited_pb(
+        second, tmp_path / "bad-conflict.pb", lambda s: replace(s, conflicts=(conflict,))
+    )
+    message = _import_error(pg_empty_dsn, bad_conflict)
+    assert f"run {second_id!r} but for its 1 conflict rows" in message, message
+    assert len(_rows(pg_empty_dsn, second_id)["events"]) == len(snapshot.events)
+
+    # A run written in several batches, the third refused: the first two stay, and are named.
+    monkeypatch.setattr(load, "EVENTS_PER_WRITE", 10)
+    late = _edited_pb(
+        second,
+        tmp_path / "late.pb",
+        lambda s: replace(
+            s, events=(*s.events[:25], replace(s.events[25], payload_json="1e999999"))
+        ),
+    )
+    database = Database(pg_empty_dsn)
+    try:
+        with pytest.raises(load.ImportIncomplete) as failed:
+            load.import_file(database, late.read_bytes())
+    finally:
+        database.close()
+    assert f"of run {second_id!r} its run, agent and span records and 20 of its 26 events" in str(
+        failed.value
+    )

@@ -14,8 +14,12 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
+import psycopg
+
 from otel_agentcap import jsonsafe
+from otel_agentcap.exporters.postgres.connection import first_line
 from otel_agentcap.exporters.postgres.database import Database, instrumentation_suppressed
+from otel_agentcap.exporters.postgres.errors import AgentCapStorageError
 from otel_agentcap.exporters.postgres.exporter import log_rejected_spans, write_spans
 from otel_agentcap.exporters.postgres.partitions import ensure_partitions
 from otel_agentcap.exporters.postgres.writer import EventWriter, WriteResult
@@ -196,6 +200,59 @@ def _import_conflicts(database: Database, snapshot: RunSnapshot) -> int:
     return added
 
 
+class ImportIncomplete(AgentCapStorageError):
+    """A write failed after part of the file was stored, which stays stored (the log is
+    append-only): the message says what it is, ``result`` counts it."""
+
+    def __init__(self, message: str, result: ImportResult) -> None:
+        super().__init__(message)
+        self.result = result
+
+
+def _import_snapshots(
+    database: Database,
+    writer: EventWriter,
+    planned: list[tuple[RunSnapshot, list[Batch]]],
+    result: ImportResult,
+) -> None:
+    """Write each run's batches, then its conflicts; a failure after the first write raises
+    :class:`ImportIncomplete` naming what was stored (each batch is all or nothing)."""
+    for number, (snapshot, batches) in enumerate(planned):
+        run_id = snapshot.run.run_id
+        result.runs.append(run_id)
+        written = events = 0
+        try:
+            for batch in batches:
+                result.add(writer.write(batch))
+                written += 1
+                events += len(batch.events)
+            result.conflicts_imported += _import_conflicts(database, snapshot)
+        except (AgentCapStorageError, psycopg.Error) as exc:
+            if number == 0 and written == 0:
+                raise  # nothing stored
+            if written == 0:
+                part = f"nothing of run {run_id!r}"
+            elif written < len(batches):
+                part = (
+                    f"of run {run_id!r} its run, agent and span records and {events} of its "
+                    f"{len(snapshot.events)} events"
+                )
+            else:
+                part = f"run {run_id!r} but for its {len(snapshot.conflicts)} conflict rows"
+            stored = [f"run {s.run.run_id!r} in full" for s, _ in planned[:number]]
+            rest = [s.run.run_id for s, _ in planned[number + 1 :]]
+            raise ImportIncomplete(
+                f"import stopped part-way ({first_line(exc)}); stored: "
+                + ", ".join([*stored, part])
+                + (
+                    f"; not stored: the runs after it ({', '.join(map(repr, rest))})"
+                    if rest
+                    else ""
+                ),
+                result,
+            ) from exc
+
+
 def detect_format(data: bytes) -> str:
     """``agentcap-pb``, ``otlp-json`` or ``otlp-protobuf``."""
     if data.lstrip()[:1] == b"{":
@@ -268,7 +325,8 @@ def _otlp_spans(data: bytes, fmt: str) -> list[Any]:
 
 def import_file(database: Database, data: bytes) -> ImportResult:
     """Load ``data`` into the log of ``database``; raises ``ValueError`` for a file it cannot read
-    and ``AgentCapStorageError`` when the write fails (nothing of that write is stored)."""
+    (nothing is stored) and ``AgentCapStorageError`` when a write fails: nothing of that write is
+    stored, and :class:`ImportIncomplete` when earlier writes were."""
     if not data.strip():
         raise ValueError("the input is empty: nothing to import")
     fmt = detect_format(data)
@@ -281,11 +339,7 @@ def import_file(database: Database, data: bytes) -> ImportResult:
                 # Every run of the file is read before the first is written: a run that cannot
                 # be read stores nothing of the others.
                 planned = [(s, _readable_batches(s)) for s in agentcap_pb.loads(data)]
-                for snapshot, batches in planned:
-                    result.runs.append(snapshot.run.run_id)
-                    for batch in batches:
-                        result.add(writer.write(batch))
-                    result.conflicts_imported += _import_conflicts(database, snapshot)
+                _import_snapshots(database, writer, planned, result)
             else:
                 spans = _otlp_spans(data, fmt)
                 batch = batch_from_spans(spans, raw_payloads=True)
