@@ -558,3 +558,25 @@ def test_an_import_that_fails_part_way_says_what_it_stored(
     assert f"of run {second_id!r} its run, agent and span records and 20 of its 26 events" in str(
         failed.value
     )
+
+
+def test_import_summary_shows_control_characters_of_run_ids_as_escapes(
+    pg_dsn, pg_empty_dsn, tmp_path
+):
+    """A run id from the file that holds terminal controls (an escape sequence, a line break, a
+    bidirectional override) is printed in the import's summary as escapes, on one line."""
+    run_id = "r\x1b]0;title\x07\x1b[31mred\nfake line \u202e"
+    exporter = PostgresSpanExporter(pg_dsn)
+    try:
+        with capture_events() as captured, ac.run(run_id), ac.agent("lead"):
+            ac.Memory("m")["k"] = 1
+        assert exporter.export(captured.spans).name == "SUCCESS"
+    finally:
+        exporter.shutdown()
+    path = tmp_path / "run.pb"
+    _export(pg_dsn, run_id, "agentcap-pb", path)
+    done = _cli("import", str(path), "--dsn", pg_empty_dsn)
+    assert done.returncode == 0, done.stderr.decode()
+    summary = done.stdout.decode()
+    assert summary.count("\n") == 1 and "\x1b" not in summary and "\u202e" not in summary
+    assert "r\\x1b]0;title\\x07\\x1b[31mred\\nfake line \\u202e" in summary, summary

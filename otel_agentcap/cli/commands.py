@@ -316,7 +316,8 @@ def cmd_import(args: argparse.Namespace) -> int:
     ]
     print(
         f"imported {result.format} into {len(result.runs)} run(s) "
-        f"({', '.join(result.runs) or 'none'}): {result.events_inserted} events stored, "
+        f"({_shown(', '.join(result.runs), _LINE_CONTROL_RE) or 'none'}): "
+        f"{result.events_inserted} events stored, "
         f"{result.duplicates} already there, {result.conflicts} conflicting"
         + (f", {result.conflicts_imported} conflict rows" if result.format == "agentcap-pb" else "")
         + "".join(f", {text}" for text in extra)
