@@ -580,3 +580,29 @@ def test_import_summary_shows_control_characters_of_run_ids_as_escapes(
     summary = done.stdout.decode()
     assert summary.count("\n") == 1 and "\x1b" not in summary and "\u202e" not in summary
     assert "r\\x1b]0;title\\x07\\x1b[31mred\\nfake line \\u202e" in summary, summary
+
+
+def test_import_of_otlp_json_times_outside_64_bits_is_one_line(pg_dsn, pg_empty_dsn, tmp_path):
+    """OTLP/JSON span or span event times that are no 64-bit count of nanoseconds (Infinity,
+    1e400, 10**30, a negative number) are a one-line 'malformed OTLP/JSON' error that stores
+    nothing, not a traceback nor spans left out one by one."""
+    _, whole = _demo_otlp(pg_dsn, tmp_path)
+    text = json.dumps(whole)
+    spans = [s for r in whole["resourceSpans"] for ss in r["scopeSpans"] for s in ss["spans"]]
+    first_start = spans[0]["startTimeUnixNano"]
+    ends = {s["endTimeUnixNano"] for s in spans}
+    spans[0]["events"] = [{"timeUnixNano": "1" + "0" * 30, "name": "late"}]
+    cases = {
+        "infinity": text.replace(f'"{first_start}"', "Infinity"),
+        "float_overflow": text.replace(f'"{first_start}"', "1e400"),
+        "negative": text.replace(f'"{first_start}"', '"-5"'),
+        "event_time": json.dumps(whole),
+    }
+    for end in ends:
+        text = text.replace(f'"{end}"', '"1' + "0" * 30 + '"')
+    cases["end_times"] = text
+    for name, data in cases.items():
+        path = tmp_path / f"{name}.json"
+        path.write_text(data)
+        assert "malformed OTLP/JSON" in _import_error(pg_empty_dsn, path), name
+    assert _event_count(pg_empty_dsn) == 0

@@ -307,7 +307,14 @@ def _otlp_spans(data: bytes, fmt: str) -> list[Any]:
                 raise ValueError("not OTLP/JSON: no resourceSpans")
             try:
                 spans.extend(spans_from_json(document))
-            except (AttributeError, KeyError, TypeError, ValueError, RecursionError) as exc:
+            except (
+                AttributeError,
+                KeyError,
+                OverflowError,
+                TypeError,
+                ValueError,
+                RecursionError,
+            ) as exc:
                 raise ValueError(f"malformed OTLP/JSON: {exc!r}") from None
         return spans
     try:

@@ -166,6 +166,14 @@ def _id(text: Any, size: int) -> int:
     return int.from_bytes(raw, "big")
 
 
+def _nanos(value: Any, what: str) -> int:
+    """A time in nanoseconds since the epoch, as OTLP holds it (a ``fixed64``)."""
+    nanos = int(value or 0)
+    if not 0 <= nanos < 2**64:
+        raise ValueError(f"{what} {str(value)[:40]} is not a 64-bit count of nanoseconds")
+    return nanos
+
+
 _KINDS = {
     1: SpanKind.INTERNAL,
     2: SpanKind.SERVER,
@@ -178,7 +186,7 @@ _KINDS = {
 def spans_from_json(data: Mapping[str, Any]) -> list[JsonSpan]:
     """The spans of an OTLP/JSON ``ExportTraceServiceRequest`` (or ``TracesData``); raises
     ``ValueError`` (``KeyError``, ``TypeError``, ``AttributeError`` where a value is not the
-    object a field holds) on a malformed document."""
+    object a field holds, ``OverflowError`` for an infinite number) on a malformed document."""
     spans: list[JsonSpan] = []
     for resource_spans in data.get("resourceSpans") or ():
         resource = _attributes((resource_spans.get("resource") or {}).get("attributes"))
@@ -202,12 +210,13 @@ def spans_from_json(data: Mapping[str, Any]) -> list[JsonSpan]:
                             JsonSpanEvent(
                                 str(e.get("name") or ""),
                                 _attributes(e.get("attributes")),
-                                int(e.get("timeUnixNano") or 0),
+                                _nanos(e.get("timeUnixNano"), "timeUnixNano"),
                             )
                             for e in span.get("events") or ()
                         ),
-                        start_time=int(span.get("startTimeUnixNano") or 0) or None,
-                        end_time=int(span.get("endTimeUnixNano") or 0) or None,
+                        start_time=_nanos(span.get("startTimeUnixNano"), "startTimeUnixNano")
+                        or None,
+                        end_time=_nanos(span.get("endTimeUnixNano"), "endTimeUnixNano") or None,
                         status=Status(
                             status_code,
                             (status.get("message") or None)
