@@ -606,3 +606,30 @@ def test_import_of_otlp_json_times_outside_64_bits_is_one_line(pg_dsn, pg_empty_
         path.write_text(data)
         assert "malformed OTLP/JSON" in _import_error(pg_empty_dsn, path), name
     assert _event_count(pg_empty_dsn) == 0
+
+
+def test_import_refuses_agentcap_pb_cut_between_two_messages(pg_dsn, pg_empty_dsn, tmp_path):
+    """An agentcap-pb file cut short exactly after one of its messages (its framing alone cannot
+    show it) is the one-line 'truncated' error and stores nothing; so is a second run of a
+    concatenated file cut so; whole files, concatenated or not, import."""
+    run_id = _demo(pg_dsn)
+    whole = _export(pg_dsn, run_id, "agentcap-pb", tmp_path / "run.pb")
+    ends = []
+    position = 0
+    while position < len(whole):
+        size, position = agentcap_pb._read_varint(whole, position)
+        position += size
+        ends.append(position)
+    assert len(ends) > 1 and ends[-1] == len(whole)
+    for end in ends[:-1]:
+        path = tmp_path / f"cut-{end}.pb"
+        path.write_bytes(whole[:end])
+        assert "truncated agentcap-pb stream" in _import_error(pg_empty_dsn, path)
+        concatenated = tmp_path / f"then-cut-{end}.pb"
+        concatenated.write_bytes(whole + whole[:end])
+        assert "truncated agentcap-pb stream" in _import_error(pg_empty_dsn, concatenated)
+    with psycopg.connect(pg_empty_dsn) as conn:
+        assert conn.execute("SELECT count(*) FROM agentcap.runs").fetchone()[0] == 0
+    twice = tmp_path / "twice.pb"
+    twice.write_bytes(whole + whole)
+    assert _import(pg_empty_dsn, twice)["runs"] == [run_id]

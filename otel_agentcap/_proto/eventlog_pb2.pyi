@@ -6,14 +6,16 @@ from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Map
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Header(_message.Message):
-    __slots__ = ("format", "schema", "producer")
+    __slots__ = ("format", "schema", "producer", "batches")
     FORMAT_FIELD_NUMBER: _ClassVar[int]
     SCHEMA_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_FIELD_NUMBER: _ClassVar[int]
+    BATCHES_FIELD_NUMBER: _ClassVar[int]
     format: str
     schema: str
     producer: str
-    def __init__(self, format: _Optional[str] = ..., schema: _Optional[str] = ..., producer: _Optional[str] = ...) -> None: ...
+    batches: int
+    def __init__(self, format: _Optional[str] = ..., schema: _Optional[str] = ..., producer: _Optional[str] = ..., batches: _Optional[int] = ...) -> None: ...
 
 class Run(_message.Message):
     __slots__ = ("run_id", "started_at_unix_nano", "attributes_json", "trace_id", "root_span_id")

@@ -1,7 +1,8 @@
 """``agentcap-pb``: a run as a length-delimited stream of ``agentcap.eventlog.v1.Batch`` messages
 (``proto/agentcap/eventlog/v1/eventlog.proto``): each message preceded by its size as a varint.
-The first batch holds the header, the run, its agents and span envelopes; events follow in
-batches of :data:`EVENTS_PER_BATCH`, then the conflicts."""
+The first batch holds the header (which counts the batches, so that a stream cut short between
+two of them reads as cut short), the run, its agents and span envelopes; events follow in batches
+of :data:`EVENTS_PER_BATCH`, then the conflicts."""
 
 from __future__ import annotations
 
@@ -65,8 +66,15 @@ def _optional(message: Any, **fields: Any) -> Any:
 
 def batches(snapshot: RunSnapshot) -> Iterator[Any]:
     run = snapshot.run
+    events = snapshot.events
+    count = 1 + -(-len(events) // EVENTS_PER_BATCH) + (1 if snapshot.conflicts else 0)
     head = pb.Batch(
-        header=pb.Header(format=FORMAT, schema=SCHEMA, producer=f"otel-agentcap {__version__}")
+        header=pb.Header(
+            format=FORMAT,
+            schema=SCHEMA,
+            producer=f"otel-agentcap {__version__}",
+            batches=count,
+        )
     )
     head.runs.append(
         _optional(
@@ -105,7 +113,6 @@ def batches(snapshot: RunSnapshot) -> Iterator[Any]:
             )
         )
     yield head
-    events = snapshot.events
     for start in range(0, len(events), EVENTS_PER_BATCH):
         yield pb.Batch(events=[_event(row) for row in events[start : start + EVENTS_PER_BATCH]])
     if snapshot.conflicts:
@@ -189,6 +196,14 @@ def is_agentcap_pb(data: bytes) -> bool:
     return bool(header.format == FORMAT)
 
 
+def _check_count(announced: int, seen: int) -> None:
+    if seen < announced:
+        raise ValueError(
+            f"truncated agentcap-pb stream (after {seen} of the {announced} messages its header "
+            "announced)"
+        )
+
+
 def _event_row(event: Any) -> EventRow:
     return EventRow(
         event.event_id,
@@ -216,11 +231,19 @@ def loads(data: bytes) -> list[RunSnapshot]:
     spans: dict[str, list[SpanRow]] = {}
     events: dict[str, list[EventRow]] = {}
     conflicts: dict[str, list[ConflictRow]] = {}
+    # Messages a header announced and how many of them came (0 of 0: the header did not say).
+    announced = seen = 0
     for index, batch in enumerate(read_batches(data)):
         if index == 0 and (not batch.HasField("header") or batch.header.format != FORMAT):
             raise ValueError("not an agentcap-pb stream (no header)")
-        if batch.HasField("header") and batch.header.schema != SCHEMA:
-            raise ValueError(f"unsupported schema {batch.header.schema!r} (this reads {SCHEMA})")
+        if batch.HasField("header"):
+            if batch.header.schema != SCHEMA:
+                raise ValueError(
+                    f"unsupported schema {batch.header.schema!r} (this reads {SCHEMA})"
+                )
+            _check_count(announced, seen)
+            announced, seen = batch.header.batches, 0
+        seen += 1
         for run in batch.runs:
             started = _opt(run, "started_at_unix_nano")
             runs[run.run_id] = RunRow(
@@ -270,6 +293,7 @@ def loads(data: bytes) -> list[RunSnapshot]:
                     row,
                 )
             )
+    _check_count(announced, seen)
     # Every row a log holds of a run belongs to its run row, which an export writes first: rows
     # of a run with no record would make up a run (its start guessed from the events) or be lost.
     named: dict[str, Any] = {
