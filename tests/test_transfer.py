@@ -4,6 +4,7 @@ and on a run with every event type, the Jaeger JSON the UI reads, and deduplicat
 from __future__ import annotations
 
 import json
+import resource
 import subprocess
 import sys
 from dataclasses import replace
@@ -633,3 +634,21 @@ def test_import_refuses_agentcap_pb_cut_between_two_messages(pg_dsn, pg_empty_ds
     twice = tmp_path / "twice.pb"
     twice.write_bytes(whole + whole)
     assert _import(pg_empty_dsn, twice)["runs"] == [run_id]
+
+
+def test_import_of_an_endless_file_runs_out_of_memory_in_one_line(pg_dsn):
+    """``import /dev/zero`` (a file that never ends) under a memory limit is a one-line error
+    saying that reading it ran out of memory, not a MemoryError traceback."""
+
+    def limit_memory() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (300 * 2**20, 300 * 2**20))
+
+    done = subprocess.run(
+        [sys.executable, "-m", "otel_agentcap.cli", "import", "/dev/zero", "--dsn", pg_dsn],
+        capture_output=True,
+        timeout=180,
+        preexec_fn=limit_memory,
+    )
+    stderr = done.stderr.decode()
+    assert done.returncode == 1, stderr
+    assert stderr == "otel-agentcap: cannot read /dev/zero: out of memory\n", stderr

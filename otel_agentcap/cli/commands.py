@@ -290,6 +290,8 @@ def cmd_import(args: argparse.Namespace) -> int:
                 data = source.read()
     except OSError as exc:
         raise CliError(f"cannot read {args.file}: {exc.strerror or exc}") from None
+    except MemoryError:  # /dev/zero, say: the input is read whole
+        raise CliError(f"cannot read {args.file}: out of memory") from None
     dsn = _dsn(args)
     with _connect(dsn) as conn:  # a bad DSN is a one-line error here
         migrate(conn)
