@@ -652,3 +652,17 @@ def test_import_of_an_endless_file_runs_out_of_memory_in_one_line(pg_dsn):
     stderr = done.stderr.decode()
     assert done.returncode == 1, stderr
     assert stderr == "otel-agentcap: cannot read /dev/zero: out of memory\n", stderr
+
+
+def test_otlp_json_with_a_byte_order_mark_imports(pg_dsn, pg_empty_dsn, tmp_path):
+    """OTLP/JSON saved with a UTF-8 byte order mark (as some Windows editors save it), one
+    document or JSON Lines, imports as the file without it does."""
+    run_id, whole = _demo_otlp(pg_dsn, tmp_path)
+    marked = tmp_path / "marked.json"
+    marked.write_bytes(b"\xef\xbb\xbf" + (tmp_path / "run.json").read_bytes())
+    result = _import(pg_empty_dsn, marked)
+    assert result["runs"] == [run_id] and result["format"] == "otlp-json"
+    assert _rows(pg_empty_dsn, run_id) == _rows(pg_dsn, run_id)
+    lines = tmp_path / "marked.jsonl"
+    lines.write_bytes(b"\xef\xbb\xbf" + (json.dumps(whole) + "\n" + json.dumps(whole)).encode())
+    assert _import(pg_empty_dsn, lines)["duplicates"] == 2 * result["events_inserted"]

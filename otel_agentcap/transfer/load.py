@@ -31,6 +31,7 @@ from otel_agentcap.transfer.snapshot import EventRow, RunSnapshot
 
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 EVENTS_PER_WRITE: Final = 5000
+_UTF8_BOM: Final = b"\xef\xbb\xbf"
 
 
 @dataclass
@@ -336,6 +337,9 @@ def import_file(database: Database, data: bytes) -> ImportResult:
     stored, and :class:`ImportIncomplete` when earlier writes were."""
     if not data.strip():
         raise ValueError("the input is empty: nothing to import")
+    unmarked = data.removeprefix(_UTF8_BOM)  # JSON saved with a byte order mark
+    if unmarked.lstrip()[:1] == b"{":
+        data = unmarked
     fmt = detect_format(data)
     result = ImportResult(fmt)
     writer = EventWriter(database.pool)
