@@ -666,3 +666,38 @@ def test_otlp_json_with_a_byte_order_mark_imports(pg_dsn, pg_empty_dsn, tmp_path
     lines = tmp_path / "marked.jsonl"
     lines.write_bytes(b"\xef\xbb\xbf" + (json.dumps(whole) + "\n" + json.dumps(whole)).encode())
     assert _import(pg_empty_dsn, lines)["duplicates"] == 2 * result["events_inserted"]
+
+
+def test_import_leaves_out_agentcap_pb_span_envelopes_no_trace_can_hold(
+    pg_dsn, pg_empty_dsn, tmp_path
+):
+    """agentcap-pb span envelopes whose ids are not lower-case hex trace and span ids, or whose
+    kind or status code OpenTelemetry does not have, are left out with a warning, counted as
+    rejected (status 1), and the rest is stored: stored, they made an otlp-json export that
+    import refuses ('zz' as a parent span id) or that exports again to other bytes (kind 99)."""
+    run_id = _demo(pg_dsn)
+    whole = tmp_path / "run.pb"
+    _export(pg_dsn, run_id, "agentcap-pb", whole)
+    edits = {
+        "span_id": {"span_id": "zz"},
+        "trace_id": {"trace_id": "AB" * 16},
+        "parent": {"parent_span_id": "12345"},
+        "kind": {"kind": 99},
+        "status": {"status_code": 7},
+    }
+    for name, change in edits.items():
+        path = _edited_pb(
+            whole,
+            tmp_path / f"{name}.pb",
+            lambda s, change=change: replace(
+                s, spans=(replace(s.spans[-1], **change), *s.spans[:-1])
+            ),
+        )
+        done = _cli("import", str(path), "--dsn", pg_empty_dsn, "--json")
+        assert done.returncode == 1, (name, done.stderr.decode())
+        assert json.loads(done.stdout)["rejected"] == 1, name
+        assert b"span envelope" in done.stderr, name
+    assert _import(pg_empty_dsn, whole)["rejected"] == 0  # the span left out each time
+    assert _rows(pg_empty_dsn, run_id) == _rows(pg_dsn, run_id)
+    again = _export(pg_empty_dsn, run_id, "otlp-json", tmp_path / "again.json")
+    assert again == _export(pg_dsn, run_id, "otlp-json", tmp_path / "first.json")

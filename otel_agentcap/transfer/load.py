@@ -10,7 +10,8 @@ id goes to ``agentcap.conflicts``, and nothing stored is ever changed.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+import logging
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
@@ -27,9 +28,10 @@ from otel_agentcap.model import AgentRecord, Batch, Event, RunRecord, SpanRecord
 from otel_agentcap.pipeline.mapping import batch_from_spans
 from otel_agentcap.transfer import agentcap_pb
 from otel_agentcap.transfer.otlp_json import spans_from_json
-from otel_agentcap.transfer.snapshot import EventRow, RunSnapshot
+from otel_agentcap.transfer.snapshot import EventRow, RunSnapshot, SpanRow
 
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
+_log = logging.getLogger(__name__)
 EVENTS_PER_WRITE: Final = 5000
 _UTF8_BOM: Final = b"\xef\xbb\xbf"
 
@@ -79,6 +81,50 @@ def _event(row: EventRow) -> Event:
         trace_id=row.trace_id,
         span_id=row.span_id,
     )
+
+
+_HEX: Final = frozenset("0123456789abcdef")
+#: OpenTelemetry's SpanKind and StatusCode values, as the log stores them.
+_SPAN_KINDS: Final = range(5)
+_STATUS_CODES: Final = range(3)
+
+
+def _hex_id(value: str | None, digits: int) -> bool:
+    return value is not None and len(value) == digits and _HEX.issuperset(value)
+
+
+def _span_reason(span: SpanRow) -> str | None:
+    """Why ``span`` cannot be a span of a trace (what the otlp-json and jaeger-json exports
+    draw), or None."""
+    if not _hex_id(span.trace_id, 32):
+        return f"trace id {span.trace_id[:40]!r} is not 32 lower-case hex digits"
+    if not _hex_id(span.span_id, 16):
+        return f"span id {span.span_id[:40]!r} is not 16 lower-case hex digits"
+    if span.parent_span_id is not None and not _hex_id(span.parent_span_id, 16):
+        return f"parent span id {span.parent_span_id[:40]!r} is not 16 lower-case hex digits"
+    if span.kind not in _SPAN_KINDS:
+        return f"span kind {span.kind} is not an OpenTelemetry SpanKind (0 to 4)"
+    if span.status_code not in _STATUS_CODES:
+        return f"status code {span.status_code} is not an OpenTelemetry StatusCode (0 to 2)"
+    return None
+
+
+def valid_spans(snapshot: RunSnapshot) -> tuple[RunSnapshot, int]:
+    """``snapshot`` without the span envelopes no trace can hold (logged), and how many those
+    were: the writer takes envelopes as they are, and the trace exports draw them."""
+    reasons = [(span, _span_reason(span)) for span in snapshot.spans]
+    bad = [reason for _, reason in reasons if reason is not None]
+    if not bad:
+        return snapshot, 0
+    _log.warning(
+        "agentcap: %d span envelope(s) of run %r broke a validation rule and were left out, "
+        "e.g.: %s",
+        len(bad),
+        snapshot.run.run_id,
+        "; ".join(sorted(set(bad))[:3]),
+    )
+    spans = tuple(span for span, reason in reasons if reason is None)
+    return replace(snapshot, spans=spans), len(bad)
 
 
 def snapshot_batches(snapshot: RunSnapshot) -> list[Batch]:
@@ -349,7 +395,12 @@ def import_file(database: Database, data: bytes) -> ImportResult:
             if fmt == "agentcap-pb":
                 # Every run of the file is read before the first is written: a run that cannot
                 # be read stores nothing of the others.
-                planned = [(s, _readable_batches(s)) for s in agentcap_pb.loads(data)]
+                snapshots = []
+                for snapshot in agentcap_pb.loads(data):
+                    snapshot, left_out = valid_spans(snapshot)
+                    result.rejected += left_out
+                    snapshots.append(snapshot)
+                planned = [(s, _readable_batches(s)) for s in snapshots]
                 _import_snapshots(database, writer, planned, result)
             else:
                 spans = _otlp_spans(data, fmt)
