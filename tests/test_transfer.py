@@ -8,6 +8,7 @@ import resource
 import subprocess
 import sys
 from dataclasses import replace
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ from otel_agentcap import jsonsafe
 from otel_agentcap.exporters.postgres import PostgresSpanExporter
 from otel_agentcap.exporters.postgres.database import Database
 from otel_agentcap.exporters.postgres.writer import EventWriter
-from otel_agentcap.model import EVENT_TYPES, Batch, Event, event_id_for
+from otel_agentcap.model import EVENT_TYPES, Batch, Event, RunRecord, SpanRecord, event_id_for
 from otel_agentcap.testing import capture_events
 from otel_agentcap.transfer import agentcap_pb, load
 from otel_agentcap.transfer.snapshot import ConflictRow
@@ -701,3 +702,50 @@ def test_import_leaves_out_agentcap_pb_span_envelopes_no_trace_can_hold(
     assert _rows(pg_empty_dsn, run_id) == _rows(pg_dsn, run_id)
     again = _export(pg_empty_dsn, run_id, "otlp-json", tmp_path / "again.json")
     assert again == _export(pg_dsn, run_id, "otlp-json", tmp_path / "first.json")
+
+
+def test_trace_exports_leave_out_events_whose_ids_no_trace_can_hold(pg_dsn, pg_empty_dsn, tmp_path):
+    """Events stored (by hand-built batches) with trace or span ids that are not hex trace and
+    span ids, a run record with such a root span, and a span envelope's parent of that kind are
+    left out of the otlp-json and
+    jaeger-json exports, as events without a span id are: the otlp-json export imports and
+    exports again to the same bytes, and no 'zz' reaches Jaeger."""
+    run_id = "odd-ids"
+    now = datetime.now(UTC)
+    keys = ["a", "b", "c"]
+    ids = [event_id_for(run_id, "lead", key) for key in keys]
+    odd = [("t" * 32, "zz" * 8), ("ab" * 16, "zz"), ("cd" * 16, "ef" * 8)]
+    events = tuple(
+        Event(
+            ids[i],
+            run_id,
+            "lead",
+            i,
+            "memory_write",
+            keys[i],
+            now,
+            (ids[i - 1],) if i else (),
+            {"i": i},
+            trace,
+            span,
+        )
+        for i, (trace, span) in enumerate(odd)
+    )
+    database = Database(pg_dsn)
+    writer = EventWriter(database.pool)
+    try:
+        run = RunRecord(run_id, now, {}, "not a trace id", "zz")
+        envelope = SpanRecord(
+            run_id, "cd" * 16, "ef" * 8, "zz", "op", 0, now, now, 0, None, None, None
+        )
+        batch = Batch(events=events, runs=(run,), spans=(envelope,))
+        assert writer.write(batch).inserted == 3
+    finally:
+        writer.close()
+        database.close()
+    first = _export(pg_dsn, run_id, "otlp-json", tmp_path / "first.json")
+    assert b"zz" not in first and b"not a trace id" not in first
+    assert b"zz" not in _export(pg_dsn, run_id, "jaeger-json", tmp_path / "jaeger.json")
+    result = _import(pg_empty_dsn, tmp_path / "first.json")
+    assert result["events_inserted"] == 1 and result["rejected"] == 0
+    assert _export(pg_empty_dsn, run_id, "otlp-json", tmp_path / "second.json") == first

@@ -7,7 +7,9 @@ carries the parent event (at most ``attributes.MAX_CAUSAL_LINKS`` per span, as a
 The run's root span is rebuilt from its envelope, or, when that never reached the log (the process
 that opened the run stopped before its root span ended), from the run row: started when the run
 started, ended with the run's last span. Events without a span id (hand-built batches) have no
-place in a trace and are left out (counted in :attr:`RunTrace.events_without_span`).
+place in a trace and are left out (counted in :attr:`RunTrace.events_without_span`), and so are
+events whose trace and span ids are not the hex ids of a trace (hand-built batches may store any
+text); a run root and span parents with such ids are left out too.
 """
 
 from __future__ import annotations
@@ -15,8 +17,8 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, Final
 
 from otel_agentcap import attributes as attr
 from otel_agentcap.capture.memory import MEMORY_KEY, MEMORY_NAME
@@ -152,6 +154,8 @@ class _Builder:
             event = self.by_event.get(self.aside[parent_id])
         if event is None or event.trace_id is None or event.span_id is None:
             return None
+        if not in_trace(event.trace_id, event.span_id):
+            return None  # left out of the trace (see rebuild)
         return event.trace_id, event.span_id
 
     def links(self, envelope: SpanRow, events: list[EventRow]) -> tuple[TraceLink, ...]:
@@ -289,6 +293,22 @@ def _origin_attributes(span: TraceSpan, agent: AgentRow) -> TraceSpan:
     return TraceSpan(span.envelope, span.attributes + tuple(extra), span.links, span.events)
 
 
+_HEX: Final = frozenset("0123456789abcdef")
+
+
+def in_trace(trace_id: str | None, span_id: str | None) -> bool:
+    """Whether ``trace_id`` and ``span_id`` are ids a trace can hold (lower-case hex, 32 and 16
+    digits, as the mapping stores them); a hand-built batch may store any text."""
+    return (
+        trace_id is not None
+        and span_id is not None
+        and len(trace_id) == 32
+        and len(span_id) == 16
+        and _HEX.issuperset(trace_id)
+        and _HEX.issuperset(span_id)
+    )
+
+
 def rebuild(snapshot: RunSnapshot) -> RunTrace:
     """The trace of the run in ``snapshot``, spans ordered by (start, trace id, span id)."""
     builder = _Builder(snapshot)
@@ -297,7 +317,11 @@ def rebuild(snapshot: RunSnapshot) -> RunTrace:
     grouped: dict[tuple[str, str], list[EventRow]] = defaultdict(list)
     without_span = 0
     for event in snapshot.events:
-        if event.trace_id is None or event.span_id is None:
+        if (
+            event.trace_id is None
+            or event.span_id is None
+            or not in_trace(event.trace_id, event.span_id)
+        ):
             without_span += 1
             continue
         grouped[(event.trace_id, event.span_id)].append(event)
@@ -306,6 +330,9 @@ def rebuild(snapshot: RunSnapshot) -> RunTrace:
     for key in sorted(grouped, key=lambda k: (min(e.wall_time_us for e in grouped[k]), k)):
         events = sorted(grouped[key], key=lambda e: (e.logical_seq, e.event_id))
         envelope = envelopes.get(key) or _synthesized(run.run_id, events)
+        parent = envelope.parent_span_id
+        if parent is not None and not in_trace(envelope.trace_id, parent):
+            envelope = replace(envelope, parent_span_id=None)
         first_span_of.setdefault(events[0].agent_id, len(spans))
         spans.append(builder.span(envelope, events))
     # An agent whose origin (parent, spawn) no agent_start span carried gets it on its first span.
@@ -316,7 +343,11 @@ def rebuild(snapshot: RunSnapshot) -> RunTrace:
             continue
         index = first_span_of[agent.agent_id]
         spans[index] = _origin_attributes(spans[index], agent)
-    if run.trace_id is not None and run.root_span_id is not None:
+    if (
+        run.trace_id is not None
+        and run.root_span_id is not None
+        and in_trace(run.trace_id, run.root_span_id)
+    ):
         root = envelopes.get((run.trace_id, run.root_span_id))
         if root is None:
             ends = [s.envelope.end_us for s in spans]
