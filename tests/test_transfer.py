@@ -509,7 +509,7 @@ def test_an_import_that_fails_part_way_says_what_it_stored(
     pg_dsn, pg_empty_dsn, tmp_path, monkeypatch
 ):
     """When the log refuses a write after part of an agentcap-pb file was stored (a second run
-    with a payload PostgreSQL cannot hold, conflict rows with a reason it does not know), the
+    with a payload PostgreSQL cannot hold, a conflict row whose payload is not JSON), the
     one-line error says which runs were stored in full and what of the failing run was, and the
     rows stored are exactly those."""
     first_id, second_id = _demo(pg_dsn), _demo(pg_dsn)
@@ -534,7 +534,8 @@ def test_an_import_that_fails_part_way_says_what_it_stored(
 
     (snapshot,) = agentcap_pb.loads(second.read_bytes())
     event = snapshot.events[0]
-    conflict = ConflictRow("no such reason", event.event_id, event.wall_time_us, "d", event)
+    aside = replace(event, payload_json="{not json")
+    conflict = ConflictRow("run_agent_seq", event.event_id, event.wall_time_us, "d", aside)
     bad_conflict = _edited_pb(
         second, tmp_path / "bad-conflict.pb", lambda s: replace(s, conflicts=(conflict,))
     )
@@ -749,3 +750,36 @@ def test_trace_exports_leave_out_events_whose_ids_no_trace_can_hold(pg_dsn, pg_e
     result = _import(pg_empty_dsn, tmp_path / "first.json")
     assert result["events_inserted"] == 1 and result["rejected"] == 0
     assert _export(pg_empty_dsn, run_id, "otlp-json", tmp_path / "second.json") == first
+
+
+def test_import_leaves_out_agentcap_pb_conflict_rows_the_log_cannot_hold(
+    pg_dsn, pg_empty_dsn, tmp_path
+):
+    """agentcap-pb conflict rows with a reason the log does not know or ids that are not UUIDs
+    are left out with a warning and counted as rejected (status 1), before anything is written:
+    the run is stored in full and the valid conflict row with it, where they made the write of
+    the conflicts fail after the run was stored."""
+    run_id = _demo(pg_dsn)
+    whole = tmp_path / "run.pb"
+    _export(pg_dsn, run_id, "agentcap-pb", whole)
+    (snapshot,) = agentcap_pb.loads(whole.read_bytes())
+    event = snapshot.events[0]
+    other = replace(snapshot.events[1], payload_json='{"other": 1}')
+
+    def conflict(reason: str, existing: str | None, row: Any) -> ConflictRow:
+        return ConflictRow(reason, existing, event.wall_time_us, "digest-" + reason, row)
+
+    conflicts = (
+        conflict("run_agent_seq", event.event_id, other),
+        conflict("no such reason", event.event_id, other),
+        conflict("run_agent_key", "nope", other),
+        conflict("event_id_content", event.event_id, replace(other, causal_parent_ids=("x",))),
+    )
+    path = _edited_pb(whole, tmp_path / "conflicts.pb", lambda s: replace(s, conflicts=conflicts))
+    done = _cli("import", str(path), "--dsn", pg_empty_dsn, "--json")
+    assert done.returncode == 1, done.stderr.decode()
+    result = json.loads(done.stdout)
+    assert result["rejected"] == 3 and result["conflicts_imported"] == 1, result
+    assert b"conflict row" in done.stderr
+    stored = _rows(pg_empty_dsn, run_id)
+    assert len(stored["events"]) == len(snapshot.events) and len(stored["conflicts"]) == 1

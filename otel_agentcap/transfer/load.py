@@ -28,7 +28,7 @@ from otel_agentcap.model import AgentRecord, Batch, Event, RunRecord, SpanRecord
 from otel_agentcap.pipeline.mapping import batch_from_spans
 from otel_agentcap.transfer import agentcap_pb
 from otel_agentcap.transfer.otlp_json import spans_from_json
-from otel_agentcap.transfer.snapshot import EventRow, RunSnapshot, SpanRow
+from otel_agentcap.transfer.snapshot import ConflictRow, EventRow, RunSnapshot, SpanRow
 
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 _log = logging.getLogger(__name__)
@@ -125,6 +125,60 @@ def valid_spans(snapshot: RunSnapshot) -> tuple[RunSnapshot, int]:
     )
     spans = tuple(span for span, reason in reasons if reason is None)
     return replace(snapshot, spans=spans), len(bad)
+
+
+#: The reasons agentcap.conflicts admits (its CHECK constraint).
+_CONFLICT_REASONS: Final = frozenset(
+    {
+        "event_id_content",
+        "run_agent_seq",
+        "run_agent_key",
+        "invalid_event_type",
+        "model_call_response_id",
+        "model_call_request_id",
+    }
+)
+
+
+def _uuid(value: str) -> bool:
+    """Whether ``value`` is the text of a UUID (hyphens anywhere, as the validator admits)."""
+    try:
+        return len(value) <= 40 and len(bytes.fromhex(value.replace("-", ""))) == 16
+    except ValueError:
+        return False
+
+
+def _conflict_reason(conflict: ConflictRow) -> str | None:
+    """Why agentcap.conflicts cannot hold ``conflict``, or None."""
+    if conflict.reason not in _CONFLICT_REASONS:
+        return f"conflict reason {conflict.reason[:40]!r} is not one the log knows"
+    event = conflict.event
+    for what, value in (
+        ("event id", event.event_id),
+        ("existing event id", conflict.existing_event_id),
+        *(("causal parent id", parent) for parent in event.causal_parent_ids),
+    ):
+        if value is not None and not _uuid(value):
+            return f"{what} {value[:40]!r} of a conflict row is not a UUID"
+    return None
+
+
+def valid_conflicts(snapshot: RunSnapshot) -> tuple[RunSnapshot, int]:
+    """``snapshot`` without the conflict rows the log cannot hold (logged), and how many those
+    were: they would fail the write of the conflicts after the run's rows were stored."""
+    reasons = [(conflict, _conflict_reason(conflict)) for conflict in snapshot.conflicts]
+    bad = [reason for _, reason in reasons if reason is not None]
+    if not bad:
+        return snapshot, 0
+    _log.warning(
+        "agentcap: %d conflict row(s) of run %r broke a validation rule and were left out, "
+        "e.g.: %s",
+        len(bad),
+        snapshot.run.run_id,
+        "; ".join(sorted(set(bad))[:3]),
+    )
+    conflicts = tuple(conflict for conflict, reason in reasons if reason is None)
+    return replace(snapshot, conflicts=conflicts), len(bad)
 
 
 def snapshot_batches(snapshot: RunSnapshot) -> list[Batch]:
@@ -397,8 +451,9 @@ def import_file(database: Database, data: bytes) -> ImportResult:
                 # be read stores nothing of the others.
                 snapshots = []
                 for snapshot in agentcap_pb.loads(data):
-                    snapshot, left_out = valid_spans(snapshot)
-                    result.rejected += left_out
+                    snapshot, spans_left_out = valid_spans(snapshot)
+                    snapshot, conflicts_left_out = valid_conflicts(snapshot)
+                    result.rejected += spans_left_out + conflicts_left_out
                     snapshots.append(snapshot)
                 planned = [(s, _readable_batches(s)) for s in snapshots]
                 _import_snapshots(database, writer, planned, result)
