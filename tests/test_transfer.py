@@ -783,3 +783,23 @@ def test_import_leaves_out_agentcap_pb_conflict_rows_the_log_cannot_hold(
     assert b"conflict row" in done.stderr
     stored = _rows(pg_empty_dsn, run_id)
     assert len(stored["events"]) == len(snapshot.events) and len(stored["conflicts"]) == 1
+
+
+def test_the_conflict_reasons_import_admits_are_the_logs(pg_dsn):
+    """The conflict reasons import checks rows against are exactly those agentcap.conflicts'
+    CHECK constraint admits (a migration that adds one must add it here too)."""
+    import re
+
+    from otel_agentcap.transfer.load import _CONFLICT_REASONS
+
+    with psycopg.connect(pg_dsn) as conn:
+        definitions = [
+            row[0]
+            for row in conn.execute(
+                "SELECT pg_get_constraintdef(oid) FROM pg_constraint"
+                " WHERE conrelid = 'agentcap.conflicts'::regclass AND contype = 'c'"
+            )
+        ]
+    (reasons,) = [d for d in definitions if "reason" in d]
+    assert set(re.findall(r"'([a-z_]+)'", reasons)) == _CONFLICT_REASONS
+
