@@ -427,5 +427,5 @@ def loads(text: str | None) -> Any:
         return None
     try:
         return json.loads(text)
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, RecursionError):  # RecursionError: nested too deeply
         return {"$agentcap.unparsed": _encode_plain(str(text))}

@@ -173,6 +173,8 @@ def test_loads_keeps_unparsable_text():
     assert jsonsafe.loads('{"a": 1') == {"$agentcap.unparsed": '{"a": 1'}
     assert jsonsafe.loads(None) is None
     assert jsonsafe.loads("[1]") == [1]
+    deep = "[" * 100_000 + "]" * 100_000  # deeper than the parser recurses
+    assert jsonsafe.loads(deep) == {"$agentcap.unparsed": deep}
 
 
 json_plain = st.recursive(

@@ -237,6 +237,49 @@ def test_payload_cut_by_a_length_limit_is_stored_safely_with_the_rest(pg_dsn):
     assert row is not None and "$agentcap.unparsed" in row[0]
 
 
+def test_a_payload_nested_deeper_than_the_server_parses_is_stored_safely_with_the_rest(pg_dsn):
+    """A payload of JSON nested deeper than PostgreSQL parses ("stack depth limit exceeded", an
+    OperationalError by its class) is not taken for a broken connection and retried until the
+    batch is given up: it is stored as $agentcap.unparsed and every other event lands."""
+    from opentelemetry.sdk.trace import ReadableSpan
+
+    from otel_agentcap import attributes as attr
+    from otel_agentcap.exporters.postgres import PostgresSpanExporter
+
+    with capture_events() as captured:
+        _program("run-deep")
+    spans = list(captured.spans)
+    victim = next(s for s in spans if (s.attributes or {}).get(attr.EVENT_TYPE) == "memory_write")
+    deep = dict(victim.attributes or {})
+    deep[attr.EVENT_PAYLOAD] = "[" * 200_000 + "]" * 200_000
+    spans[spans.index(victim)] = ReadableSpan(
+        name=victim.name,
+        context=victim.context,
+        parent=victim.parent,
+        attributes=deep,
+        events=victim.events,
+        start_time=victim.start_time,
+        end_time=victim.end_time,
+        instrumentation_scope=victim.instrumentation_scope,
+    )
+    exporter = PostgresSpanExporter(pg_dsn, writers=1)
+    try:
+        exporter.export(spans)
+        stats = exporter.stats()
+    finally:
+        exporter.shutdown()
+    assert stats.failed_attempts == 0 and stats.events_failed == 0
+    assert _count(pg_dsn, "SELECT count(*) FROM agentcap.events WHERE run_id = 'run-deep'") == len(
+        captured.events
+    )
+    with psycopg.connect(pg_dsn) as conn:
+        row = conn.execute(
+            "SELECT payload FROM agentcap.events WHERE run_id = 'run-deep' "
+            "AND event_type = 'memory_write'"
+        ).fetchone()
+    assert row is not None and "$agentcap.unparsed" in row[0]
+
+
 def test_a_row_the_server_refuses_costs_only_its_own_span(pg_dsn):
     """A span whose row PostgreSQL refuses (here a trigger refuses its payload) does not take the
     rest of its batch down: the batch is written in halves and only that span's events fail."""

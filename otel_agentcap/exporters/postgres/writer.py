@@ -911,6 +911,11 @@ class EventWriter:
                 raise ConnectionFailed(
                     f"no database connection within {self._connect_timeout}s: {exc}"
                 ) from exc
+            except psycopg.errors.StatementTooComplex as exc:
+                # "stack depth limit exceeded": JSON nested deeper than the server parses. An
+                # OperationalError by SQLSTATE class, but a payload is the problem: retrying
+                # cannot help, parsing the payloads again (made safe) can.
+                raise InvalidPayload(f"batch rejected and rolled back: {exc}") from exc
             except psycopg.errors.ProgramLimitExceeded as exc:
                 # An OperationalError by SQLSTATE class, but the rows are the problem (an index
                 # entry over its size limit), not the connection: retrying cannot help.
