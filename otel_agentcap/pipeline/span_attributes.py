@@ -30,11 +30,14 @@ _EMPTY: Mapping[str, AttributeValue] = {}
 def attributes_of(span: Any) -> Mapping[str, AttributeValue]:
     """The attributes of ``span`` (SDK span, ``ReadableSpan`` or anything with ``attributes``),
     not copied: never mutate the result."""
-    inner = getattr(getattr(span, "_attributes", None), "_dict", None)
+    held = getattr(span, "_attributes", None)
+    inner = getattr(held, "_dict", None)
     if type(inner) is dict:
         return inner
-    if type(span).__module__.startswith("opentelemetry.sdk"):  # an SDK span (no SDK import here)
-        _sdk_parts_missing()
+    if type(held) is dict:  # a ReadableSpan built with a plain dict (by hand, or a copy)
+        return held
+    if held is not None and type(span).__module__.startswith("opentelemetry.sdk"):
+        _sdk_parts_missing()  # an SDK span whose attributes are not what this module knows
     return getattr(span, "attributes", None) or _EMPTY
 
 
