@@ -42,7 +42,7 @@ import re
 import reprlib
 import uuid
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 MARKER_PREFIX: Final = "$agentcap."
 DEFAULT_MAX_PAYLOAD_CHARS: Final = 256 * 1024
@@ -405,27 +405,33 @@ class RawJson(str):
     __slots__ = ()
 
 
-def raw_or_loads(text: str) -> Any:
+def raw_or_loads(text: str, *, too_deep: Literal["keep", "raise"] = "keep") -> Any:
     """``RawJson(text)`` for text free of what jsonb rejects even in valid JSON (NUL escapes,
     surrogate escapes, lone surrogates), else :func:`loads`. Validity as JSON is not checked here:
     parsing costs more than the write itself, so the exporter lets PostgreSQL check and, if it
     rejects a batch, maps it again with :func:`loads` (see ``PostgresSpanExporter``)."""
     if "\\u0000" in text or "\\ud" in text or "\\uD" in text:
-        return loads(text)
+        return loads(text, too_deep=too_deep)
     if not text.isascii():
         try:
             text.encode("utf-8")
         except UnicodeEncodeError:
-            return loads(text)
+            return loads(text, too_deep=too_deep)
     return RawJson(text)
 
 
-def loads(text: str | None) -> Any:
-    """Parse a payload attribute; text that is not JSON (e.g. cut by an attribute length limit)
-    comes back as ``{"$agentcap.unparsed": <text>}`` instead of being lost."""
+def loads(text: str | None, *, too_deep: Literal["keep", "raise"] = "keep") -> Any:
+    """Parse a payload attribute; text that is not JSON (e.g. cut by an attribute length limit),
+    or JSON nested deeper than the parser recurses, comes back as ``{"$agentcap.unparsed":
+    <text>}`` instead of being lost. With ``too_deep="raise"`` the latter is a RecursionError (an
+    import reports it instead of storing a marker in place of a value it was given)."""
     if text is None:
         return None
     try:
         return json.loads(text)
-    except (ValueError, TypeError, RecursionError):  # RecursionError: nested too deeply
+    except RecursionError:
+        if too_deep == "raise":
+            raise
+        return {"$agentcap.unparsed": _encode_plain(str(text))}
+    except (ValueError, TypeError):
         return {"$agentcap.unparsed": _encode_plain(str(text))}

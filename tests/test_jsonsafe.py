@@ -175,6 +175,8 @@ def test_loads_keeps_unparsable_text():
     assert jsonsafe.loads("[1]") == [1]
     deep = "[" * 100_000 + "]" * 100_000  # deeper than the parser recurses
     assert jsonsafe.loads(deep) == {"$agentcap.unparsed": deep}
+    with pytest.raises(RecursionError):
+        jsonsafe.loads(deep, too_deep="raise")
 
 
 json_plain = st.recursive(

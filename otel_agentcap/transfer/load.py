@@ -77,7 +77,11 @@ def _event(row: EventRow) -> Event:
         idempotency_key=row.idempotency_key,
         wall_time=_time(row.wall_time_us),
         causal_parent_ids=row.causal_parent_ids,
-        payload=None if row.payload_json is None else jsonsafe.raw_or_loads(row.payload_json),
+        payload=(
+            None
+            if row.payload_json is None
+            else jsonsafe.raw_or_loads(row.payload_json, too_deep="raise")
+        ),
         trace_id=row.trace_id,
         span_id=row.span_id,
     )
@@ -185,7 +189,8 @@ def snapshot_batches(snapshot: RunSnapshot) -> list[Batch]:
     """The batches that store ``snapshot`` (its conflicts aside): the run, agents and spans with
     the first events, then the other events in chunks."""
     run = snapshot.run
-    attributes = jsonsafe.loads(run.attributes_json)  # as the log stored it: encoded already
+    # As the log stored it (encoded already); nested too deeply is an error, not a marker.
+    attributes = jsonsafe.loads(run.attributes_json, too_deep="raise")
     events = [_event(row) for row in snapshot.events]
     started = (
         _time(run.started_at_us)
