@@ -652,3 +652,55 @@ def test_an_outcome_that_cannot_be_written_is_written_later(ledger, pg_dsn, monk
     with ac.run(run_id, resume=True), ac.agent("a"):
         assert work.invoke("w", 1) == 2
     assert calls == [1]
+
+
+@pytest.mark.fault
+@pytest.mark.parametrize("cancelled", ["while_the_claim_runs", "after_it_returned"])
+def test_a_task_cancelled_while_it_claims_leaves_no_claim_behind(ledger, pg_dsn, cancelled):
+    """An async call cancelled while its ledger claim is in flight (or returned but not yet seen)
+    releases the claim it won: a retry runs the body instead of waiting for a claim renewed
+    forever by a process that runs no body."""
+    import asyncio
+
+    real = ledger.claim
+    entered, returned = threading.Event(), threading.Event()
+    go = threading.Event()
+
+    def gated_claim(call: Any) -> Any:
+        entered.set()
+        if cancelled == "while_the_claim_runs":
+            go.wait(5)
+        claim = real(call)
+        returned.set()
+        return claim
+
+    calls: list[int] = []
+
+    @ac.tool
+    async def work(n: int) -> int:
+        calls.append(n)
+        return n * 2
+
+    async def main() -> int:
+        async with ac.agent("a"):
+            task = asyncio.create_task(work.invoke("w", 1))
+            while not entered.is_set():
+                await asyncio.sleep(0.01)
+            if cancelled == "after_it_returned":
+                returned.wait(5)  # blocks the loop: the task has not seen the claim yet
+            task.cancel()
+            go.set()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            ledger.claim = real  # type: ignore[method-assign]
+            return await asyncio.wait_for(work.invoke("w", 1), 10)
+
+    ledger.claim = gated_claim  # type: ignore[method-assign]
+    run_id = _run_id()
+    with ac.run(run_id, resume=True):
+        assert asyncio.run(main()) == 2
+    assert calls == [1]
+    assert _rows(pg_dsn, "SELECT status FROM agentcap.tool_ledger WHERE run_id = %s", run_id) == [
+        ("succeeded",)
+    ]
+    assert ledger.running_claims() == 0

@@ -506,6 +506,52 @@ class _Unavailable:
 ledger_state = _Unavailable()
 
 
+class _ThreadClaim:
+    """One ``ledger.claim`` run in a worker thread for an async caller. A caller cancelled while
+    the statement runs has abandoned it: a claim it won is released (by the worker, or, when the
+    worker had already finished, by the caller in another thread), so it is not left running and
+    renewed by this process while no body runs."""
+
+    __slots__ = ("abandoned", "call", "claim", "ledger", "lock")
+
+    def __init__(self, ledger: ToolLedger, call: LedgerCall) -> None:
+        self.ledger = ledger
+        self.call = call
+        self.lock = threading.Lock()
+        self.abandoned = False
+        self.claim: LedgerClaim | None = None
+
+    def run(self) -> LedgerClaim:
+        claim = self.ledger.claim(self.call)
+        with self.lock:
+            self.claim = claim
+            abandoned = self.abandoned
+        if abandoned and claim.state == "claimed":
+            self.ledger.release(self.call, claim.attempt)
+        return claim
+
+    def abandon(self) -> None:
+        with self.lock:
+            self.abandoned = True
+            claim = self.claim
+        if claim is not None and claim.state == "claimed":
+            threading.Thread(
+                target=self.ledger.release,
+                args=(self.call, claim.attempt),
+                name="agentcap-ledger-release",
+                daemon=True,
+            ).start()
+
+
+async def _claim_in_thread(ledger: ToolLedger, call: LedgerCall) -> LedgerClaim:
+    pending = _ThreadClaim(ledger, call)
+    try:
+        return await asyncio.to_thread(pending.run)
+    except asyncio.CancelledError:
+        pending.abandon()
+        raise
+
+
 def _poll_delays() -> Any:
     delay = POLL_FIRST
     while True:
@@ -782,7 +828,7 @@ class Tool(Generic[P, R]):
         try:
             while True:
                 try:
-                    claim = await asyncio.to_thread(ledger.claim, entry.ledger_call)
+                    claim = await _claim_in_thread(ledger, entry.ledger_call)
                 except Exception as error:
                     if getattr(error, "fatal", False):
                         raise
