@@ -20,34 +20,45 @@ class _NotPlain(Exception):
     pass
 
 
-def _copy_plain(value: Any, budget: list[int], depth: int) -> Any:
+def _copy_plain(value: Any, budget: list[int], depth: int, memo: dict[int, Any]) -> Any:
     """A copy of ``value`` made of dicts, lists and tuples of immutable values; raises _NotPlain
-    for anything else (or when the budget or depth runs out)."""
+    for anything else (or when the budget or depth runs out). A container reached twice is copied
+    once (``memo``, by id, as ``copy.deepcopy`` does), so the copy shares what the value shared."""
     cls = type(value)
     if cls is not dict and cls is not list and cls is not tuple:
         raise _NotPlain
+    copied_before = memo.get(id(value))
+    if copied_before is not None:
+        return copied_before
     budget[0] -= len(value)
     if budget[0] < 0 or depth > _PLAIN_DEPTH:
         raise _NotPlain
     immutable = _IMMUTABLE
     if cls is dict:
-        out = {}
+        out: dict[Any, Any] = {}
+        memo[id(value)] = out
         for key, item in value.items():
             if type(item) not in immutable:
-                item = _copy_plain(item, budget, depth + 1)
+                item = _copy_plain(item, budget, depth + 1, memo)
             out[key] = item
         return out
     if cls is list:
         copied = value[:]
+        memo[id(value)] = copied
         for index, item in enumerate(copied):
             if type(item) not in immutable:
-                copied[index] = _copy_plain(item, budget, depth + 1)
+                copied[index] = _copy_plain(item, budget, depth + 1, memo)
         return copied
     for item in value:  # a tuple: copied only if it holds something mutable
         if type(item) not in immutable:
-            return tuple(
-                [x if type(x) in immutable else _copy_plain(x, budget, depth + 1) for x in value]
+            out_tuple = tuple(
+                [
+                    x if type(x) in immutable else _copy_plain(x, budget, depth + 1, memo)
+                    for x in value
+                ]
             )
+            memo[id(value)] = out_tuple
+            return out_tuple
     return value
 
 
@@ -61,7 +72,7 @@ def private_copy(value: Any) -> Any:
         return value
     if cls is dict or cls is list or cls is tuple:
         try:
-            return _copy_plain(value, [_PLAIN_BUDGET], 0)
+            return _copy_plain(value, [_PLAIN_BUDGET], 0, {})
         except (_NotPlain, RecursionError):
             pass
     try:
