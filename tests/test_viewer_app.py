@@ -151,6 +151,24 @@ def test_errors_are_json_with_status(server):
     assert status == 404 and body["error"]  # beyond bigint: no such event, not a crash
 
 
+@pytest.mark.storage
+def test_a_nul_in_a_text_parameter_is_400_not_a_database_error(server, pg_dsn):
+    """A run id, agent id or filter holding NUL (which PostgreSQL text cannot hold) names
+    nothing stored: 400 with a message, never a 500."""
+    write_batches(pg_dsn, [Batch(events=(_event("r", "a", 1, "agent_start", {}),))])
+    for path in (
+        "/api/runs?q=%00",
+        "/api/run?run=r%00",
+        "/api/run/version?run=%00",
+        "/api/run/labels?run=r&from=0&to=9&agent=a%00",
+        "/api/run/event?run=r&agent=a%00&seq=1",
+        "/api/run/conflict?run=%00&id=1",
+    ):
+        status, _, body = _get(f"{server.url}{path}")
+        assert (status, "NUL" in body["error"]) == (400, True), (path, status, body)
+    assert _get(f"{server.url}/api/run/event?run=r&agent=a&seq=1")[0] == 200
+
+
 def test_database_down_is_503(tmp_path):
     """With the database unreachable the API answers 503 quickly, and pages still load."""
     config = ViewerConfig(dsn="postgresql://postgres@127.0.0.1:1/x", connect_timeout=1)

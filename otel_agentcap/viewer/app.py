@@ -184,6 +184,14 @@ def _int_param(request: Request, name: str, default: int | None = None) -> int:
         raise ValueError(f"parameter {name!r} must be an integer") from None
 
 
+def _text(name: str, value: str) -> str:
+    """A text parameter as the log can hold it: PostgreSQL text has no NUL character, so one
+    with NUL names nothing stored (400 rather than a database error)."""
+    if "\x00" in value:
+        raise ValueError(f"parameter {name!r} must not contain NUL")
+    return value
+
+
 def _principal(request: Request) -> Principal:
     principal: Principal = request.scope[_PRINCIPAL]
     return principal
@@ -195,6 +203,7 @@ def _run_param(request: Request) -> str:
     run_id = request.query_params.get("run")
     if not run_id:
         raise ValueError("missing parameter 'run'")
+    _text("run", run_id)
     if not _principal(request).allows(run_id):
         raise RunNotFound(run_id)
     return run_id
@@ -241,7 +250,7 @@ def create_app(config: ViewerConfig) -> Starlette:
             conn,
             limit=_int_param(request, "limit", 200),
             offset=_int_param(request, "offset", 0),
-            search=request.query_params.get("q") or None,
+            search=_text("q", request.query_params.get("q") or "") or None,
             scope=_principal(request).scope,
         )
 
@@ -252,7 +261,7 @@ def create_app(config: ViewerConfig) -> Starlette:
         return documents.version_document(conn, _run_param(request))
 
     def labels(request: Request, conn: psycopg.Connection[Any]) -> Any:
-        agents = request.query_params.getlist("agent") or None
+        agents = [_text("agent", a) for a in request.query_params.getlist("agent")] or None
         return documents.labels_document(
             conn,
             _run_param(request),
@@ -266,7 +275,7 @@ def create_app(config: ViewerConfig) -> Starlette:
         if agent is None:
             raise ValueError("missing parameter 'agent'")
         return documents.event_document(
-            conn, _run_param(request), agent, _int_param(request, "seq")
+            conn, _run_param(request), _text("agent", agent), _int_param(request, "seq")
         )
 
     def conflict(request: Request, conn: psycopg.Connection[Any]) -> Any:
