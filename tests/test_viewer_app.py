@@ -114,6 +114,18 @@ def test_runs_are_listed_newest_first_with_totals_search_and_pages(server, pg_ds
 
 
 @pytest.mark.storage
+def test_a_runs_page_offset_beyond_bigint_is_an_empty_page(server, pg_dsn):
+    """An offset past what PostgreSQL's OFFSET holds (a bigint) is a page past every run, as a
+    smaller one past the end is, not a database error; a negative one is the first page."""
+    write_batches(pg_dsn, [Batch(events=(_event("r", "a", 1, "agent_start", {}),))])
+    for offset in (2**63 - 1, 2**63, 10**30):
+        status, _, body = _get(f"{server.url}/api/runs?offset={offset}")
+        assert (status, body["runs"], body["more"]) == (200, [], False), (offset, body)
+    status, _, body = _get(f"{server.url}/api/runs?offset=-{10**30}")
+    assert (status, [r["run_id"] for r in body["runs"]]) == (200, ["r"])
+
+
+@pytest.mark.storage
 def test_labels_are_short_and_payloads_exact(server, pg_dsn):
     """A window of labels never carries a large payload; one event's payload is the stored JSON
     text, digit for digit, and markup in it stays text."""

@@ -21,6 +21,8 @@ from .labels import label
 
 #: Most runs one page of the runs list holds.
 MAX_RUNS_PAGE: Final = 500
+#: PostgreSQL's OFFSET is a bigint: a larger offset is past every run all the same.
+_MAX_OFFSET: Final = 2**63 - 1
 
 
 def _iso(value: Any) -> str | None:
@@ -57,10 +59,11 @@ def runs_document(
     """A page of the runs list, newest first (``more``: whether another page follows); with a
     ``scope``, of the runs it allows only."""
     limit = max(1, min(limit, MAX_RUNS_PAGE))
+    offset = max(0, min(offset, _MAX_OFFSET))
     runs = store.run_totals(
         conn,
         limit=limit + 1,
-        offset=max(0, offset),
+        offset=offset,
         search=search,
         within=None if scope is None else (sorted(scope.exact), list(scope.prefixes)),
     )
