@@ -541,6 +541,17 @@ def test_conflicts_are_shown_at_the_stored_event_they_collided_with(page, server
     assert "something-else" in page.inner_text(".conflict pre")
 
 
+def test_a_malformed_escape_in_the_address_is_shown_as_an_unknown_run(page, server, log_dsn):
+    """A run address or event fragment with a malformed percent escape (%E0) opens the page with
+    a message (no such run) or without a selection; the page never stops on an error."""
+    page.goto(f"{server.url}/runs/%E0")
+    page.wait_for_selector("body[data-ready='error']")
+    assert "%E0" in page.inner_text("#detail") and "not found" in page.inner_text("#detail")
+    write_batches(log_dsn, synthetic_run("escape-run", 20, agents=2))
+    _open_run(page, server, "escape-run", "#e=%E0@1")
+    assert page.evaluate("agentcapView.marks().selected") is None
+
+
 def test_a_large_run_draws_a_window_and_loads_payloads_on_demand(page, server, log_dsn):
     """A run of 3,000 events draws only the events on screen, fetches no payload until one is
     opened, and highlights the same causal past as SQL for an event far from the start."""

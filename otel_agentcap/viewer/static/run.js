@@ -918,6 +918,12 @@
 
   // ------------------------------------------------------------------ start
 
+  // A malformed escape in the address (/runs/%E0) is kept as typed: the server then answers
+  // that no such run is stored, instead of the page stopping on a URIError.
+  function decoded(text) {
+    try { return decodeURIComponent(text); } catch (err) { return text; }
+  }
+
   async function start() {
     if (embedded) {
       S.source = embeddedSource(embedded);
@@ -926,7 +932,7 @@
       home.removeAttribute("href");
     } else {
       const prefix = "/runs/";
-      S.runId = decodeURIComponent(location.pathname.slice(location.pathname.indexOf(prefix) + prefix.length));
+      S.runId = decoded(location.pathname.slice(location.pathname.indexOf(prefix) + prefix.length));
       S.source = serverSource(S.runId);
     }
     renderLegend();
@@ -947,7 +953,7 @@
     document.body.dataset.ready = "1";
     const m = /^#e=([^@]*)@(.*)$/.exec(location.hash);
     if (m) {
-      const i = indexOf(decodeURIComponent(m[1]), decodeURIComponent(m[2]));
+      const i = indexOf(decoded(m[1]), decoded(m[2]));
       if (i >= 0) select(i);
     }
     if (S.source.live) setTimeout(poll, S.config.poll_ms || 2000);
