@@ -252,6 +252,27 @@ def test_token_is_required_when_configured(pg_dsn):
         assert refused.value.code == 401
 
 
+@pytest.mark.storage
+def test_a_login_body_larger_than_a_token_form_is_refused_unread(pg_dsn):
+    """POST /login answers 413 as soon as the body is longer than a token form can be, without
+    waiting for (or holding) the rest, and a token form still signs in."""
+    config = ViewerConfig(dsn=pg_dsn, authenticator=Authenticator([(TOKEN, None)]))
+    with (
+        ViewerServer(config) as running,
+        socket.create_connection((running.host, running.port), timeout=10) as sock,
+    ):
+        sock.sendall(
+            b"POST /login HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Content-Type: application/x-www-form-urlencoded\r\n"
+            + f"Content-Length: {1 << 30}\r\n\r\n".encode()
+            + b"token="
+            + b"a" * (64 * 1024)
+        )
+        head = sock.recv(64)  # before the fix: no answer until the gigabyte arrives (timeout)
+        assert head.startswith(b"HTTP/1.1 413"), head
+        assert _login(running.url, TOKEN).startswith("agentcap_session=")
+
+
 def _login(url: str, token: str) -> str:
     """The session cookie (name=value) that /login sets for ``token``."""
     request = urllib.request.Request(f"{url}/login", data=f"token={token}".encode(), method="POST")

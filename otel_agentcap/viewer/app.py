@@ -26,7 +26,13 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from starlette.responses import (
+    HTMLResponse,
+    JSONResponse,
+    PlainTextResponse,
+    RedirectResponse,
+    Response,
+)
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -42,6 +48,9 @@ _log = logging.getLogger(__name__)
 COOKIE: Final = "agentcap_session"
 STATEMENT_TIMEOUT_MS: Final = 30_000
 LOOPBACK_HOSTS: Final = frozenset({"localhost", "127.0.0.1", "::1"})
+#: The largest body ``/login`` reads: a form with one token (at most 512 characters) is far
+#: smaller; a larger body is answered 413 unread.
+MAX_LOGIN_FORM: Final = 4096
 
 #: The principal of a request without a valid token, on the pages that need none: no run.
 NOBODY: Final = Principal("nobody", RunScope())
@@ -299,7 +308,10 @@ def create_app(config: ViewerConfig) -> Starlette:
         if not target.startswith("/") or target.startswith("//"):
             target = "/"
         if request.method == "POST":
-            form = parse_qs((await request.body())[:4096].decode("utf-8", "replace"))
+            body = await _small_body(request, MAX_LOGIN_FORM)
+            if body is None:
+                return PlainTextResponse("the login form is too large", status_code=413)
+            form = parse_qs(body.decode("utf-8", "replace"))
             presented = (form.get("token") or [""])[0].strip()
             if config.authenticator.check_token(presented) is not None:
                 response = RedirectResponse(target, status_code=303)
@@ -341,6 +353,17 @@ def create_app(config: ViewerConfig) -> Starlette:
         middleware=[Middleware(GuardMiddleware, config=config)],
         lifespan=lifespan,
     )
+
+
+async def _small_body(request: Request, limit: int) -> bytes | None:
+    """The request's body, or None as soon as it is longer than ``limit`` bytes: the rest is
+    never read, so a client cannot make the server hold a body of any size."""
+    body = b""
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            return None
+    return body
 
 
 def _configure_connection(conn: psycopg.Connection[Any]) -> None:
