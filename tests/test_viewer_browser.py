@@ -552,6 +552,56 @@ def test_a_malformed_escape_in_the_address_is_shown_as_an_unknown_run(page, serv
     assert page.evaluate("agentcapView.marks().selected") is None
 
 
+def test_payload_values_that_are_not_text_never_stop_the_detail_panel(page, server, log_dsn):
+    """A payload field the panel shows that holds an object whose toString and valueOf are not
+    functions (String() throws on it) is shown as JSON, and the panel still ends with the
+    payload; the page fixture fails on any page error."""
+    from datetime import UTC, datetime
+
+    from otel_agentcap.model import Event, RunRecord, event_id_for
+
+    odd = {"toString": 1, "valueOf": 1}
+    payloads = {
+        "model_call": {
+            "model": odd,
+            "status": odd,
+            "usage": {"input_tokens": odd, "output_tokens": odd, "cache_read_input_tokens": odd},
+            "time_to_first_chunk_ms": odd,
+            "stream": odd,
+            "tool_use_ids": [odd],
+        },
+        "tool_invocation": {"tool": odd, "invocation_id": odd},
+        "memory_read": {"memory": odd, "key": "k", "found": odd},
+        "memory_write": {"memory": odd, "key": "k", "op": odd},
+        "agent_error": {"error_type": odd, "message": odd, "discarded_state_keys": [odd]},
+        "agent_spawn": {"child_agent_id": odd, "key": odd, "child_name": odd},
+    }
+    start = datetime(2026, 2, 1, tzinfo=UTC)
+    events = tuple(
+        Event(
+            event_id=event_id_for("odd-values", "a", f"seq:{seq}"),
+            run_id="odd-values",
+            agent_id="a",
+            seq=seq,
+            event_type=kind,
+            idempotency_key=f"seq:{seq}",
+            wall_time=start,
+            payload=payload,
+        )
+        for seq, (kind, payload) in enumerate(payloads.items(), start=1)
+    )
+    write_batches(log_dsn, [Batch(events=events, runs=(RunRecord("odd-values", start, {}),))])
+    _open_run(page, server, "odd-values")
+    for seq in range(1, len(payloads) + 1):
+        page.evaluate("(s) => agentcapView.select('a', s)", seq)
+        page.wait_for_selector(f"#detail .chip >> text=#{seq}")
+        page.wait_for_selector("#payload")
+        # compact JSON in a field of the panel (the payload below is indented); jsonb orders keys
+        assert re.search(
+            r'\{"(toString|valueOf)":1,"(toString|valueOf)":1\}', page.inner_text("#detail")
+        )
+
+
 def test_a_large_run_draws_a_window_and_loads_payloads_on_demand(page, server, log_dsn):
     """A run of 3,000 events draws only the events on screen, fetches no payload until one is
     opened, and highlights the same causal past as SQL for an event far from the start."""

@@ -548,8 +548,14 @@
     const tr = el("tr", {}, null, table);
     el("th", {}, key, tr);
     const td = el("td", mono ? { class: "mono" } : {}, null, tr);
-    if (value instanceof Node) td.appendChild(value); else td.textContent = String(value);
+    if (value instanceof Node) td.appendChild(value); else td.textContent = show(value);
     return tr;
+  }
+
+  // A payload value as text. Not String(): a payload object whose "toString" or "valueOf" is not
+  // a function ({"toString": 1}) makes String() throw, and the panel would stop half drawn.
+  function show(value) {
+    return typeof value === "string" ? value : JSON.stringify(value);
   }
 
   // Re-indents JSON text without parsing it, so numbers keep every digit PostgreSQL stored.
@@ -623,15 +629,15 @@
       row(t, "error", payload.error_type);
       const u = payload.usage || {};
       const usage = [];
-      if (u.input_tokens !== undefined) usage.push(`${u.input_tokens} in`);
-      if (u.output_tokens !== undefined) usage.push(`${u.output_tokens} out`);
-      if (u.cache_read_input_tokens) usage.push(`${u.cache_read_input_tokens} cache read`);
-      if (u.cache_creation_input_tokens) usage.push(`${u.cache_creation_input_tokens} cache write`);
+      if (u.input_tokens !== undefined) usage.push(`${show(u.input_tokens)} in`);
+      if (u.output_tokens !== undefined) usage.push(`${show(u.output_tokens)} out`);
+      if (u.cache_read_input_tokens) usage.push(`${show(u.cache_read_input_tokens)} cache read`);
+      if (u.cache_creation_input_tokens) usage.push(`${show(u.cache_creation_input_tokens)} cache write`);
       row(t, "usage", usage.join(", "));
-      if (payload.time_to_first_chunk_ms !== undefined) row(t, "first chunk", `${payload.time_to_first_chunk_ms} ms`);
-      row(t, "streamed", payload.stream === undefined ? null : String(payload.stream));
+      if (payload.time_to_first_chunk_ms !== undefined) row(t, "first chunk", `${show(payload.time_to_first_chunk_ms)} ms`);
+      row(t, "streamed", payload.stream === undefined ? null : show(payload.stream));
       const ids = Array.isArray(payload.tool_use_ids) ? payload.tool_use_ids : [];
-      row(t, "tool_use ids", ids.length ? ids.join("\n") : "none", true);
+      row(t, "tool_use ids", ids.length ? ids.map(show).join("\n") : "none", true);
       row(t, "response id", payload.response_id, true);
       row(t, "request id", payload.request_id, true);
       row(t, "recorded by", payload.instrumentation);
@@ -656,7 +662,7 @@
       row(t, "memory", payload.memory);
       row(t, "key", typeof payload.key === "string" ? payload.key : JSON.stringify(payload.key), true);
       if (name === "memory_read") {
-        row(t, "found", payload.found === undefined ? null : String(payload.found));
+        row(t, "found", payload.found === undefined ? null : show(payload.found));
         if (payload.found !== false && payload.value !== undefined) { el("div", { class: "sub" }, "value", root); pre(payload.value, root); }
       } else {
         row(t, "operation", payload.op);
@@ -674,7 +680,7 @@
       if (payload.timed_out) row(t, "timed out", "yes");
       row(t, "tool", payload.tool);
       row(t, "invocation id", payload.invocation_id, true);
-      if (Array.isArray(payload.discarded_state_keys)) row(t, "discarded state", payload.discarded_state_keys.join(", "));
+      if (Array.isArray(payload.discarded_state_keys)) row(t, "discarded state", payload.discarded_state_keys.map(show).join(", "));
     } else if (name === "agent_spawn") {
       const t = section(root, "Spawn");
       const child = payload.child_agent_id;
