@@ -522,6 +522,22 @@ def test_event_shows_parents_children_and_past(pg_dsn):
 
 
 @pytest.mark.parametrize(
+    "args",
+    [
+        ("ui", "--jaeger-url", "javascript:alert(document.domain)//"),
+        ("ui", "--jaeger-url", "jaeger:16686"),
+        ("export", "r", "--format", "html", "--jaeger-url", "data:text/html,x"),
+    ],
+)
+def test_a_jaeger_url_that_is_not_a_web_address_is_a_usage_error(args: tuple[str, ...]) -> None:
+    """--jaeger-url must be an http:// or https:// address (status 2, naming the option): any
+    other was taken as it was, and the view drew links to javascript: or data: addresses."""
+    done = _cli(*args, "--dsn", "postgresql://nobody@127.0.0.1:1/none")
+    assert done.returncode == 2, done.stderr
+    assert "error: argument --jaeger-url: not an http:// or https:// address" in done.stderr
+
+
+@pytest.mark.parametrize(
     ("args", "option"),
     [
         (("runs", "--limit", "-1"), "--limit"),

@@ -602,6 +602,18 @@ def test_payload_values_that_are_not_text_never_stop_the_detail_panel(page, serv
         )
 
 
+def test_a_jaeger_url_that_is_not_a_web_address_makes_no_link(page, log_dsn):
+    """A Jaeger base address given to the view that is not http(s) (javascript:...) makes no
+    link to an event's span."""
+    write_batches(log_dsn, synthetic_run("jaeger-run", 20, agents=2))
+    config = ViewerConfig(dsn=log_dsn, jaeger_url="javascript:alert(document.domain)//")
+    with ViewerServer(config) as running:
+        _open_run(page, running, "jaeger-run")
+        page.evaluate("agentcapView.select('root', 1)")
+        page.wait_for_selector("#event-fields >> text=span id")
+        assert page.locator("#detail a").count() == 0
+
+
 def test_a_large_run_draws_a_window_and_loads_payloads_on_demand(page, server, log_dsn):
     """A run of 3,000 events draws only the events on screen, fetches no payload until one is
     opened, and highlights the same causal past as SQL for an event far from the start."""

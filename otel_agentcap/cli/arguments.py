@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import math
 from collections.abc import Callable
+from urllib.parse import urlsplit
 
 
 def integer(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
@@ -33,6 +34,15 @@ def positive_number(text: str) -> float:
     if not math.isfinite(value) or value <= 0:
         raise argparse.ArgumentTypeError(f"must be a finite number above 0, not {text}")
     return value
+
+
+def web_address(text: str) -> str:
+    """An http:// or https:// address with a host (the base of links the web view draws: any
+    other scheme, javascript: say, would make those links run or open something else)."""
+    parts = urlsplit(text)
+    if parts.scheme.lower() not in ("http", "https") or not parts.netloc:
+        raise argparse.ArgumentTypeError(f"not an http:// or https:// address: {text!r}")
+    return text
 
 
 port = integer(0, 65535)

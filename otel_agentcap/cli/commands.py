@@ -917,7 +917,9 @@ def build_parser() -> argparse.ArgumentParser:
     ui.add_argument("--port", type=arguments.port, default=8321, help="port (0: any free port)")
     _server_security_options(ui, "read", UI_TOKENS_ENV)
     ui.add_argument(
-        "--jaeger-url", help="base address of a Jaeger UI, to link events to their spans"
+        "--jaeger-url",
+        type=arguments.web_address,
+        help="base address of a Jaeger UI, to link events to their spans",
     )
     ui.set_defaults(func=cmd_ui)
 
@@ -934,7 +936,9 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--format", required=True, choices=sorted(EXPORT_FORMATS))
     export.add_argument("-o", "--output", default="-", help="file to write (default: stdout)")
     export.add_argument(
-        "--jaeger-url", help="html: base address of a Jaeger UI, to link events to their spans"
+        "--jaeger-url",
+        type=arguments.web_address,
+        help="html: base address of a Jaeger UI, to link events to their spans",
     )
     export.set_defaults(func=cmd_export)
 

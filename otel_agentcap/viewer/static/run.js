@@ -611,7 +611,8 @@
 
   function jaegerLink(traceId, spanId) {
     const base = S.config.jaeger_url;
-    if (!base || !traceId) return null;
+    // Only a web address makes a link (a javascript: base would make one that runs script).
+    if (!base || !traceId || !/^https?:\/\//i.test(base)) return null;
     let href = base.replace(/\/+$/, "") + "/trace/" + encodeURIComponent(traceId);
     if (spanId) href += "?uiFind=" + encodeURIComponent(spanId);
     const a = el("a", { href, target: "_blank", rel: "noopener noreferrer", class: "jaeger" }, "open the span in Jaeger");
