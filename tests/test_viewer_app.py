@@ -181,6 +181,19 @@ def test_a_nul_in_a_text_parameter_is_400_not_a_database_error(server, pg_dsn):
     assert _get(f"{server.url}/api/run/event?run=r&agent=a&seq=1")[0] == 200
 
 
+@pytest.mark.storage
+def test_the_page_of_a_run_that_is_not_stored_is_a_404(server, pg_dsn):
+    """/runs/ID answers 404 (the page, which then shows the API's message) when no such run is
+    stored, for an empty or NUL-holding id too, and 200 for a stored run."""
+    write_batches(pg_dsn, [Batch(events=(_event("a/b", "a", 1, "agent_start", {}),))])
+    assert _get(f"{server.url}/runs/a%2Fb")[0] == 200
+    assert _get(f"{server.url}/runs/a/b")[0] == 200
+    for path in ("/runs/nope", "/runs/", "/runs/a%00", "/runs/%E0"):
+        status, headers, body = _get(f"{server.url}{path}")
+        assert (status, headers["content-type"].split(";")[0]) == (404, "text/html"), path
+        assert 'id="run-title"' in body
+
+
 def test_database_down_is_503(tmp_path):
     """With the database unreachable the API answers 503 quickly, and pages still load."""
     config = ViewerConfig(dsn="postgresql://postgres@127.0.0.1:1/x", connect_timeout=1)
@@ -313,6 +326,8 @@ def test_a_token_bound_to_runs_reads_those_runs_only(pg_dsn):
                 assert hidden[2]["error"].replace("team-b/1", "R") == unknown[2]["error"].replace(
                     "team-b/none", "R"
                 ), endpoint
+            assert _get(f"{url}/runs/team-b/1", headers)[0] == 404
+            assert _get(f"{url}/runs/team-a/1", headers)[0] == 200
         admin = _get(f"{url}/api/runs", {"Authorization": f"Bearer {TOKEN}"})[2]["runs"]
         assert len(admin) == 4
         assert _get(f"{url}/api/run?run=team-b/1", {"Cookie": _login(url, TOKEN)})[0] == 200

@@ -37,6 +37,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from otel_agentcap.exporters.postgres import store
 from otel_agentcap.exporters.postgres.errors import AgentCapStorageError, RunNotFound
 from otel_agentcap.serving import TlsConfig
 from otel_agentcap.tokens import ANONYMOUS, Authenticator, Principal, RunScope, session_value
@@ -298,8 +299,25 @@ def create_app(config: ViewerConfig) -> Starlette:
     def runs_page(request: Request) -> Response:
         return HTMLResponse(_page("runs.html"))
 
+    def run_stored(request: Request) -> bool:
+        """False when the page's run is known not to be stored, or not the token's; True too
+        when the log cannot be asked (the page then says what the API answers)."""
+        run_id: str = request.path_params["run_id"]
+        if not run_id or "\x00" in run_id or not _principal(request).allows(run_id):
+            return False
+        try:
+            with connection() as conn:
+                store.run_start(conn, run_id)
+        except RunNotFound:
+            return False
+        except (PoolTimeout, AgentCapStorageError, psycopg.Error) as exc:
+            _log.warning("the event log is unavailable: %s", exc)
+        return True
+
     def run_page(request: Request) -> Response:
-        return HTMLResponse(_run_page())
+        # The page of a run that is not stored is a 404, as its API answers are: the page says
+        # why once it asks.
+        return HTMLResponse(_run_page(), status_code=200 if run_stored(request) else 404)
 
     async def login(request: Request) -> Response:
         if not config.authenticator.enabled:
