@@ -188,6 +188,8 @@ def test_the_page_of_a_run_that_is_not_stored_is_a_404(server, pg_dsn):
     write_batches(pg_dsn, [Batch(events=(_event("a/b", "a", 1, "agent_start", {}),))])
     assert _get(f"{server.url}/runs/a%2Fb")[0] == 200
     assert _get(f"{server.url}/runs/a/b")[0] == 200
+    assert _get(f"{server.url}/runs/?run=a/b")[0] == 200  # the form of ids "." and ".."
+    assert _get(f"{server.url}/runs/?run=nope")[0] == 404
     for path in ("/runs/nope", "/runs/", "/runs/a%00", "/runs/%E0"):
         status, headers, body = _get(f"{server.url}{path}")
         assert (status, headers["content-type"].split(";")[0]) == (404, "text/html"), path

@@ -614,6 +614,27 @@ def test_a_jaeger_url_that_is_not_a_web_address_makes_no_link(page, log_dsn):
         assert page.locator("#detail a").count() == 0
 
 
+def test_runs_whose_ids_are_dot_segments_open_from_the_runs_list(page, server, log_dsn):
+    """A run id "." or ".." (a dot segment the browser would drop from /runs/ID) opens from its
+    link in the runs list, with a 200 page."""
+    for run_id in (".", ".."):
+        write_batches(log_dsn, synthetic_run(run_id, 20, agents=2))
+    answers: list[tuple[str, int]] = []
+    page.on("response", lambda response: answers.append((response.url, response.status)))
+    for run_id in (".", ".."):
+        page.goto(server.url + "/")
+        page.wait_for_selector("body[data-ready='1']")
+        page.click(f"tr[data-run='{run_id}'] a")
+        page.wait_for_url("**/runs/**", timeout=5_000)
+        page.wait_for_selector("body[data-ready='1']")
+        assert page.inner_text("#run-title") == run_id
+        assert page.evaluate("agentcapView.events()") == 20
+    assert not [answer for answer in answers if answer[1] >= 400], answers
+    write_batches(log_dsn, synthetic_run("path-run", 20, agents=2))
+    _open_run(page, server, "path-run", "?run=..")  # the path names the run, as on the server
+    assert page.inner_text("#run-title") == "path-run"
+
+
 def test_a_large_run_draws_a_window_and_loads_payloads_on_demand(page, server, log_dsn):
     """A run of 3,000 events draws only the events on screen, fetches no payload until one is
     opened, and highlights the same causal past as SQL for an event far from the start."""

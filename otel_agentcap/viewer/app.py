@@ -302,7 +302,7 @@ def create_app(config: ViewerConfig) -> Starlette:
     def run_stored(request: Request) -> bool:
         """False when the page's run is known not to be stored, or not the token's; True too
         when the log cannot be asked (the page then says what the API answers)."""
-        run_id: str = request.path_params["run_id"]
+        run_id: str = request.path_params["run_id"] or request.query_params.get("run", "")
         if not run_id or "\x00" in run_id or not _principal(request).allows(run_id):
             return False
         try:

@@ -939,7 +939,9 @@
       home.removeAttribute("href");
     } else {
       const prefix = "/runs/";
-      S.runId = decoded(location.pathname.slice(location.pathname.indexOf(prefix) + prefix.length));
+      const path = decoded(location.pathname.slice(location.pathname.indexOf(prefix) + prefix.length));
+      // /runs/?run=.. (see runs.js); as on the server, the path names the run when it names one
+      S.runId = path || new URLSearchParams(location.search).get("run") || "";
       S.source = serverSource(S.runId);
     }
     renderLegend();

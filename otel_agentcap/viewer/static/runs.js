@@ -48,12 +48,19 @@
     return state.sortDir * (x - y);
   }
 
+  // A run id "." or ".." would be a dot segment of the address, which the browser removes
+  // (/runs/.. is /): such an id goes in the query, which the run page reads too.
+  function runHref(id) {
+    if (id === "." || id === "..") return "/runs/?run=" + encodeURIComponent(id);
+    return "/runs/" + encodeURIComponent(id);
+  }
+
   function render() {
     const rows = state.runs.slice().sort(compare);
     tbody.replaceChildren();
     for (const run of rows) {
       const tr = el("tr", { "data-run": run.run_id });
-      const link = el("a", { href: "/runs/" + encodeURIComponent(run.run_id) }, run.run_id);
+      const link = el("a", { href: runHref(run.run_id) }, run.run_id);
       const first = el("td", { class: "run" });
       first.appendChild(link);
       tr.appendChild(first);
