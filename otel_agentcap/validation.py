@@ -79,7 +79,8 @@ def max_sequence(now_ns: int | None = None) -> int:
     return min(now // 1000 + SEQUENCE_CLOCK_ALLOWANCE, SEQUENCE_CEILING)
 
 
-def _uuid_text(value: object) -> bool:
+def uuid_text(value: object) -> bool:
+    """Whether ``value`` is the text of a UUID (hyphens anywhere, at most 40 characters)."""
     if not isinstance(value, str) or len(value) > 40:
         return False
     try:
@@ -209,7 +210,7 @@ class Validator:
                 and (
                     # Most often the one parent is an event this validator accepted.
                     (len(parents) == 1 and type(parents[0]) is str and parents[0] in self._events)
-                    or all(map(_uuid_text, parents))
+                    or all(map(uuid_text, parents))
                 )
                 and (trace is None or (type(trace) is str and len(trace) <= MAX_TRACE_TEXT))
                 and (span is None or (type(span) is str and len(span) <= MAX_TRACE_TEXT))
@@ -250,7 +251,7 @@ class Validator:
         if len(parents) > MAX_CAUSAL_PARENTS:
             return f"more than {MAX_CAUSAL_PARENTS} causal parents ({len(parents)})"
         for parent in parents:
-            if not _uuid_text(parent):
+            if not uuid_text(parent):
                 return f"causal parent id {str(parent)[:40]!r} is not a UUID"
         for value, what in ((event.trace_id, "trace id"), (event.span_id, "span id")):
             if value is not None and (type(value) is not str or len(value) > MAX_TRACE_TEXT):

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import psycopg
 
@@ -29,8 +30,11 @@ from otel_agentcap.pipeline.mapping import batch_from_spans
 from otel_agentcap.transfer import agentcap_pb
 from otel_agentcap.transfer.otlp_json import spans_from_json
 from otel_agentcap.transfer.snapshot import ConflictRow, EventRow, RunSnapshot, SpanRow
+from otel_agentcap.transfer.traces import hex_id
+from otel_agentcap.validation import uuid_text
 
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
+_Row = TypeVar("_Row")
 _log = logging.getLogger(__name__)
 EVENTS_PER_WRITE: Final = 5000
 _UTF8_BOM: Final = b"\xef\xbb\xbf"
@@ -87,24 +91,19 @@ def _event(row: EventRow) -> Event:
     )
 
 
-_HEX: Final = frozenset("0123456789abcdef")
 #: OpenTelemetry's SpanKind and StatusCode values, as the log stores them.
 _SPAN_KINDS: Final = range(5)
 _STATUS_CODES: Final = range(3)
 
 
-def _hex_id(value: str | None, digits: int) -> bool:
-    return value is not None and len(value) == digits and _HEX.issuperset(value)
-
-
 def _span_reason(span: SpanRow) -> str | None:
     """Why ``span`` cannot be a span of a trace (what the otlp-json and jaeger-json exports
     draw), or None."""
-    if not _hex_id(span.trace_id, 32):
+    if not hex_id(span.trace_id, 32):
         return f"trace id {span.trace_id[:40]!r} is not 32 lower-case hex digits"
-    if not _hex_id(span.span_id, 16):
+    if not hex_id(span.span_id, 16):
         return f"span id {span.span_id[:40]!r} is not 16 lower-case hex digits"
-    if span.parent_span_id is not None and not _hex_id(span.parent_span_id, 16):
+    if span.parent_span_id is not None and not hex_id(span.parent_span_id, 16):
         return f"parent span id {span.parent_span_id[:40]!r} is not 16 lower-case hex digits"
     if span.kind not in _SPAN_KINDS:
         return f"span kind {span.kind} is not an OpenTelemetry SpanKind (0 to 4)"
@@ -113,22 +112,29 @@ def _span_reason(span: SpanRow) -> str | None:
     return None
 
 
-def valid_spans(snapshot: RunSnapshot) -> tuple[RunSnapshot, int]:
-    """``snapshot`` without the span envelopes no trace can hold (logged), and how many those
-    were: the writer takes envelopes as they are, and the trace exports draw them."""
-    reasons = [(span, _span_reason(span)) for span in snapshot.spans]
+def _without(
+    run_id: str, rows: tuple[_Row, ...], what: str, reason_of: Callable[[_Row], str | None]
+) -> tuple[tuple[_Row, ...], int]:
+    """``rows`` (of run ``run_id``) without those ``reason_of`` finds a reason to leave out
+    (logged once, naming up to three reasons), and how many those were."""
+    reasons = [(row, reason_of(row)) for row in rows]
     bad = [reason for _, reason in reasons if reason is not None]
-    if not bad:
-        return snapshot, 0
-    _log.warning(
-        "agentcap: %d span envelope(s) of run %r broke a validation rule and were left out, "
-        "e.g.: %s",
-        len(bad),
-        snapshot.run.run_id,
-        "; ".join(sorted(set(bad))[:3]),
-    )
-    spans = tuple(span for span, reason in reasons if reason is None)
-    return replace(snapshot, spans=spans), len(bad)
+    if bad:
+        _log.warning(
+            "agentcap: %d %s(s) of run %r broke a validation rule and were left out, e.g.: %s",
+            len(bad),
+            what,
+            run_id,
+            "; ".join(sorted(set(bad))[:3]),
+        )
+    return tuple(row for row, reason in reasons if reason is None), len(bad)
+
+
+def valid_spans(snapshot: RunSnapshot) -> tuple[RunSnapshot, int]:
+    """``snapshot`` without the span envelopes no trace can hold, and how many those were: the
+    writer takes envelopes as they are, and the trace exports draw them."""
+    spans, left_out = _without(snapshot.run.run_id, snapshot.spans, "span envelope", _span_reason)
+    return (replace(snapshot, spans=spans) if left_out else snapshot), left_out
 
 
 #: The reasons agentcap.conflicts admits (its CHECK constraint).
@@ -144,14 +150,6 @@ _CONFLICT_REASONS: Final = frozenset(
 )
 
 
-def _uuid(value: str) -> bool:
-    """Whether ``value`` is the text of a UUID (hyphens anywhere, as the validator admits)."""
-    try:
-        return len(value) <= 40 and len(bytes.fromhex(value.replace("-", ""))) == 16
-    except ValueError:
-        return False
-
-
 def _conflict_reason(conflict: ConflictRow) -> str | None:
     """Why agentcap.conflicts cannot hold ``conflict``, or None."""
     if conflict.reason not in _CONFLICT_REASONS:
@@ -162,27 +160,18 @@ def _conflict_reason(conflict: ConflictRow) -> str | None:
         ("existing event id", conflict.existing_event_id),
         *(("causal parent id", parent) for parent in event.causal_parent_ids),
     ):
-        if value is not None and not _uuid(value):
+        if value is not None and not uuid_text(value):
             return f"{what} {value[:40]!r} of a conflict row is not a UUID"
     return None
 
 
 def valid_conflicts(snapshot: RunSnapshot) -> tuple[RunSnapshot, int]:
-    """``snapshot`` without the conflict rows the log cannot hold (logged), and how many those
-    were: they would fail the write of the conflicts after the run's rows were stored."""
-    reasons = [(conflict, _conflict_reason(conflict)) for conflict in snapshot.conflicts]
-    bad = [reason for _, reason in reasons if reason is not None]
-    if not bad:
-        return snapshot, 0
-    _log.warning(
-        "agentcap: %d conflict row(s) of run %r broke a validation rule and were left out, "
-        "e.g.: %s",
-        len(bad),
-        snapshot.run.run_id,
-        "; ".join(sorted(set(bad))[:3]),
+    """``snapshot`` without the conflict rows the log cannot hold, and how many those were: they
+    would fail the write of the conflicts after the run's rows were stored."""
+    conflicts, left_out = _without(
+        snapshot.run.run_id, snapshot.conflicts, "conflict row", _conflict_reason
     )
-    conflicts = tuple(conflict for conflict, reason in reasons if reason is None)
-    return replace(snapshot, conflicts=conflicts), len(bad)
+    return (replace(snapshot, conflicts=conflicts) if left_out else snapshot), left_out
 
 
 def snapshot_batches(snapshot: RunSnapshot) -> list[Batch]:

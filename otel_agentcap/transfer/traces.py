@@ -296,17 +296,16 @@ def _origin_attributes(span: TraceSpan, agent: AgentRow) -> TraceSpan:
 _HEX: Final = frozenset("0123456789abcdef")
 
 
+def hex_id(value: str | None, digits: int) -> bool:
+    """Whether ``value`` is ``digits`` lower-case hex digits (32 for a trace id, 16 for a span
+    id, as the mapping stores them)."""
+    return value is not None and len(value) == digits and _HEX.issuperset(value)
+
+
 def in_trace(trace_id: str | None, span_id: str | None) -> bool:
-    """Whether ``trace_id`` and ``span_id`` are ids a trace can hold (lower-case hex, 32 and 16
-    digits, as the mapping stores them); a hand-built batch may store any text."""
-    return (
-        trace_id is not None
-        and span_id is not None
-        and len(trace_id) == 32
-        and len(span_id) == 16
-        and _HEX.issuperset(trace_id)
-        and _HEX.issuperset(span_id)
-    )
+    """Whether ``trace_id`` and ``span_id`` are ids a trace can hold; a hand-built batch may
+    store any text."""
+    return hex_id(trace_id, 32) and hex_id(span_id, 16)
 
 
 def rebuild(snapshot: RunSnapshot) -> RunTrace:
