@@ -27,6 +27,7 @@ from durable_support import (
     wait_for_counter,
 )
 
+from otel_agentcap.exporters.durable.frames import ScanResult
 from otel_agentcap.exporters.durable.records import decode_span
 from otel_agentcap.exporters.durable.segments import (
     AckFile,
@@ -80,6 +81,24 @@ def test_sigkill_mid_batch_then_restart_loses_nothing_and_doubles_nothing(pg_dsn
     assert "Traceback" not in err
 
 
+def _readable_span_ids(queue: Path, start: Position) -> tuple[set[str], ScanResult]:
+    """The span ids of the records a reader finds in ``queue`` from ``start``, and its scan."""
+    reader = SegmentReader(queue, start)
+    found: set[str] = set()
+    while batch := reader.read(1000, 1 << 24):
+        found.update(f"{decode_span(r).context.span_id:016x}" for r in batch)
+    reader.close()
+    return found, reader.scan
+
+
+def _stored_span_ids(dsn: str, run_id: str) -> set[str]:
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute(
+            "SELECT DISTINCT span_id FROM agentcap.events WHERE run_id = %s", (run_id,)
+        )
+        return {row[0] for row in rows}
+
+
 def test_a_torn_queue_is_delivered_up_to_its_last_complete_record(pg_dsn, tmp_path):
     """A killed process's last segment cut inside a record (as a crash in the middle of a write
     leaves it): every complete record is delivered, the cut one is counted and logged."""
@@ -89,21 +108,10 @@ def test_a_torn_queue_is_delivered_up_to_its_last_complete_record(pg_dsn, tmp_pa
     last = segment_path(queue, max(segment_indexes(queue)))
     size = last.stat().st_size
     os.truncate(last, size - random.randrange(1, min(size - 16, 400)))
-    reader = SegmentReader(queue, Position(0, 0))
-    complete: set[str] = set()
-    while batch := reader.read(1000, 1 << 24):
-        complete.update(f"{decode_span(r).context.span_id:016x}" for r in batch)
-    reader.close()
-    assert reader.scan.torn > 0 and complete
+    complete, scan = _readable_span_ids(queue, Position(0, 0))
+    assert scan.torn > 0 and complete
     result, err = finish(start_worker(pg_dsn, "run-other", "b", ops=10, queue_dir=queue_dir))
-    with psycopg.connect(pg_dsn) as conn:
-        stored = {
-            r[0]
-            for r in conn.execute(
-                "SELECT DISTINCT span_id FROM agentcap.events WHERE run_id = 'run-torn'"
-            )
-        }
-    assert complete <= stored
+    assert complete <= _stored_span_ids(pg_dsn, "run-torn")
     assert result["stats"]["bytes_corrupt"] > 0
     assert "bytes of a cut record" in err and "damaged records" not in err
     assert log_summary(pg_dsn, "run-torn")["conflicts"] == 0
@@ -126,22 +134,11 @@ def test_records_damaged_before_the_end_are_skipped_counted_and_said_to_be_lost(
         block = file.read(64)
         file.seek(middle)
         file.write(bytes(b ^ 0xFF for b in block))
-    reader = SegmentReader(queue, acked)
-    intact: set[str] = set()
-    while batch := reader.read(1000, 1 << 24):
-        intact.update(f"{decode_span(r).context.span_id:016x}" for r in batch)
-    reader.close()
-    assert reader.scan.skipped > 0 and intact
+    intact, scan = _readable_span_ids(queue, acked)
+    assert scan.skipped > 0 and intact
     result, err = finish(start_worker(pg_dsn, "run-other", "b", ops=10, queue_dir=queue_dir))
-    with psycopg.connect(pg_dsn) as conn:
-        stored = {
-            r[0]
-            for r in conn.execute(
-                "SELECT DISTINCT span_id FROM agentcap.events WHERE run_id = 'run-damaged'"
-            )
-        }
-    assert intact <= stored
-    assert result["stats"]["bytes_corrupt"] >= reader.scan.skipped
+    assert intact <= _stored_span_ids(pg_dsn, "run-damaged")
+    assert result["stats"]["bytes_corrupt"] >= scan.skipped
     assert "damaged records before its end" in err and "are lost" in err
     assert log_summary(pg_dsn, "run-damaged")["conflicts"] == 0
 

@@ -205,9 +205,8 @@ def test_unstamped_spans_are_ignored(pg_dsn):
 def test_payload_cut_by_a_length_limit_is_stored_safely_with_the_rest(pg_dsn):
     """A payload attribute that is no longer JSON (cut by an attribute length limit) does not
     fail the batch: it is stored as $agentcap.unparsed and every other event lands."""
-    from opentelemetry.sdk.trace import ReadableSpan
-
     from otel_agentcap import attributes as attr
+    from otel_agentcap.pipeline.span_copy import copy_with
 
     with capture_events() as captured:
         _program("run-cut")
@@ -215,16 +214,7 @@ def test_payload_cut_by_a_length_limit_is_stored_safely_with_the_rest(pg_dsn):
     victim = next(s for s in spans if (s.attributes or {}).get(attr.EVENT_TYPE) == "memory_write")
     cut = dict(victim.attributes or {})
     cut[attr.EVENT_PAYLOAD] = str(cut[attr.EVENT_PAYLOAD])[:15]
-    spans[spans.index(victim)] = ReadableSpan(
-        name=victim.name,
-        context=victim.context,
-        parent=victim.parent,
-        attributes=cut,
-        events=victim.events,
-        start_time=victim.start_time,
-        end_time=victim.end_time,
-        instrumentation_scope=victim.instrumentation_scope,
-    )
+    spans[spans.index(victim)] = copy_with(victim, cut)
     _export_once(pg_dsn, spans)
     assert _count(pg_dsn, "SELECT count(*) FROM agentcap.events WHERE run_id = 'run-cut'") == len(
         captured.events
@@ -241,10 +231,9 @@ def test_a_payload_nested_deeper_than_the_server_parses_is_stored_safely_with_th
     """A payload of JSON nested deeper than PostgreSQL parses ("stack depth limit exceeded", an
     OperationalError by its class) is not taken for a broken connection and retried until the
     batch is given up: it is stored as $agentcap.unparsed and every other event lands."""
-    from opentelemetry.sdk.trace import ReadableSpan
-
     from otel_agentcap import attributes as attr
     from otel_agentcap.exporters.postgres import PostgresSpanExporter
+    from otel_agentcap.pipeline.span_copy import copy_with
 
     with capture_events() as captured:
         _program("run-deep")
@@ -252,16 +241,7 @@ def test_a_payload_nested_deeper_than_the_server_parses_is_stored_safely_with_th
     victim = next(s for s in spans if (s.attributes or {}).get(attr.EVENT_TYPE) == "memory_write")
     deep = dict(victim.attributes or {})
     deep[attr.EVENT_PAYLOAD] = "[" * 200_000 + "]" * 200_000
-    spans[spans.index(victim)] = ReadableSpan(
-        name=victim.name,
-        context=victim.context,
-        parent=victim.parent,
-        attributes=deep,
-        events=victim.events,
-        start_time=victim.start_time,
-        end_time=victim.end_time,
-        instrumentation_scope=victim.instrumentation_scope,
-    )
+    spans[spans.index(victim)] = copy_with(victim, deep)
     exporter = PostgresSpanExporter(pg_dsn, writers=1)
     try:
         exporter.export(spans)
