@@ -218,6 +218,20 @@ _PROCESS = textwrap.dedent(
 )
 
 
+def _stored_trace(dsn: str, run_id: str) -> tuple[str, str, list[tuple[str, str, str, str]]]:
+    """The run's stored trace id and root span id, and its span envelopes as (name, span id,
+    parent span id, trace id)."""
+    with psycopg.connect(dsn) as conn:
+        trace_id, root = conn.execute(
+            "SELECT trace_id, root_span_id FROM agentcap.runs WHERE run_id = %s", (run_id,)
+        ).fetchone()
+        spans = conn.execute(
+            "SELECT name, span_id, parent_span_id, trace_id FROM agentcap.spans WHERE run_id = %s",
+            (run_id,),
+        ).fetchall()
+    return trace_id, root, spans
+
+
 def _process(dsn: str, run_id: str, mode: str, *more: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-c", _PROCESS, dsn, run_id, mode, *more],
@@ -301,14 +315,8 @@ def test_a_context_carried_without_a_span_for_an_unknown_run_claims_it_with_a_ro
     run_id = _run_id()
     carried = _process(pg_dsn, run_id, "carried")
     assert carried.returncode == 0, carried.stderr
-    with psycopg.connect(pg_dsn) as conn:
-        trace_id, root = conn.execute(
-            "SELECT trace_id, root_span_id FROM agentcap.runs WHERE run_id = %s", (run_id,)
-        ).fetchone()
-        spans = conn.execute(
-            "SELECT name, trace_id, parent_span_id FROM agentcap.spans WHERE run_id = %s",
-            (run_id,),
-        ).fetchall()
+    trace_id, root, stored = _stored_trace(pg_dsn, run_id)
+    spans = [(name, trace, parent) for name, _, parent, trace in stored]
     assert trace_id and root
     assert ("invoke_agent agent-carried", trace_id, root) in spans
 
@@ -325,14 +333,7 @@ def test_a_run_resumed_after_a_carried_context_runs_under_its_root_span(pg_dsn):
     carried = first.stdout.strip().splitlines()[-1]
     second = _process(pg_dsn, run_id, "carried-then-resumed", carried)
     assert second.returncode == 0, second.stderr
-    with psycopg.connect(pg_dsn) as conn:
-        trace_id, root = conn.execute(
-            "SELECT trace_id, root_span_id FROM agentcap.runs WHERE run_id = %s", (run_id,)
-        ).fetchone()
-        spans = conn.execute(
-            "SELECT name, span_id, parent_span_id, trace_id FROM agentcap.spans WHERE run_id = %s",
-            (run_id,),
-        ).fetchall()
+    trace_id, root, spans = _stored_trace(pg_dsn, run_id)
     assert {span[3] for span in spans} == {trace_id}
     parents = {name: parent for name, _, parent, _ in spans}
     ids = {name: span_id for name, span_id, _, _ in spans}
@@ -350,14 +351,8 @@ def test_a_context_carried_without_a_span_joins_the_stored_run_trace(pg_dsn):
     assert first.returncode == 0, first.stderr
     carried = _process(pg_dsn, run_id, "carried")
     assert carried.returncode == 0, carried.stderr
-    with psycopg.connect(pg_dsn) as conn:
-        trace_id, root = conn.execute(
-            "SELECT trace_id, root_span_id FROM agentcap.runs WHERE run_id = %s", (run_id,)
-        ).fetchone()
-        spans = conn.execute(
-            "SELECT name, trace_id, parent_span_id FROM agentcap.spans WHERE run_id = %s",
-            (run_id,),
-        ).fetchall()
+    trace_id, root, stored = _stored_trace(pg_dsn, run_id)
+    spans = [(name, trace, parent) for name, _, parent, trace in stored]
     assert ("invoke_agent agent-carried", trace_id, root) in spans
     assert {s[1] for s in spans} == {trace_id}
 
