@@ -668,8 +668,7 @@ def test_a_task_cancelled_while_it_claims_leaves_no_claim_behind(ledger, pg_dsn,
 
     def gated_claim(call: Any) -> Any:
         entered.set()
-        if cancelled == "while_the_claim_runs":
-            go.wait(5)
+        go.wait(5)  # the claim starts only when the test says so, whatever the machine's load
         claim = real(call)
         returned.set()
         return claim
@@ -687,11 +686,17 @@ def test_a_task_cancelled_while_it_claims_leaves_no_claim_behind(ledger, pg_dsn,
             while not entered.is_set():
                 await asyncio.sleep(0.01)
             if cancelled == "after_it_returned":
-                returned.wait(5)  # blocks the loop: the task has not seen the claim yet
+                go.set()
+                # Blocks the loop, so the task cannot see the claim yet; the pause lets the
+                # worker thread finish its part after the claim returned.
+                returned.wait(5)
+                time.sleep(0.2)
             task.cancel()
             go.set()
             with pytest.raises(asyncio.CancelledError):
                 await task
+            while not returned.is_set():  # the abandoned claim is won before the retry asks
+                await asyncio.sleep(0.01)
             ledger.claim = real  # type: ignore[method-assign]
             return await asyncio.wait_for(work.invoke("w", 1), 10)
 
