@@ -22,6 +22,7 @@ from collections import OrderedDict
 from typing import Final
 
 # Defined in otel_agentcap.protocols, with the package's other interfaces.
+from otel_agentcap.forks import renew_locks_after_fork
 from otel_agentcap.protocols import SequenceSource as SequenceSource
 from otel_agentcap.runs import lifetimes
 
@@ -70,8 +71,7 @@ class LamportClock:
         # Set by a ClockRegistry that released this clock's run (see ClockRegistry.adopt).
         self._registry: ClockRegistry | None = None
         self._released = False
-        if source is not None:
-            _sourced_clocks.add(self)
+        _clocks_in_process.add(self)
 
     @property
     def last(self) -> int:
@@ -128,8 +128,9 @@ class LamportClock:
         of its parent's block, which the parent goes on using: its next tick reserves a block of
         its own. Its lock may have been held by a thread the child does not have."""
         self._lock = threading.Lock()
-        self._limit = 0
-        self._local = False
+        if self._source is not None:
+            self._limit = 0
+            self._local = False
 
     def _reserve(self, at_least: int) -> int:
         assert self._source is not None
@@ -162,12 +163,13 @@ class LamportClock:
         return start
 
 
-#: Clocks with a sequence source, whose blocks a forked child must not reuse (held weakly).
-_sourced_clocks: weakref.WeakSet[LamportClock] = weakref.WeakSet()
+#: Every clock of this process (held weakly): a forked child renews their locks, and must not
+#: reuse the blocks of those with a sequence source.
+_clocks_in_process: weakref.WeakSet[LamportClock] = weakref.WeakSet()
 
 
 def _clocks_after_fork_in_child() -> None:  # pragma: no cover - runs in a forked child
-    for clock in list(_sourced_clocks):
+    for clock in list(_clocks_in_process):
         clock.after_fork_in_child()
 
 
@@ -226,6 +228,7 @@ class ClockRegistry:
         self.max_finished_runs = max_finished_runs
         self._source: SequenceSource | None = None
         self._block_size = DEFAULT_BLOCK_SIZE
+        renew_locks_after_fork(self, "_lock")
 
     def configure(
         self, source: SequenceSource | None, block_size: int = DEFAULT_BLOCK_SIZE

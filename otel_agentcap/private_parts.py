@@ -12,11 +12,15 @@ one warning says what is lost.
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 from importlib.metadata import PackageNotFoundError, version
 
+from otel_agentcap.forks import renew_locks_after_fork
+
 _logger = logging.getLogger("otel_agentcap")
 _lock = threading.Lock()
+renew_locks_after_fork(sys.modules[__name__], "_lock")
 _warned: set[tuple[str, str]] = set()
 
 

@@ -16,6 +16,8 @@ import logging
 import threading
 from collections.abc import Callable
 
+from otel_agentcap.forks import renew_locks_after_fork
+
 _logger = logging.getLogger(__name__)
 
 ReleaseHook = Callable[[str], None]
@@ -29,6 +31,7 @@ class RunLifetimes:
         self._lock = threading.Lock()
         self._open: dict[str, int] = {}
         self._hooks: list[ReleaseHook] = []
+        renew_locks_after_fork(self, "_lock")
 
     def on_release(self, hook: ReleaseHook) -> None:
         """Call ``hook(run_id)`` whenever a run's last open scope closes. Hooks must not enter

@@ -20,6 +20,7 @@ LAYERS: tuple[tuple[tuple[str, ...], ...], ...] = (
         (
             "attributes",
             "errors",
+            "forks",
             "jsonsafe",
             "model",
             "private_parts",

@@ -34,6 +34,7 @@ from otel_agentcap.context import (
     start_thread,
 )
 from otel_agentcap.errors import AgentCancelled, AgentTimeoutError, SpawnConflictError
+from otel_agentcap.forks import renew_locks_after_fork
 from otel_agentcap.model import MAX_ID_LENGTH, EventRef, EventType, validate_id
 from otel_agentcap.pipeline.stamping import stamp
 
@@ -75,6 +76,7 @@ class Agent:
         self.span_name = f"invoke_agent {agent_id}"
         self._state: dict[str, Any] = {}
         self._state_lock = threading.Lock()
+        renew_locks_after_fork(self, "_state_lock")
 
     def __repr__(self) -> str:
         return f"Agent(run_id={self.run_id!r}, agent_id={self.agent_id!r}, name={self.name!r})"
@@ -182,6 +184,7 @@ class AgentExecution:
         self.commit_error: TypeError | None = None
         self._finished = False
         self._lock = threading.Lock()
+        renew_locks_after_fork(self, "_lock")
 
     @property
     def run_id(self) -> str:
@@ -263,6 +266,7 @@ class AgentScope:
         self._async_timeout: asyncio.Timeout | None = None
         self._started_at = 0.0
         self._lock = threading.Lock()
+        renew_locks_after_fork(self, "_lock")
         self._entered = False
 
     def _create_execution(self) -> AgentExecution:

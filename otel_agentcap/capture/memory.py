@@ -35,6 +35,7 @@ from otel_agentcap import jsonsafe
 from otel_agentcap.capture import _telemetry as tel
 from otel_agentcap.capture.values import private_copy
 from otel_agentcap.context import AgentContext, current_agent
+from otel_agentcap.forks import call_in_child_after_fork, renew_locks_after_fork
 from otel_agentcap.model import EventRef, EventType, validate_id
 from otel_agentcap.pipeline.span_attributes import add_attributes
 from otel_agentcap.pipeline.stamping import Stamp, stamp
@@ -146,6 +147,7 @@ class Memory(MemoryBase):
         # The recorded deletes of keys not written since, oldest first, so the next write of a
         # key still chains to its delete; bounded, as keys come and go in a long-lived process.
         self._deletes: OrderedDict[str, tuple[EventRef, int]] = OrderedDict()
+        renew_locks_after_fork(self, "_lock")
         self.max_deleted_keys = DEFAULT_MAX_DELETED_KEYS
         # One counter for every key: a key's version never repeats, also after its delete was
         # forgotten.
@@ -292,6 +294,11 @@ class MemoryRecorder:
         self._lock = threading.Lock()
         self._last_write: OrderedDict[str, EventRef] = OrderedDict()
         self._key_locks: dict[str, threading.RLock] = {}
+        call_in_child_after_fork(self._after_fork_in_child)
+
+    def _after_fork_in_child(self) -> None:  # pragma: no cover - runs in a forked child
+        self._lock = threading.Lock()
+        self._key_locks = {}
 
     def lock(self, key: str) -> AbstractContextManager[bool]:
         """A per-key lock (reentrant) for making a store operation and its record one step in

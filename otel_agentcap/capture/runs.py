@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import threading
 import time
 from collections import OrderedDict
@@ -41,6 +42,7 @@ from otel_agentcap import attributes as attr
 from otel_agentcap.capture import _telemetry as tel
 from otel_agentcap.context import RunContext, bind_run, current_run, new_id, reset_run
 from otel_agentcap.errors import RunExistsError
+from otel_agentcap.forks import renew_locks_after_fork
 from otel_agentcap.model import validate_id
 
 # Defined in otel_agentcap.protocols, with the package's other interfaces.
@@ -202,6 +204,7 @@ class _RecordedRuns:
         self._lock = threading.Lock()
         self._runs: OrderedDict[str, _Recorded] = OrderedDict()
         self.limit = limit
+        renew_locks_after_fork(self, "_lock")
 
     def claim(self, run_id: str, root_span: SpanContext | None) -> _Recorded | _Missing:
         """Record ``run_id`` with ``root_span`` and return ``_NEW``, or return what it was
@@ -259,6 +262,7 @@ def forget_runs() -> None:
 
 
 _unchecked_lock = threading.Lock()
+renew_locks_after_fork(sys.modules[__name__], "_unchecked_lock")
 _unchecked_logged_at = -3600.0
 
 

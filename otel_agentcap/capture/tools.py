@@ -48,6 +48,7 @@ from otel_agentcap.capture.ledger import (
 from otel_agentcap.capture.values import private_copy
 from otel_agentcap.context import AgentContext, current_agent
 from otel_agentcap.errors import ToolOutcomeUnknown
+from otel_agentcap.forks import call_in_child_after_fork
 from otel_agentcap.model import EventRef, EventType, event_id_for, from_fields, validate_id
 from otel_agentcap.pipeline.stamping import stamp
 from otel_agentcap.runs import lifetimes
@@ -156,6 +157,15 @@ class InvocationRegistry:
         self._sweep_lock = threading.Lock()
         self._sweep_every = 1
         self.max_completed = max_completed
+        call_in_child_after_fork(self._after_fork_in_child)
+
+    def _after_fork_in_child(self) -> None:  # pragma: no cover - runs in a forked child
+        self._sweep_lock = threading.Lock()
+        for agents in self._runs.values():
+            for table in agents.values():
+                table.lock = threading.Lock()
+                table.finished = threading.Condition(table.lock)
+                table.waiting = 0
 
     @property
     def max_completed(self) -> int:

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
-from otel_agentcap.exporters.forks import call_in_child_after_fork
+from otel_agentcap.forks import call_in_child_after_fork
 
 _logger = logging.getLogger("otel_agentcap.export")
 

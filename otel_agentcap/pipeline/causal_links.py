@@ -20,6 +20,7 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any, Final
 
+from otel_agentcap.forks import renew_locks_after_fork
 from otel_agentcap.model import EventRef
 from otel_agentcap.runs import lifetimes
 
@@ -33,6 +34,7 @@ class _Bounded:
     def __init__(self, limit: int = MAX_ENTRIES) -> None:
         self._limit = limit
         self._lock = threading.Lock()
+        renew_locks_after_fork(self, "_lock")
         self._runs: dict[str, dict[str, EventRef]] = {}
         # Keys, oldest first. An OrderedDict, not a dict: deleting a plain dict's first entry
         # leaves a hole that every later ``next(iter(...))`` scans past until the dict resizes,

@@ -14,6 +14,7 @@ storage keeps as a conflict.
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from collections.abc import Iterable, Mapping
@@ -24,6 +25,7 @@ from opentelemetry.util.types import AttributeValue
 
 from otel_agentcap import attributes as attr
 from otel_agentcap import jsonsafe
+from otel_agentcap.forks import renew_locks_after_fork
 from otel_agentcap.model import (
     AgentRecord,
     Batch,
@@ -218,6 +220,7 @@ def events_from_span(span: SpanLike, *, raw_payloads: bool = False) -> list[Even
 
 _logger = logging.getLogger(__name__)
 _unreadable_lock = threading.Lock()
+renew_locks_after_fork(sys.modules[__name__], "_unreadable_lock")
 _unreadable_logged_at = 0.0
 
 

@@ -32,6 +32,7 @@ from opentelemetry.util.types import AttributeValue
 from otel_agentcap import attributes as attr
 from otel_agentcap import private_parts
 from otel_agentcap.context import AgentContext, current_agent
+from otel_agentcap.forks import renew_locks_after_fork
 from otel_agentcap.model import EventRef, EventType
 from otel_agentcap.pipeline import causal_links
 from otel_agentcap.pipeline.call_identity import SUPERSEDED, replaces
@@ -125,6 +126,7 @@ class AgentCapSpanProcessor(SpanProcessor):
     def __init__(self, classifiers: tuple[SpanClassifier, ...] = (classify_genai_span,)) -> None:
         self._classifiers = classifiers
         self._open_lock = threading.Lock()
+        renew_locks_after_fork(self, "_open_lock")
         self._open: dict[tuple[int, int], list[_OpenModelCall]] = {}
 
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:

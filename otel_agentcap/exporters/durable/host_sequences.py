@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Final
 
 from otel_agentcap.exporters.faults import FaultLog
-from otel_agentcap.exporters.forks import call_in_child_after_fork
+from otel_agentcap.forks import call_in_child_after_fork
 from otel_agentcap.protocols import SequenceSource
 
 _logger = logging.getLogger(__name__)

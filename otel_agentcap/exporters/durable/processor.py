@@ -28,8 +28,8 @@ from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 
 from otel_agentcap import attributes as attr
 from otel_agentcap.exporters.faults import FaultLog
-from otel_agentcap.exporters.forks import call_in_child_after_fork
 from otel_agentcap.exporters.postgres.exporter import DATABASE_CONDITION, PostgresSpanExporter
+from otel_agentcap.forks import call_in_child_after_fork
 from otel_agentcap.model import EventType
 from otel_agentcap.pipeline.span_attributes import attributes_of
 

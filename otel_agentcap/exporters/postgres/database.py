@@ -18,12 +18,12 @@ import psycopg
 from opentelemetry.instrumentation.utils import suppress_instrumentation
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from otel_agentcap.exporters.forks import call_in_child_after_fork
 from otel_agentcap.exporters.postgres import embedded
 from otel_agentcap.exporters.postgres.connection import SmallPool, first_line
 from otel_agentcap.exporters.postgres.errors import ConnectionFailed
 from otel_agentcap.exporters.postgres.migrate import migrate
 from otel_agentcap.exporters.postgres.partitions import ensure_ahead
+from otel_agentcap.forks import call_in_child_after_fork
 
 _logger = logging.getLogger(__name__)
 

@@ -24,7 +24,6 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from otel_agentcap import attributes as attr
 from otel_agentcap.exporters.faults import FaultLog
-from otel_agentcap.exporters.forks import call_in_child_after_fork
 from otel_agentcap.exporters.postgres.database import (
     Database,
     instrumentation_suppressed,
@@ -45,6 +44,7 @@ from otel_agentcap.exporters.postgres.rows import (
     span_copy_data,
 )
 from otel_agentcap.exporters.postgres.writer import EventWriter, WriteResult
+from otel_agentcap.forks import call_in_child_after_fork
 from otel_agentcap.model import Batch
 from otel_agentcap.pipeline.mapping import SpanLike, batch_from_spans
 from otel_agentcap.pipeline.span_attributes import attributes_of
