@@ -50,7 +50,12 @@ from opentelemetry.instrumentation.utils import unwrap
 
 from otel_agentcap import private_parts
 from otel_agentcap.capture import _telemetry
-from otel_agentcap.instrumentation.anthropic import patch, stream_content, tool_runner
+from otel_agentcap.instrumentation.anthropic import (
+    patch,
+    stream_content,
+    streamed_responses,
+    tool_runner,
+)
 from otel_agentcap.instrumentation.anthropic.package import _instruments
 from otel_agentcap.instrumentation.anthropic.tool_runner import (
     exactly_once,
@@ -117,6 +122,11 @@ _RESPONSE_HOOK: Final = _PrivateHook(
 #: and where its span is ended (see :mod:`.stream_content`).
 _STREAM_CONTENT_HOOK: Final = _PrivateHook(
     "2.14.0", "a raw messages.create(stream=True) read to the end records no output with content on"
+)
+#: ``finish_api_call_span`` where ``anthropic._base_client`` imports it, with the tracing functions
+#: it reaches (see :mod:`.streamed_responses`): tested at 2.16.
+_UNREAD_RESPONSE_HOOK: Final = _PrivateHook(
+    "2.16.0", "a messages.create read through with_streaming_response records no response"
 )
 #: ``_run_tool`` / ``_run_toolset_member`` of the Messages tool runners.
 _RUNNER_HOOK: Final = _PrivateHook(
@@ -214,7 +224,20 @@ class AnthropicInstrumentor(BaseInstrumentor):  # type: ignore[misc]
                 self._wrap(module_name, cls_name, "create", create)
                 self._wrap(module_name, cls_name, "stream", patch.causal_stream())
             for module_name in _RESPONSE_HOOKS:
-                self._wrap_function(module_name, "set_response_attributes", _RESPONSE_HOOK)
+                self._wrap_function(
+                    module_name,
+                    "set_response_attributes",
+                    _RESPONSE_HOOK,
+                    patch.tool_use_ids_hook(),
+                    "the tracing hook set_response_attributes",  # one warning for both modules
+                )
+            self._wrap_function(
+                streamed_responses.CALLER_MODULE,
+                streamed_responses.FUNCTION,
+                _UNREAD_RESPONSE_HOOK,
+                streamed_responses.finish_hook(),
+                f"{streamed_responses.CALLER_MODULE}.{streamed_responses.FUNCTION}",
+            )
             for method, hook in (
                 ("item", stream_content.item_hook()),
                 ("end", stream_content.end_hook()),
@@ -271,15 +294,19 @@ class AnthropicInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             _SESSION_HOOK,
         )
 
-    def _wrap_function(self, module_name: str, name: str, private: _PrivateHook) -> None:
+    def _wrap_function(
+        self, module_name: str, name: str, private: _PrivateHook, wrapper: Any, part: str
+    ) -> None:
+        """Wrap the function ``module_name.name`` with ``wrapper`` when the SDK has it; else
+        warn once about ``part`` (from the release ``private`` is tested since)."""
         try:
             module = importlib.import_module(module_name)
         except ImportError:
             module = None
         if not callable(getattr(module, name, None)):
-            private.missing(f"the tracing hook {name}")  # one warning for every module
+            private.missing(part)
             return
-        wrapt.wrap_function_wrapper(module, name, patch.tool_use_ids_hook())
+        wrapt.wrap_function_wrapper(module, name, wrapper)
         self._wrapped.append((module, name))
 
     def _uninstrument(self, **kwargs: Any) -> None:
