@@ -188,6 +188,58 @@ def test_async_chain(server, aclient, captured, instrumented):
     _check_chain(runner_events(captured, "r-chain-async"))
 
 
+#: messages.parse (structured outputs) is in the SDK releases that have it.
+needs_parse = pytest.mark.skipif(
+    not hasattr(anthropic.resources.messages.Messages, "parse"),
+    reason="the installed anthropic has no messages.parse",
+)
+
+
+@needs_parse
+def test_parse_names_the_tool_results_it_sends(server, client, captured, instrumented):
+    """messages.parse (structured outputs) sending tool results names them, as create does."""
+    _script(server)
+    with ac.run("r-chain-parse"), ac.agent("assistant"):
+        first = _turn(client, list(USER))
+        results = run_tool_uses(first, [weather, broken])
+        parsed = client.messages.parse(
+            model=MODEL,
+            max_tokens=64,
+            messages=[
+                *USER,
+                {"role": "assistant", "content": [b.model_dump() for b in first.content]},
+                {"role": "user", "content": results},
+            ],  # type: ignore[list-item]
+        )
+    assert isinstance(parsed, anthropic.types.ParsedMessage)
+    _check_chain(runner_events(captured, "r-chain-parse"))
+
+
+@needs_parse
+def test_async_beta_parse_names_the_tool_results_it_sends(server, aclient, captured, instrumented):
+    """The async client's beta.messages.parse names the tool results it sends too."""
+    import asyncio
+
+    _script(server)
+
+    async def main() -> None:
+        first = await aclient.messages.create(model=MODEL, max_tokens=64, messages=USER)
+        results = await arun_tool_uses(first, [weather, broken])
+        await aclient.beta.messages.parse(
+            model=MODEL,
+            max_tokens=64,
+            messages=[
+                *USER,
+                {"role": "assistant", "content": [b.model_dump() for b in first.content]},
+                {"role": "user", "content": results},
+            ],  # type: ignore[list-item]
+        )
+
+    with ac.run("r-chain-beta-parse"), ac.agent("assistant"):
+        asyncio.run(main())
+    _check_chain(runner_events(captured, "r-chain-beta-parse"))
+
+
 @pytest.mark.storage
 def test_chain_stored_in_postgres(server, client, instrumented, stored, pg_dsn):
     """The model -> tool -> model chain within one agent and across two, in the stored log."""

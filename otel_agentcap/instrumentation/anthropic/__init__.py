@@ -11,7 +11,7 @@ What it does depends on the installed SDK (range in :mod:`.package`):
 * An SDK that traces itself (``anthropic._tracing`` exists, 1.17 and later): no span of ours. The
   SDK's ``anthropic.messages.create`` span is stamped by
   :class:`~otel_agentcap.pipeline.processor.AgentCapSpanProcessor` and becomes the ``model_call``
-  event. The instrumentor wraps ``Messages.create`` / ``Messages.stream`` (sync, async, beta)
+  event. The instrumentor wraps ``Messages.create`` / ``.stream`` / ``.parse`` (sync, async, beta)
   to bind the causal parents of a request (the tool_result events of the ``tool_result`` blocks
   it carries), and adds the requested ``tool_use`` ids (``agentcap.model_call.tool_use_ids``) to
   the SDK's span.
@@ -222,6 +222,8 @@ class AnthropicInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             for module_name, cls_name, is_async in _RESOURCES:
                 create = patch.causal_acreate() if is_async else patch.causal_create()
                 self._wrap(module_name, cls_name, "create", create)
+                # parse (structured outputs) sends its request itself, not through create.
+                self._wrap(module_name, cls_name, "parse", create)
                 self._wrap(module_name, cls_name, "stream", patch.causal_stream())
             for module_name in _RESPONSE_HOOKS:
                 self._wrap_function(
