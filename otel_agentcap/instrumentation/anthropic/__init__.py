@@ -170,7 +170,11 @@ class AnthropicInstrumentor(BaseInstrumentor):  # type: ignore[misc]
 
     def __init__(self) -> None:
         super().__init__()
-        self._wrapped: list[tuple[Any, str]] = []
+        # The base class makes the instrumentor one instance, and Python runs __init__ again for
+        # every AnthropicInstrumentor() call: what an earlier handle wrapped must stay listed,
+        # or uninstrument() finds nothing to unwrap.
+        if not hasattr(self, "_wrapped"):
+            self._wrapped: list[tuple[Any, str]] = []
 
     def instrumentation_dependencies(self) -> Collection[str]:
         return _instruments
