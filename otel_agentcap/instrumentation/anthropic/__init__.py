@@ -228,7 +228,7 @@ class AnthropicInstrumentor(BaseInstrumentor):  # type: ignore[misc]
                 self._wrap(module_name, cls_name, "create", create)
                 # parse (structured outputs) sends its request itself, not through create.
                 self._wrap(module_name, cls_name, "parse", create)
-                self._wrap(module_name, cls_name, "stream", patch.causal_stream())
+                self._wrap(module_name, cls_name, "stream", patch.causal_stream(is_async=is_async))
             for module_name in _RESPONSE_HOOKS:
                 self._wrap_function(
                     module_name,

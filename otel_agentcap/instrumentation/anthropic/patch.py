@@ -30,6 +30,7 @@ from otel_agentcap.context import caused_by, current_agent
 from otel_agentcap.instrumentation.anthropic import extractors
 from otel_agentcap.instrumentation.anthropic.wrappers import (
     CallRecord,
+    CausalAsyncStreamManager,
     CausalStreamManager,
     TracedAsyncStream,
     TracedAsyncStreamManager,
@@ -103,12 +104,13 @@ def causal_acreate() -> Wrapper:
     return wrapper
 
 
-def causal_stream() -> Wrapper:
+def causal_stream(*, is_async: bool) -> Wrapper:
     def wrapper(wrapped: Callable[..., Any], instance: Any, args: Any, kwargs: Any) -> Any:
         refuse_if_cancelled()
         manager = wrapped(*args, **kwargs)
         try:
-            return CausalStreamManager(manager, lambda: causal_scope(kwargs))
+            proxy = CausalAsyncStreamManager if is_async else CausalStreamManager
+            return proxy(manager, lambda: causal_scope(kwargs))
         except Exception:
             return manager
 

@@ -267,22 +267,59 @@ class TracedAsyncStreamManager(_ManagerBase):
                 self._self_record.finish(how="closed")
 
 
-class CausalStreamManager(ObjectProxy):
-    """A stream manager of a tracing SDK: binds the causal parents while the request is made."""
+class _ManagerProxy:
+    """A stand-in for an SDK stream manager that has the special methods its subclass defines
+    and no others: ``wrapt.ObjectProxy`` defines ``__enter__``, ``__exit__`` and ``__iter__``
+    (and from wrapt 2 ``__aenter__`` / ``__aexit__``) for every object it wraps, so a sync
+    manager behind it looked like an async context manager (``hasattr(m, "__aenter__")``), and a
+    wrong ``with`` raised AttributeError instead of Python's TypeError. Other attributes are the
+    wrapped manager's; ``isinstance`` sees its class."""
+
+    __slots__ = ("__wrapped__", "_scope_factory")
 
     def __init__(self, wrapped: Any, scope_factory: Any) -> None:
-        super().__init__(wrapped)
-        self._self_scope_factory = scope_factory
+        object.__setattr__(self, "__wrapped__", wrapped)
+        object.__setattr__(self, "_scope_factory", scope_factory)
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:
+        return type(self.__wrapped__)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.__wrapped__, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self.__wrapped__, name, value)
+
+    def __delattr__(self, name: str) -> None:
+        delattr(self.__wrapped__, name)
+
+    def __repr__(self) -> str:
+        return repr(self.__wrapped__)
+
+
+class CausalStreamManager(_ManagerProxy):
+    """A sync stream manager of a tracing SDK: binds the causal parents while the request is
+    made. The sync context-manager protocol only, as the SDK's manager has."""
+
+    __slots__ = ()
 
     def __enter__(self) -> Any:
-        with self._self_scope_factory():
+        with self._scope_factory():
             return self.__wrapped__.__enter__()
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> Any:
         return self.__wrapped__.__exit__(exc_type, exc, tb)
 
+
+class CausalAsyncStreamManager(_ManagerProxy):
+    """An async stream manager of a tracing SDK (see :class:`CausalStreamManager`): the async
+    context-manager protocol only."""
+
+    __slots__ = ()
+
     async def __aenter__(self) -> Any:
-        with self._self_scope_factory():
+        with self._scope_factory():
             return await self.__wrapped__.__aenter__()
 
     async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> Any:
