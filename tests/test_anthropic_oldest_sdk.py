@@ -98,6 +98,24 @@ def test_instrumentor_spans_on_oldest_sdk(oldest_sdk: Path):
     assert "sk-old-SECRET" not in result.stdout
 
 
+def test_proxies_offer_the_sdk_objects_protocols_on_oldest_sdk(oldest_sdk: Path):
+    """On anthropic 0.40 a sync stream or stream manager of the instrumentor is no async context
+    manager and an async one no sync one, and a wrong with raises Python's TypeError."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(oldest_sdk), os.getcwd()])}
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    assert out["protocols"] == {
+        "sync_manager_is_async": False,
+        "sync_stream_is_async": False,
+        "async_with_on_sync_manager": "TypeError",
+        "async_manager_is_sync": False,
+        "async_stream_is_sync": False,
+    }
+
+
 def test_stream_output_content_on_oldest_sdk(oldest_sdk: Path):
     """On anthropic 0.40 with content capture on, a stream read to the end records its content
     blocks as the Message's output, as a whole response does; a dropped or failed one records

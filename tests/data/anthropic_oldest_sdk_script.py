@@ -36,6 +36,33 @@ with capture_events() as cap, MessagesServer() as server:
         base_url=server.base_url, api_key="sk-old-SECRET", max_retries=0
     )
     kw = dict(model="claude-x", max_tokens=100)
+    # Outside any agent (no events): the proxies offer the SDK object's protocols and no other.
+    hello = [{"role": "user", "content": "x"}]
+    sync_manager = client.messages.stream(messages=hello, **kw)
+    sync_stream = client.messages.create(messages=hello, stream=True, **kw)
+    protocols = {
+        "sync_manager_is_async": hasattr(sync_manager, "__aenter__"),
+        "sync_stream_is_async": hasattr(sync_stream, "__aenter__"),
+    }
+    sync_stream.close()
+
+    async def protocol_checks():
+        async_client = anthropic.AsyncAnthropic(base_url=server.base_url, api_key="k")
+        try:
+            async with sync_manager:
+                pass
+        except Exception as e:
+            protocols["async_with_on_sync_manager"] = type(e).__name__
+        async_manager = async_client.messages.stream(messages=hello, **kw)
+        protocols["async_manager_is_sync"] = hasattr(async_manager, "__enter__")
+        async with async_manager as stream:
+            await stream.get_final_message()
+        async_stream = await async_client.messages.create(messages=hello, stream=True, **kw)
+        protocols["async_stream_is_sync"] = hasattr(async_stream, "__enter__")
+        await async_stream.close()
+
+    asyncio.run(protocol_checks())
+    out["protocols"] = protocols
     with ac.run("old"), ac.agent("a"):
         server.enqueue(
             tool_use_reply(

@@ -151,7 +151,44 @@ def _raw_stream(message_stream: Any) -> Any:
     return message_stream._raw_stream  # noqa: SLF001 (see above)
 
 
-class TracedStream(ObjectProxy):
+class _Proxy:
+    """A stand-in for an SDK stream or stream manager that has the special methods its subclass
+    defines and no others. ``wrapt.ObjectProxy`` defines ``__enter__``, ``__exit__`` and
+    ``__iter__`` (and from wrapt 2 ``__aenter__`` / ``__aexit__``) whatever it wraps, so a sync
+    stream or manager behind it looked like an async context manager (``hasattr(x,
+    "__aenter__")``), an async one like a sync one, and a wrong ``with`` raised AttributeError
+    instead of Python's TypeError. Other attributes are the wrapped object's (set and deleted
+    there too, except this proxy's own ``_self_*`` ones); ``isinstance`` sees its class."""
+
+    def __init__(self, wrapped: Any) -> None:
+        object.__setattr__(self, "__wrapped__", wrapped)
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:
+        return type(self.__wrapped__)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "__wrapped__":  # not set yet
+            raise AttributeError(name)
+        return getattr(self.__wrapped__, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name.startswith("_self_"):
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self.__wrapped__, name, value)
+
+    def __delattr__(self, name: str) -> None:
+        if name.startswith("_self_"):
+            object.__delattr__(self, name)
+        else:
+            delattr(self.__wrapped__, name)
+
+    def __repr__(self) -> str:
+        return repr(self.__wrapped__)
+
+
+class TracedStream(_Proxy):
     """A ``Stream`` from ``messages.create(stream=True)`` whose span ends with it."""
 
     def __init__(self, wrapped: Any, record: CallRecord) -> None:
@@ -178,7 +215,7 @@ class TracedStream(ObjectProxy):
         self.close()
 
 
-class TracedAsyncStream(ObjectProxy):
+class TracedAsyncStream(_Proxy):
     """An ``AsyncStream`` from ``messages.create(stream=True)`` whose span ends with it."""
 
     def __init__(self, wrapped: Any, record: CallRecord) -> None:
@@ -205,7 +242,7 @@ class TracedAsyncStream(ObjectProxy):
         await self.close()
 
 
-class _ManagerBase(ObjectProxy):
+class _ManagerBase(_Proxy):
     def __init__(self, wrapped: Any, start: Any) -> None:
         super().__init__(wrapped)
         self._self_start = start
@@ -267,59 +304,32 @@ class TracedAsyncStreamManager(_ManagerBase):
                 self._self_record.finish(how="closed")
 
 
-class _ManagerProxy:
-    """A stand-in for an SDK stream manager that has the special methods its subclass defines
-    and no others: ``wrapt.ObjectProxy`` defines ``__enter__``, ``__exit__`` and ``__iter__``
-    (and from wrapt 2 ``__aenter__`` / ``__aexit__``) for every object it wraps, so a sync
-    manager behind it looked like an async context manager (``hasattr(m, "__aenter__")``), and a
-    wrong ``with`` raised AttributeError instead of Python's TypeError. Other attributes are the
-    wrapped manager's; ``isinstance`` sees its class."""
-
-    __slots__ = ("__wrapped__", "_scope_factory")
-
-    def __init__(self, wrapped: Any, scope_factory: Any) -> None:
-        object.__setattr__(self, "__wrapped__", wrapped)
-        object.__setattr__(self, "_scope_factory", scope_factory)
-
-    @property  # type: ignore[misc]
-    def __class__(self) -> type:
-        return type(self.__wrapped__)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.__wrapped__, name)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        setattr(self.__wrapped__, name, value)
-
-    def __delattr__(self, name: str) -> None:
-        delattr(self.__wrapped__, name)
-
-    def __repr__(self) -> str:
-        return repr(self.__wrapped__)
-
-
-class CausalStreamManager(_ManagerProxy):
+class CausalStreamManager(_Proxy):
     """A sync stream manager of a tracing SDK: binds the causal parents while the request is
     made. The sync context-manager protocol only, as the SDK's manager has."""
 
-    __slots__ = ()
+    def __init__(self, wrapped: Any, scope_factory: Any) -> None:
+        super().__init__(wrapped)
+        self._self_scope_factory = scope_factory
 
     def __enter__(self) -> Any:
-        with self._scope_factory():
+        with self._self_scope_factory():
             return self.__wrapped__.__enter__()
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> Any:
         return self.__wrapped__.__exit__(exc_type, exc, tb)
 
 
-class CausalAsyncStreamManager(_ManagerProxy):
+class CausalAsyncStreamManager(_Proxy):
     """An async stream manager of a tracing SDK (see :class:`CausalStreamManager`): the async
     context-manager protocol only."""
 
-    __slots__ = ()
+    def __init__(self, wrapped: Any, scope_factory: Any) -> None:
+        super().__init__(wrapped)
+        self._self_scope_factory = scope_factory
 
     async def __aenter__(self) -> Any:
-        with self._scope_factory():
+        with self._self_scope_factory():
             return await self.__wrapped__.__aenter__()
 
     async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> Any:
