@@ -98,6 +98,29 @@ def test_instrumentor_spans_on_oldest_sdk(oldest_sdk: Path):
     assert "sk-old-SECRET" not in result.stdout
 
 
+def test_raw_response_recorded_on_oldest_sdk(oldest_sdk: Path):
+    """On anthropic 0.40 a with_raw_response call records its response: ids, usage, stop reason
+    and the requested tool_use ids."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(oldest_sdk), os.getcwd()])}
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    (payload,) = out["raw_calls"]
+    assert payload["response_id"] == out["raw_parsed_id"]
+    assert payload["request_id"] == out["raw_request_id"]
+    assert payload["stop_reason"] == "tool_use"
+    assert payload["tool_use_ids"] == ["toolu_raw"]
+    assert payload["usage"] == {
+        "input_tokens": 10,
+        "output_tokens": 7,
+        "cache_read_input_tokens": 0,
+        "cache_creation_input_tokens": 0,
+    }
+    assert payload["status"] == "ok"
+
+
 def test_proxies_offer_the_sdk_objects_protocols_on_oldest_sdk(oldest_sdk: Path):
     """On anthropic 0.40 a sync stream or stream manager of the instrumentor is no async context
     manager and an async one no sync one, and a wrong with raises Python's TypeError."""

@@ -116,6 +116,19 @@ with capture_events() as cap, MessagesServer() as server:
                 await ms.get_final_message()
 
         asyncio.run(amain())
+    with ac.run("old-raw"), ac.agent("a"):
+        server.enqueue(
+            tool_use_reply(
+                [ToolCall("lookup", {"q": "y"}, id="toolu_raw")], input_tokens=10, output_tokens=7
+            )
+        )
+        raw = client.messages.with_raw_response.create(
+            messages=[{"role": "user", "content": "raw"}], **kw
+        )
+        out["raw_parsed_id"] = raw.parse().id
+        out["raw_request_id"] = raw.headers.get("request-id")
+raw_events = [e for e in cap.events if e.run_id == "old-raw"]
+out["raw_calls"] = [e.payload for e in raw_events if e.event_type == "model_call"]
 out["events"] = [
     dict(
         seq=e.seq,
@@ -125,6 +138,7 @@ out["events"] = [
         payload=e.payload,
     )
     for e in cap.events
+    if e.run_id == "old"
 ]
 out["spans"] = [s.name for s in cap.spans]
 print(json.dumps(out))

@@ -159,8 +159,33 @@ def _finish_result(record: CallRecord, result: Any, *, is_async: bool) -> Any:
             _logger.debug("agentcap: could not observe a stream", exc_info=True)
             record.finish(how="abandoned")
             return result
+    http_response = getattr(result, "http_response", None)
+    if http_response is not None:
+        # A raw response (with_raw_response / with_streaming_response): its body, when read.
+        record.finish(how="returned", message=_read_body(record, http_response))
+        return result
     record.finish(how="returned", message=result)
     return result
+
+
+def _read_body(record: CallRecord, http_response: Any) -> Any:
+    """The decoded JSON body of a raw response that has been read (None when it has not, as a
+    stream or a with_streaming_response body, or is no JSON object); its ``request-id`` header
+    goes on the span. Never raises; never reads a body the caller has not read."""
+    try:
+        request_id = http_response.headers.get("request-id")
+        if isinstance(request_id, str):
+            record.span.set_attribute("anthropic.request.id", request_id)
+        if not http_response.is_closed:
+            return None
+        content_type = str(http_response.headers.get("content-type", ""))
+        if content_type.split(";")[0].strip().lower() != "application/json":
+            return None
+        data = http_response.json()
+        return data if isinstance(data, dict) else None
+    except Exception:
+        _logger.debug("agentcap: could not read a raw response", exc_info=True)
+        return None
 
 
 def span_create(tracer: Tracer) -> Wrapper:
