@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import gzip
+import queue
+import threading
 
 import grpc
 import pytest
@@ -118,3 +120,39 @@ def test_grpc_asks_to_retry_with_retry_info_when_the_database_is_down():
     status = status_pb2.Status.FromString(details)
     retry = error_details_pb2.RetryInfo()
     assert status.details[0].Unpack(retry) and retry.retry_delay.seconds >= 1
+
+
+def test_a_saturated_grpc_receiver_asks_to_retry_with_retry_info(pg_dsn):
+    """With every processing slot taken, calls that cannot be served within the queue timeout
+    fail UNAVAILABLE with a RetryInfo (a collector retries them), never RESOURCE_EXHAUSTED
+    without one, which a collector drops as permanent; the call holding the slot then succeeds."""
+    limits = IngestLimits(max_concurrent_requests=1, queue_timeout=0.2)
+    release = threading.Event()
+    with OtlpIngestServer(pg_dsn, port=0, grpc_port=0, limits=limits) as server:
+        process = server.service.process
+
+        def held(*args, **kwargs):
+            release.wait()
+            return process(*args, **kwargs)
+
+        server.service.process = held  # type: ignore[method-assign]
+        finished: queue.Queue[grpc.Future] = queue.Queue()
+        with grpc.insecure_channel(server.grpc_endpoint or "") as channel:
+            export = channel.unary_unary(METHOD)
+            # More calls than threads waiting for a slot (8), fewer than the streams a connection
+            # may open at once (16).
+            calls = [export.future(b"", timeout=120) for _ in range(12)]
+            for call in calls:
+                call.add_done_callback(finished.put)
+            try:
+                for _ in range(len(calls) - 1):  # all but the call in the slot
+                    error = finished.get(timeout=120).exception()
+                    assert isinstance(error, grpc.Call)
+                    assert error.code() is grpc.StatusCode.UNAVAILABLE, error.details()
+                    details = dict(error.trailing_metadata() or ())["grpc-status-details-bin"]
+                    retry = error_details_pb2.RetryInfo()
+                    assert status_pb2.Status.FromString(details).details[0].Unpack(retry)
+            finally:
+                release.set()
+            assert finished.get(timeout=120).exception() is None
+    assert server.stats().failed_requests == len(calls) - 1

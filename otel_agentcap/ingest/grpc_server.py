@@ -8,15 +8,22 @@ event log is unavailable (retried); ``INVALID_ARGUMENT`` for a request that is n
 request, ``UNAUTHENTICATED`` for a missing or wrong bearer token (``authorization`` metadata),
 ``RESOURCE_EXHAUSTED`` (from grpcio) for a message over the limit, also after decompression.
 
-Limits: grpcio reads a request's message only in a worker thread, and there are
-``max_concurrent_requests`` of them, so at most that many messages are held at once; further
-calls wait (up to ``8 x max_concurrent_requests`` of them) without their messages being read.
-Idle connections are closed after ``idle_timeout``.
+Limits: a call reads its message only once it holds one of ``max_concurrent_requests``
+processing slots (the method is served as client-streaming, so grpcio does not read the message
+before the handler asks for it), so at most that many messages are held at once. Other calls wait
+for a slot up to ``queue_timeout``, then fail ``UNAVAILABLE`` with a ``RetryInfo`` (retried, as
+the 503 of OTLP/HTTP): never grpcio's ``RESOURCE_EXHAUSTED`` without one, which OTLP senders
+(the collector) treat as permanent and drop. Up to ``8 x max_concurrent_requests`` calls wait in
+threads; more wait for a thread, up to ``64 x max_concurrent_requests`` calls in all (beyond that,
+grpcio's own limit answers ``RESOURCE_EXHAUSTED``). Idle connections are closed after
+``idle_timeout``.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Final, NoReturn
@@ -32,7 +39,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from otel_agentcap.ingest.config import IngestLimits, TlsConfig
 from otel_agentcap.ingest.service import IngestService, RetryLater
 from otel_agentcap.ingest.wire import DecodeError, decode_protobuf
-from otel_agentcap.tokens import Authenticator
+from otel_agentcap.tokens import Authenticator, Principal
 
 _logger = logging.getLogger(__name__)
 
@@ -78,13 +85,17 @@ class GrpcReceiver:
     ) -> None:
         self._service = service
         self._authenticator = authenticator
+        self._limits = limits
+        workers = limits.max_concurrent_requests
+        self._slots = threading.BoundedSemaphore(workers)
+        # Client-streaming on the server side (the same call on the wire as a unary one): the
+        # message is read when the handler asks for it, once it holds a slot.
         handler = grpc.method_handlers_generic_handler(
             SERVICE,
-            {"Export": grpc.unary_unary_rpc_method_handler(self._export)},
+            {"Export": grpc.stream_unary_rpc_method_handler(self._export)},
         )
-        workers = limits.max_concurrent_requests
         self._server = grpc.server(
-            ThreadPoolExecutor(max_workers=workers, thread_name_prefix="agentcap-ingest-grpc"),
+            ThreadPoolExecutor(max_workers=8 * workers, thread_name_prefix="agentcap-ingest-grpc"),
             handlers=[handler],
             options=[
                 ("grpc.max_receive_message_length", limits.max_body_bytes),
@@ -93,7 +104,7 @@ class GrpcReceiver:
                 ("grpc.max_connection_idle_ms", int(limits.idle_timeout * 1000)),
                 ("grpc.so_reuseport", 0),
             ],
-            maximum_concurrent_rpcs=8 * workers,
+            maximum_concurrent_rpcs=64 * workers,
         )
         address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         if tls is None:
@@ -122,7 +133,7 @@ class GrpcReceiver:
         context.abort(code, message)
         raise AssertionError("unreachable")  # pragma: no cover - abort raises
 
-    def _export(self, request: bytes, context: grpc.ServicerContext) -> bytes:
+    def _export(self, requests: Iterator[bytes], context: grpc.ServicerContext) -> bytes:
         service = self._service
         service.count(requests=1)
         metadata: dict[str, Any] = {k: v for k, v in context.invocation_metadata()}
@@ -130,6 +141,24 @@ class GrpcReceiver:
         if principal is None:
             service.count(rejected_requests=1, unauthorized_requests=1)
             self._abort(context, grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
+        if not self._slots.acquire(timeout=self._limits.queue_timeout):
+            service.count(failed_requests=1)
+            _logger.warning("agentcap ingest: saturated, asking a gRPC sender to retry")
+            context.abort_with_status(_retry_status("the ingest is saturated; retry later", 1))
+            raise AssertionError("unreachable")  # pragma: no cover - abort raises
+        try:
+            return self._export_in_slot(requests, context, principal)
+        finally:
+            self._slots.release()
+
+    def _export_in_slot(
+        self, requests: Iterator[bytes], context: grpc.ServicerContext, principal: Principal
+    ) -> bytes:
+        service = self._service
+        request = next(requests, None)
+        if request is None:
+            service.count(rejected_requests=1)
+            self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, "no request message")
         try:
             outcome = service.process(decode_protobuf(request), principal)
         except DecodeError as exc:
