@@ -3,9 +3,11 @@
 An ``ExportTraceServiceRequest`` is parsed lazily: :func:`decode_protobuf` first walks the
 request's framing (resource spans, scope spans, the length of each span) over the body without
 copying it, and fails with ``DecodeError`` if the framing is broken anywhere, before anything is
-stored; then :meth:`DecodedRequest.items` parses one span at a time. A 64 MB request therefore
-costs about its own size, not the two to three times more of a whole-message parse, and a span
-whose own bytes do not parse is rejected alone. :func:`decode_json` reads OTLP/JSON (hex trace
+stored; then :meth:`DecodedRequest.items` walks it again and parses one span at a time. No index
+of spans or scopes is kept, so a 64 MB request costs about its own size, not the two to three
+times more of a whole-message parse (nor gigabytes of offsets for a request of millions of empty
+spans or scopes, which gzip sends in kilobytes), and a span whose own bytes do not parse is
+rejected alone. :func:`decode_json` reads OTLP/JSON (hex trace
 and span ids, as the OTLP specification maps them), also span by span.
 """
 
@@ -14,9 +16,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from array import array
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
 from typing import Any, Final
 
 from google.protobuf import json_format
@@ -91,14 +91,6 @@ def _message_field(number: int, wire_type: int, what: str) -> bool:
     return True
 
 
-@dataclass(frozen=True, slots=True)
-class _ScopeSpans:
-    resource: Mapping[str, Any]
-    scope: OtlpScope
-    #: Start and end of each span's bytes, flattened.
-    spans: array[int]
-
-
 #: An item of a decoded request: the span, or why it cannot be read, or (None, None) for a
 #: span without an agentcap event id that is no run's root span (not converted: it is not for
 #: the log).
@@ -126,12 +118,17 @@ class DecodedRequest:
         return self._items()
 
 
-def _merged(message_type: Any, buf: Buffer, parts: list[tuple[int, int]]) -> Any:
-    """A message from its occurrences (protobuf merges repeated occurrences of a field)."""
+def _merged(message_type: Any, buf: Buffer, start: int, end: int) -> Any:
+    """The message in field 1 of the message in ``buf[start:end]`` (a resource of its resource
+    spans, a scope of its scope spans), merged from every occurrence, as protobuf merges them."""
     message = message_type()
+    view = memoryview(buf)
     try:
-        for start, end in parts:
-            message.MergeFromString(memoryview(buf)[start:end])
+        for number, _, value_start, value_end in _fields(buf, start, end):
+            if number == 1:
+                message.MergeFromString(view[value_start:value_end])
+    except DecodeError:
+        raise
     except Exception as exc:  # google.protobuf.message.DecodeError, which ships no stubs
         raise DecodeError(f"{message_type.__name__} does not parse: {exc}") from exc
     return message
@@ -141,48 +138,56 @@ def _scope_of(message: InstrumentationScope) -> OtlpScope:
     return OtlpScope(message.name, message.version or None)
 
 
-def decode_protobuf(buf: Buffer) -> DecodedRequest:
-    """A binary ``ExportTraceServiceRequest``; raises ``DecodeError`` when its framing, a
-    resource or a scope is broken (all checked before any span is returned)."""
-    entries: list[_ScopeSpans] = []
+def _checked(buf: Buffer) -> int:
+    """The number of spans of the request in ``buf``; raises ``DecodeError`` when its framing,
+    a resource or a scope is broken. Nothing is kept: a request of many tiny spans or scopes
+    costs no index (``decode_protobuf`` walks the request again as it gives the spans)."""
     count = 0
     for number, wire_type, start, end in _fields(buf, 0, len(buf)):
         if number != 1 or not _message_field(number, wire_type, "resource_spans"):
             continue
-        resource: list[tuple[int, int]] = []
-        scopes: list[tuple[list[tuple[int, int]], array[int]]] = []
         for n2, w2, s2, e2 in _fields(buf, start, end):
-            if n2 == 1 and _message_field(n2, w2, "resource"):
-                resource.append((s2, e2))
+            if n2 == 1:
+                _message_field(n2, w2, "resource")
             elif n2 == 2 and _message_field(n2, w2, "scope_spans"):
-                scope: list[tuple[int, int]] = []
-                spans = array("Q")
-                for n3, w3, s3, e3 in _fields(buf, s2, e2):
+                for n3, w3, _, _ in _fields(buf, s2, e2):
                     if n3 == 2 and _message_field(n3, w3, "span"):
-                        spans.append(s3)
-                        spans.append(e3)
-                    elif n3 == 1 and _message_field(n3, w3, "scope"):
-                        scope.append((s3, e3))
-                scopes.append((scope, spans))
-                count += len(spans) // 2
-        attributes = decode_attributes(_merged(Resource, buf, resource).attributes)
-        for scope, spans in scopes:
-            entries.append(
-                _ScopeSpans(attributes, _scope_of(_merged(InstrumentationScope, buf, scope)), spans)
-            )
+                        count += 1
+                    elif n3 == 1:
+                        _message_field(n3, w3, "scope")
+                _merged(InstrumentationScope, buf, s2, e2)
+        _merged(Resource, buf, start, end)
+    return count
+
+
+def decode_protobuf(buf: Buffer) -> DecodedRequest:
+    """A binary ``ExportTraceServiceRequest``; raises ``DecodeError`` when its framing, a
+    resource or a scope is broken (all checked before any span is returned)."""
+    count = _checked(buf)
 
     def items() -> Iterator[Item]:
+        # The framing was checked whole: walked again, it holds.
         view = memoryview(buf)
-        for entry in entries:
-            spans = entry.spans
-            for i in range(0, len(spans), 2):
-                try:
-                    # A view, not a copy: upb parses any buffer.
-                    span = trace_pb2.Span.FromString(view[spans[i] : spans[i + 1]])
-                except Exception as exc:  # DecodeError (no stubs)
-                    yield None, f"span does not parse as an OTLP Span: {exc}"
+        for number, _, start, end in _fields(buf, 0, len(buf)):
+            if number != 1:
+                continue
+            resource: Mapping[str, Any] | None = None
+            for n2, _, s2, e2 in _fields(buf, start, end):
+                if n2 != 2:
                     continue
-                yield _converted(span, entry.scope, entry.resource)
+                if resource is None:
+                    resource = decode_attributes(_merged(Resource, buf, start, end).attributes)
+                scope = _scope_of(_merged(InstrumentationScope, buf, s2, e2))
+                for n3, _, s3, e3 in _fields(buf, s2, e2):
+                    if n3 != 2:
+                        continue
+                    try:
+                        # A view, not a copy: upb parses any buffer.
+                        span = trace_pb2.Span.FromString(view[s3:e3])
+                    except Exception as exc:  # DecodeError (no stubs)
+                        yield None, f"span does not parse as an OTLP Span: {exc}"
+                        continue
+                    yield _converted(span, scope, resource)
 
     return DecodedRequest(count, items, buf)
 
