@@ -156,3 +156,43 @@ def test_a_saturated_grpc_receiver_asks_to_retry_with_retry_info(pg_dsn):
                 release.set()
             assert finished.get(timeout=120).exception() is None
     assert server.stats().failed_requests == len(calls) - 1
+
+
+def test_a_grpc_message_that_does_not_arrive_in_time_frees_its_slot(pg_dsn):
+    """A call whose message does not arrive within the body timeout is ended by the server, and
+    the slot it held serves the next call: a slow sender cannot hold the gRPC receiver."""
+    spans, expected = captured("run-grpc-slow")
+    limits = IngestLimits(max_concurrent_requests=1, body_timeout=0.5, queue_timeout=60)
+    send = threading.Event()
+    held = threading.Event()
+
+    def never_sent():
+        send.wait()
+        yield request_bytes(spans)
+
+    class Slots:
+        def __init__(self, slots):
+            self.slots = slots
+
+        def acquire(self, timeout):
+            taken = self.slots.acquire(timeout=timeout)
+            held.set()
+            return taken
+
+        def release(self):
+            self.slots.release()
+
+    with OtlpIngestServer(pg_dsn, port=0, grpc_port=0, limits=limits) as server:
+        assert server._grpc is not None
+        server._grpc._slots = Slots(server._grpc._slots)
+        endpoint = server.grpc_endpoint or ""
+        with grpc.insecure_channel(endpoint) as channel:
+            slow = channel.stream_unary(METHOD).future(never_sent(), timeout=120)
+            try:
+                assert held.wait(60)
+                _call(endpoint, request_bytes(spans))  # fails after 30 s if the slot stays held
+            finally:
+                send.set()
+            error = slow.exception()
+    assert isinstance(error, grpc.Call) and error.code() is grpc.StatusCode.CANCELLED
+    assert count(pg_dsn, EVENTS, "run-grpc-slow") == expected

@@ -15,8 +15,9 @@ for a slot up to ``queue_timeout``, then fail ``UNAVAILABLE`` with a ``RetryInfo
 the 503 of OTLP/HTTP): never grpcio's ``RESOURCE_EXHAUSTED`` without one, which OTLP senders
 (the collector) treat as permanent and drop. Up to ``8 x max_concurrent_requests`` calls wait in
 threads; more wait for a thread, up to ``64 x max_concurrent_requests`` calls in all (beyond that,
-grpcio's own limit answers ``RESOURCE_EXHAUSTED``). Idle connections are closed after
-``idle_timeout``.
+grpcio's own limit answers ``RESOURCE_EXHAUSTED``). A message must arrive within
+``body_timeout`` once its call holds a slot, or the call is cancelled (the sender sees
+``CANCELLED``, which it retries). Idle connections are closed after ``idle_timeout``.
 """
 
 from __future__ import annotations
@@ -155,7 +156,22 @@ class GrpcReceiver:
         self, requests: Iterator[bytes], context: grpc.ServicerContext, principal: Principal
     ) -> bytes:
         service = self._service
-        request = next(requests, None)
+        # A message that does not arrive in time ends the call (a cancelled call stops the wait;
+        # the sender sees CANCELLED): a slow sender cannot hold a slot, as on OTLP/HTTP (408).
+        timer = threading.Timer(self._limits.body_timeout, context.cancel)
+        timer.daemon = True
+        timer.start()
+        try:
+            request = next(requests, None)
+        except grpc.RpcError:
+            service.count(rejected_requests=1)
+            _logger.warning(
+                "agentcap ingest: a gRPC message did not arrive within %g s",
+                self._limits.body_timeout,
+            )
+            return b""  # the call is cancelled: nothing is sent
+        finally:
+            timer.cancel()
         if request is None:
             service.count(rejected_requests=1)
             self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, "no request message")
