@@ -184,6 +184,28 @@ def test_json_that_is_not_a_request_is_refused():
     assert span is None and "not hex" in str(reason)
 
 
+def test_json_null_lists_are_empty_lists():
+    """A null resourceSpans, scopeSpans or spans is an empty list, as protobuf's JSON mapping
+    reads null; the spans next to it are decoded, and the request is not refused whole."""
+    span = {
+        "traceId": "0102030405060708090a0b0c0d0e0f10",
+        "spanId": "0102030405060708",
+        "attributes": [{"key": "agentcap.event.id", "value": {"stringValue": "x"}}],
+    }
+    body = json.dumps(
+        {
+            "resourceSpans": [
+                {"resource": None, "scopeSpans": None},
+                {"scopeSpans": [{"scope": None, "spans": None}, {"spans": [span]}]},
+            ]
+        }
+    ).encode()
+    decoded = decode_json(body)
+    [(converted, reason)] = list(decoded.items())
+    assert decoded.count == 1 and reason is None and converted is not None
+    assert decode_json(b'{"resourceSpans": null}').count == 0
+
+
 def _delimited(number: int, payload: bytes) -> bytes:
     """A length-delimited protobuf field."""
     out = bytearray([number << 3 | 2])

@@ -237,7 +237,13 @@ def _span_from_json(obj: object) -> trace_pb2.Span:
 
 
 def _json_list(obj: Mapping[str, Any], camel: str, snake: str) -> list[Any]:
-    value = obj.get(camel, obj.get(snake, []))
+    """The list in ``camel`` (or ``snake``); absent or null is empty, as protobuf's JSON
+    mapping reads null."""
+    value = obj.get(camel)
+    if value is None:
+        value = obj.get(snake)
+    if value is None:
+        return []
     if not isinstance(value, list):
         raise DecodeError(f"{camel} is not an array")
     return value
