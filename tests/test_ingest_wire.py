@@ -242,3 +242,29 @@ def test_the_index_of_a_request_of_tiny_spans_is_smaller_than_the_request(shape)
     assert decoded.count == n
     assert peak < len(body), f"{peak} bytes allocated for a body of {len(body)}"
     assert sum(1 for _ in decoded.items()) == n
+
+
+def test_span_events_the_log_does_not_read_are_not_kept():
+    """A stamped span with 100,000 span events of other instrumentations (two bytes each on the
+    wire) is decoded without keeping them (the mapping reads only agentcap's own span events):
+    the decoded spans of a chunk cannot hold a hundred times the request's size. agentcap's
+    span events are kept."""
+    import tracemalloc
+
+    stamped = trace_pb2.Span(
+        trace_id=b"\1" * 16,
+        span_id=b"\1" * 8,
+        attributes=[KeyValue(key="agentcap.event.id", value=AnyValue(string_value="x"))],
+        events=[trace_pb2.Span.Event(name="agentcap.tool_result", time_unix_nano=5)],
+    ).SerializeToString()
+    n = 100_000
+    body = _delimited(1, _delimited(2, _delimited(2, stamped + _delimited(11, b"") * n)))
+    tracemalloc.start()
+    try:
+        [(span, reason)] = list(decode_protobuf(body).items())
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert reason is None and span is not None
+    assert [event.name for event in span.events] == ["agentcap.tool_result"]
+    assert held < len(body), f"{held} bytes held for a body of {len(body)}"

@@ -21,6 +21,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1 import trace_pb2
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
+from otel_agentcap.attributes import SPAN_EVENT_PREFIX
 from otel_agentcap.model import from_fields
 
 # OTLP span kinds are the API's plus one (0 is SPAN_KIND_UNSPECIFIED, read as INTERNAL).
@@ -137,10 +138,28 @@ def _status(status: trace_pb2.Status) -> Status:
     return Status(StatusCode.ERROR, status.message or None)
 
 
+def _events(span: trace_pb2.Span, all_events: bool) -> tuple[OtlpSpanEvent, ...]:
+    if not span.events:
+        return ()
+    return tuple(
+        OtlpSpanEvent(e.name, decode_attributes(e.attributes), e.time_unix_nano)
+        for e in span.events
+        if all_events or e.name.startswith(SPAN_EVENT_PREFIX)
+    )
+
+
 def span_from_proto(
-    span: trace_pb2.Span, scope: OtlpScope, resource: Mapping[str, Any]
+    span: trace_pb2.Span,
+    scope: OtlpScope,
+    resource: Mapping[str, Any],
+    *,
+    all_events: bool = True,
 ) -> OtlpSpan | None:
-    """One OTLP span as an :class:`OtlpSpan`; None when its trace or span id is invalid."""
+    """One OTLP span as an :class:`OtlpSpan`; None when its trace or span id is invalid.
+
+    With ``all_events=False`` only the span events the mapping reads (named
+    ``agentcap.*``) are kept: the ingest keeps a chunk of spans, and span events of other
+    instrumentations, two bytes each on the wire, would cost a hundred times that there."""
     context = _span_context(span.trace_id, span.span_id)
     if context is None:
         return None  # invalid ids: no SDK span has them, and the mapping would misreport them
@@ -152,12 +171,7 @@ def span_from_proto(
             _span_context(span.trace_id, parent_id) if parent_id else None,
             _KINDS.get(span.kind, SpanKind.INTERNAL),
             decode_attributes(span.attributes),
-            tuple(
-                OtlpSpanEvent(e.name, decode_attributes(e.attributes), e.time_unix_nano)
-                for e in span.events
-            )
-            if span.events
-            else (),
+            _events(span, all_events),
             span.start_time_unix_nano or None,
             span.end_time_unix_nano or None,
             _status(span.status),

@@ -196,7 +196,7 @@ def _converted(span: trace_pb2.Span, scope: OtlpScope, resource: Mapping[str, An
     if not any(kv.key in _FOR_THE_LOG for kv in span.attributes):
         return None, None
     try:
-        converted = span_from_proto(span, scope, resource)
+        converted = span_from_proto(span, scope, resource, all_events=False)
     except Exception as exc:  # a value the conversion cannot take
         return None, f"span cannot be read: {type(exc).__name__}: {exc}"
     if converted is None:
