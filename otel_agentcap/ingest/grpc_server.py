@@ -158,17 +158,24 @@ class GrpcReceiver:
         service = self._service
         # A message that does not arrive in time ends the call (a cancelled call stops the wait;
         # the sender sees CANCELLED): a slow sender cannot hold a slot, as on OTLP/HTTP (408).
-        timer = threading.Timer(self._limits.body_timeout, context.cancel)
+        late = threading.Event()
+
+        def cut() -> None:
+            late.set()
+            context.cancel()
+
+        timer = threading.Timer(self._limits.body_timeout, cut)
         timer.daemon = True
         timer.start()
         try:
             request = next(requests, None)
-        except grpc.RpcError:
+        except grpc.RpcError:  # cancelled: by the timer, or by the sender
             service.count(rejected_requests=1)
-            _logger.warning(
-                "agentcap ingest: a gRPC message did not arrive within %g s",
-                self._limits.body_timeout,
-            )
+            if late.is_set():
+                _logger.warning(
+                    "agentcap ingest: a gRPC message did not arrive within %g s",
+                    self._limits.body_timeout,
+                )
             return b""  # the call is cancelled: nothing is sent
         finally:
             timer.cancel()
