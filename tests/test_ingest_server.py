@@ -601,8 +601,10 @@ def test_concurrent_large_requests_stay_within_the_memory_bound(pg_dsn):
     finally:
         proc.terminate()
         proc.wait(30)
-    assert statuses.count(200) + statuses.count(503) == 4, statuses  # 503: queue timeout
-    assert set(statuses) <= {200, 413, 503, 0}
+    # 503: waited past the queue timeout (a loaded machine), for a plain request or a bomb alike.
+    plain_statuses, bomb_statuses = statuses[0::2], statuses[1::2]
+    assert set(plain_statuses) <= {200, 503}, statuses
+    assert set(bomb_statuses) <= {413, 503, 0}, statuses
     assert grown < 2 * 2 * mib + 48, f"peak memory grew by {grown} MiB"
 
 
