@@ -4,6 +4,7 @@ and on a run with every event type, the Jaeger JSON the UI reads, and deduplicat
 from __future__ import annotations
 
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -509,7 +510,7 @@ def test_an_import_that_fails_part_way_says_what_it_stored(
     pg_dsn, pg_empty_dsn, tmp_path, monkeypatch
 ):
     """When the log refuses a write after part of an agentcap-pb file was stored (a second run
-    with a payload PostgreSQL cannot hold, a conflict row whose payload is not JSON), the
+    with a payload PostgreSQL cannot hold, a conflict row its unique index cannot hold), the
     one-line error says which runs were stored in full and what of the failing run was, and the
     rows stored are exactly those."""
     first_id, second_id = _demo(pg_dsn), _demo(pg_dsn)
@@ -534,8 +535,9 @@ def test_an_import_that_fails_part_way_says_what_it_stored(
 
     (snapshot,) = agentcap_pb.loads(second.read_bytes())
     event = snapshot.events[0]
-    aside = replace(event, payload_json="{not json")
-    conflict = ConflictRow("run_agent_seq", event.event_id, event.wall_time_us, "d", aside)
+    # A digest over the size the conflicts' unique index can hold (random: not compressible).
+    digest = os.urandom(8000).hex()
+    conflict = ConflictRow("run_agent_seq", event.event_id, event.wall_time_us, digest, event)
     bad_conflict = _edited_pb(
         second, tmp_path / "bad-conflict.pb", lambda s: replace(s, conflicts=(conflict,))
     )
@@ -803,3 +805,49 @@ def test_the_conflict_reasons_import_admits_are_the_logs(pg_dsn):
     (reasons,) = [d for d in definitions if "reason" in d]
     assert set(re.findall(r"'([a-z_]+)'", reasons)) == _CONFLICT_REASONS
 
+
+def test_import_stores_an_agentcap_pb_payload_that_is_not_json_as_a_marker(
+    pg_dsn, pg_empty_dsn, tmp_path
+):
+    """An agentcap-pb event payload (or conflict row payload) that is not JSON is stored as an
+    ``$agentcap.unparsed`` marker holding its text, as the OTLP ingest stores it, and the rest of
+    the batch is stored; the import counts it (--json, the summary) and warns, status 0."""
+    run_id = _demo(pg_dsn)
+    whole = tmp_path / "run.pb"
+    _export(pg_dsn, run_id, "agentcap-pb", whole)
+    (snapshot,) = agentcap_pb.loads(whole.read_bytes())
+    event = snapshot.events[0]
+    aside = replace(event, payload_json="{not json either")
+    conflict = ConflictRow("run_agent_seq", event.event_id, event.wall_time_us, "d", aside)
+    edited = _edited_pb(
+        whole,
+        tmp_path / "edited.pb",
+        lambda s: replace(
+            s,
+            events=(replace(s.events[0], payload_json='{"cut": "by a li'), *s.events[1:]),
+            conflicts=(conflict,),
+        ),
+    )
+    done = _cli("import", str(edited), "--dsn", pg_empty_dsn, "--json")
+    assert done.returncode == 0, done.stderr.decode()
+    result = json.loads(done.stdout)
+    assert result["events_inserted"] == len(snapshot.events) and result["rejected"] == 0
+    assert result["unparsed_payloads"] == 2 and result["conflicts_imported"] == 1
+    assert b"not JSON" in done.stderr, done.stderr.decode()
+    with psycopg.connect(pg_empty_dsn) as conn:
+        payloads = dict(
+            conn.execute(
+                "SELECT event_id::text, payload FROM agentcap.events WHERE run_id = %s", (run_id,)
+            ).fetchall()
+        )
+        kept = conn.execute(
+            "SELECT payload FROM agentcap.conflicts WHERE run_id = %s", (run_id,)
+        ).fetchone()[0]
+    assert payloads[event.event_id] == {"$agentcap.unparsed": '{"cut": "by a li'}
+    assert kept == {"$agentcap.unparsed": "{not json either"}
+    assert {k: v for k, v in payloads.items() if k != event.event_id} == {
+        e.event_id: json.loads(e.payload_json) for e in snapshot.events[1:]
+    }
+    again = _cli("import", str(edited), "--dsn", pg_empty_dsn)
+    assert again.returncode == 0, again.stderr.decode()
+    assert b"2 payloads not JSON" in again.stdout, again.stdout.decode()

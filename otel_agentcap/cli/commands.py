@@ -313,6 +313,10 @@ def cmd_import(args: argparse.Namespace) -> int:
             (result.rejected, "left out (invalid: see the warning above)"),
             (result.record_conflicts, "agent or run records differing from the stored ones"),
             (result.expired, "of runs past the log's retention"),
+            (
+                result.unparsed_payloads,
+                'payloads not JSON (stored as {"$agentcap.unparsed": text} markers)',
+            ),
         )
         if count
     ]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final, TypeVar
@@ -21,9 +21,14 @@ import psycopg
 from otel_agentcap import jsonsafe
 from otel_agentcap.exporters.postgres.connection import first_line
 from otel_agentcap.exporters.postgres.database import Database, instrumentation_suppressed
-from otel_agentcap.exporters.postgres.errors import AgentCapStorageError
+from otel_agentcap.exporters.postgres.errors import (
+    AgentCapStorageError,
+    DataRejected,
+    InvalidPayload,
+)
 from otel_agentcap.exporters.postgres.exporter import log_rejected_spans, write_spans
 from otel_agentcap.exporters.postgres.partitions import ensure_partitions
+from otel_agentcap.exporters.postgres.rows import DEFAULT_MAX_PAYLOAD_CHARS, payload_dumps
 from otel_agentcap.exporters.postgres.writer import EventWriter, WriteResult
 from otel_agentcap.model import AgentRecord, Batch, Event, RunRecord, SpanRecord
 from otel_agentcap.pipeline.mapping import batch_from_spans
@@ -57,6 +62,9 @@ class ImportResult:
     """Agent or run records that differ from the stored rows (kept in record_conflicts)."""
     expired: int = 0
     """Events of runs the log no longer keeps (started before its retention watermark)."""
+    unparsed_payloads: int = 0
+    """Payloads of an agentcap-pb file (events and conflict rows) that are not JSON, stored as
+    ``{"$agentcap.unparsed": text}`` markers, as the OTLP ingest stores them."""
 
     def add(self, result: WriteResult) -> None:
         self.events_inserted += result.inserted
@@ -69,6 +77,41 @@ class ImportResult:
 
 def _time(us: int) -> datetime:
     return _EPOCH + timedelta(microseconds=us)
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except RecursionError:
+        raise DataRejected("a payload is JSON nested too deeply") from None
+    except ValueError:
+        return False
+    return True
+
+
+def _parsed(text: str) -> Any:
+    """``text`` (a payload of the file) parsed and made safe to store: text that is not JSON as
+    its ``$agentcap.unparsed`` marker; nested too deeply, ``DataRejected`` (an error to report,
+    not a marker in place of a value the file gave)."""
+    try:
+        return jsonsafe.loads(text, too_deep="raise")
+    except RecursionError:
+        raise DataRejected("a payload is JSON nested too deeply") from None
+
+
+def _unparsed_count(texts: Iterable[str | None]) -> int:
+    return sum(1 for text in texts if text is not None and not _is_json(text))
+
+
+def _reparsed(batch: Batch) -> Batch:
+    """``batch`` with every payload parsed and made safe (see :func:`_parsed`), for a batch the
+    log refused as it was (a payload that is not the JSON it claims)."""
+    return batch._replace(
+        events=tuple(
+            e._replace(payload=_parsed(e.payload)) if isinstance(e.payload, jsonsafe.RawJson) else e
+            for e in batch.events
+        )
+    )
 
 
 def _event(row: EventRow) -> Event:
@@ -257,10 +300,18 @@ ON CONFLICT (run_id, run_started_at, reason, existing_event_id, row_digest) DO N
 """
 
 
-def _import_conflicts(database: Database, snapshot: RunSnapshot) -> int:
+def _import_conflicts(database: Database, snapshot: RunSnapshot) -> tuple[int, int]:
+    """Add the conflict rows of ``snapshot``: how many were added, and how many of their
+    payloads were not JSON (stored as markers, see :func:`_parsed`)."""
     if not snapshot.conflicts:
-        return 0
+        return 0, 0
     added = 0
+    dumps = payload_dumps(DEFAULT_MAX_PAYLOAD_CHARS)
+    payloads = [
+        None if c.event.payload_json is None else dumps(_parsed(c.event.payload_json)).decode()
+        for c in snapshot.conflicts
+    ]
+    unparsed = _unparsed_count(c.event.payload_json for c in snapshot.conflicts)
     with database.pool.connection() as conn:
         row = conn.execute(
             "SELECT started_at FROM agentcap.runs WHERE run_id = %s", (snapshot.run.run_id,)
@@ -269,7 +320,7 @@ def _import_conflicts(database: Database, snapshot: RunSnapshot) -> int:
         if row is not None:
             ensure_partitions(conn, [row[0]])
     with database.pool.connection() as conn, conn.transaction():
-        for conflict in snapshot.conflicts:
+        for conflict, payload in zip(snapshot.conflicts, payloads, strict=True):
             e = conflict.event
             cursor = conn.execute(
                 _INSERT_CONFLICT,
@@ -287,12 +338,12 @@ def _import_conflicts(database: Database, snapshot: RunSnapshot) -> int:
                     e.idempotency_key,
                     e.trace_id,
                     e.span_id,
-                    e.payload_json,
+                    payload,
                     e.run_id,
                 ),
             )
             added += cursor.rowcount
-    return added
+    return added, unparsed
 
 
 class ImportIncomplete(AgentCapStorageError):
@@ -315,13 +366,23 @@ def _import_snapshots(
     for number, (snapshot, batches) in enumerate(planned):
         run_id = snapshot.run.run_id
         result.runs.append(run_id)
-        written = events = 0
+        written = events = unparsed = 0
         try:
             for batch in batches:
-                result.add(writer.write(batch))
+                try:
+                    result.add(writer.write(batch))
+                except InvalidPayload:
+                    # A payload that is not the JSON it claims: write the batch again with every
+                    # payload parsed, as the exporter and the OTLP ingest do.
+                    result.add(writer.write(_reparsed(batch)))
+                    unparsed += _unparsed_count(
+                        e.payload for e in batch.events if isinstance(e.payload, jsonsafe.RawJson)
+                    )
                 written += 1
                 events += len(batch.events)
-            result.conflicts_imported += _import_conflicts(database, snapshot)
+            added, conflicts_unparsed = _import_conflicts(database, snapshot)
+            result.conflicts_imported += added
+            unparsed += conflicts_unparsed
         except (AgentCapStorageError, psycopg.Error) as exc:
             if number == 0 and written == 0:
                 raise  # nothing stored
@@ -336,6 +397,7 @@ def _import_snapshots(
                 part = f"run {run_id!r} but for its {len(snapshot.conflicts)} conflict rows"
             stored = [f"run {s.run.run_id!r} in full" for s, _ in planned[:number]]
             rest = [s.run.run_id for s, _ in planned[number + 1 :]]
+            _count_unparsed(result, run_id, unparsed)
             raise ImportIncomplete(
                 f"import stopped part-way ({first_line(exc)}); stored: "
                 + ", ".join([*stored, part])
@@ -346,6 +408,18 @@ def _import_snapshots(
                 ),
                 result,
             ) from exc
+        _count_unparsed(result, run_id, unparsed)
+
+
+def _count_unparsed(result: ImportResult, run_id: str, count: int) -> None:
+    result.unparsed_payloads += count
+    if count:
+        _log.warning(
+            "agentcap: %d payload(s) of run %r are not JSON; stored as "
+            '{"$agentcap.unparsed": text} markers, as the OTLP ingest stores them',
+            count,
+            run_id,
+        )
 
 
 def detect_format(data: bytes) -> str:
