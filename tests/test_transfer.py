@@ -851,3 +851,39 @@ def test_import_stores_an_agentcap_pb_payload_that_is_not_json_as_a_marker(
     again = _cli("import", str(edited), "--dsn", pg_empty_dsn)
     assert again.returncode == 0, again.stderr.decode()
     assert b"2 payloads not JSON" in again.stdout, again.stdout.decode()
+
+
+def test_import_keeps_agentcap_pb_run_attributes_that_are_not_an_object_in_a_marker(
+    pg_dsn, pg_empty_dsn, tmp_path
+):
+    """agentcap-pb run attributes that are JSON but not an object (a list, a string, a number)
+    are stored as ``{"$agentcap.unparsed": text}`` holding their exact text, counted (--json,
+    the summary) and warned about: never replaced by ``{}`` in silence."""
+    run_id = _demo(pg_dsn)
+    whole = tmp_path / "run.pb"
+    _export(pg_dsn, run_id, "agentcap-pb", whole)
+    for number, text in enumerate(['[1, "two"]', '"a text"', "42"]):
+        stored_id = f"attributes-{number}"
+        target = _edited_pb(
+            whole,
+            tmp_path / f"{stored_id}.pb",
+            lambda s, run=stored_id, text=text: replace(
+                s,
+                run=replace(s.run, run_id=run, attributes_json=text),
+                agents=(),
+                spans=(),
+                events=(),
+                conflicts=(),
+            ),
+        )
+        done = _cli("import", str(target), "--dsn", pg_empty_dsn, "--json")
+        assert done.returncode == 0, done.stderr.decode()
+        with psycopg.connect(pg_empty_dsn) as conn:
+            (stored,) = conn.execute(
+                "SELECT attributes FROM agentcap.runs WHERE run_id = %s", (stored_id,)
+            ).fetchone()
+        assert stored == {"$agentcap.unparsed": text}, text
+        assert json.loads(done.stdout)["unparsed_attributes"] == 1, text
+        assert b"not a JSON object" in done.stderr, done.stderr.decode()
+    done = _cli("import", str(target), "--dsn", pg_empty_dsn)
+    assert b"1 run attributes not a JSON object" in done.stdout, done.stdout.decode()

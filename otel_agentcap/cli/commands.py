@@ -314,6 +314,10 @@ def cmd_import(args: argparse.Namespace) -> int:
             (result.record_conflicts, "agent or run records differing from the stored ones"),
             (result.expired, "of runs past the log's retention"),
             (
+                result.unparsed_attributes,
+                'run attributes not a JSON object (stored as {"$agentcap.unparsed": text})',
+            ),
+            (
                 result.unparsed_payloads,
                 'payloads not JSON (stored as {"$agentcap.unparsed": text} markers)',
             ),

@@ -62,6 +62,9 @@ class ImportResult:
     """Agent or run records that differ from the stored rows (kept in record_conflicts)."""
     expired: int = 0
     """Events of runs the log no longer keeps (started before its retention watermark)."""
+    unparsed_attributes: int = 0
+    """Runs of an agentcap-pb file whose attributes are JSON but not an object (a list, say):
+    stored as ``{"$agentcap.unparsed": text}``, their exact text, not dropped."""
     unparsed_payloads: int = 0
     """Payloads of an agentcap-pb file (events and conflict rows) that are not JSON, stored as
     ``{"$agentcap.unparsed": text}`` markers, as the OTLP ingest stores them."""
@@ -217,12 +220,29 @@ def valid_conflicts(snapshot: RunSnapshot) -> tuple[RunSnapshot, int]:
     return (replace(snapshot, conflicts=conflicts) if left_out else snapshot), left_out
 
 
+def wrapped_attributes(text: str) -> bool:
+    """Whether :func:`run_attributes` keeps ``text`` in a marker: JSON that is not an object."""
+    try:
+        return not isinstance(json.loads(text), dict)
+    except (ValueError, RecursionError):
+        return False  # not JSON: a marker of jsonsafe.loads; nested too deeply: an error
+
+
+def run_attributes(text: str) -> jsonsafe.EncodedObject:
+    """The run attributes a file gives as ``text``, as the log stored them (encoded already).
+    Nested too deeply is an error, not a marker. Text that is not JSON, or JSON that is not an
+    object (the log only holds objects), is kept whole as ``{"$agentcap.unparsed": text}``."""
+    attributes = jsonsafe.loads(text, too_deep="raise")
+    if not isinstance(attributes, dict):
+        attributes = {"$agentcap.unparsed": text}
+    return jsonsafe.EncodedObject(attributes)
+
+
 def snapshot_batches(snapshot: RunSnapshot) -> list[Batch]:
     """The batches that store ``snapshot`` (its conflicts aside): the run, agents and spans with
     the first events, then the other events in chunks."""
     run = snapshot.run
-    # As the log stored it (encoded already); nested too deeply is an error, not a marker.
-    attributes = jsonsafe.loads(run.attributes_json, too_deep="raise")
+    attributes = run_attributes(run.attributes_json)
     events = [_event(row) for row in snapshot.events]
     started = (
         _time(run.started_at_us)
@@ -248,7 +268,7 @@ def snapshot_batches(snapshot: RunSnapshot) -> list[Batch]:
             RunRecord(
                 run.run_id,
                 started,
-                jsonsafe.EncodedObject(attributes) if isinstance(attributes, dict) else {},
+                attributes,
                 run.trace_id,
                 run.root_span_id,
             ),
@@ -521,6 +541,13 @@ def import_file(database: Database, data: bytes) -> ImportResult:
                 for snapshot in agentcap_pb.loads(data):
                     snapshot, spans_left_out = valid_spans(snapshot)
                     snapshot, conflicts_left_out = valid_conflicts(snapshot)
+                    if wrapped_attributes(snapshot.run.attributes_json):
+                        result.unparsed_attributes += 1
+                        _log.warning(
+                            "agentcap: the attributes of run %r are not a JSON object; stored "
+                            'as {"$agentcap.unparsed": text}, their exact text',
+                            snapshot.run.run_id,
+                        )
                     result.rejected += spans_left_out + conflicts_left_out
                     snapshots.append(snapshot)
                 planned = [(s, _readable_batches(s)) for s in snapshots]
