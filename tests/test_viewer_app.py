@@ -164,6 +164,24 @@ def test_errors_are_json_with_status(server):
 
 
 @pytest.mark.storage
+def test_every_run_endpoint_answers_404_for_a_run_that_is_not_stored(server, pg_dsn):
+    """/api/run, its version, labels, event and conflict answer 404 with a JSON message for a
+    run that is not stored (as its page does), and 200 for one that is."""
+    write_batches(pg_dsn, [Batch(events=(_event("r", "a", 1, "agent_start", {}),))])
+    for endpoint in ("run?", "run/version?", "run/labels?from=0&to=9&"):
+        assert _get(f"{server.url}/api/{endpoint}run=r")[0] == 200, endpoint
+    for endpoint in (
+        "run?",
+        "run/version?",
+        "run/labels?from=0&to=9&",
+        "run/event?agent=a&seq=1&",
+        "run/conflict?id=1&",
+    ):
+        status, _, body = _get(f"{server.url}/api/{endpoint}run=nope")
+        assert (status, "'nope'" in body.get("error", "")) == (404, True), (endpoint, body)
+
+
+@pytest.mark.storage
 def test_a_nul_in_a_text_parameter_is_400_not_a_database_error(server, pg_dsn):
     """A run id, agent id or filter holding NUL (which PostgreSQL text cannot hold) names
     nothing stored: 400 with a message, never a 500."""

@@ -642,11 +642,9 @@ def event_labels(
 ) -> list[tuple[str, int, str, dict[str, Any]]]:
     """(agent_id, seq, event_type, label fields) of the events of ``run_id`` (of ``agent_ids``
     only, if given) whose sequence is within [``seq_from``, ``seq_to``]; the fields are short text
-    cut from the payload."""
+    cut from the payload. ``RunNotFound`` if the run is not stored."""
     agents = list(agent_ids) if agent_ids is not None else None
-    start = _start_of(conn, run_id)
-    if start is None:
-        return []
+    start = run_start(conn, run_id)
     try:
         rows = conn.execute(_LABELS, (run_id, start, seq_from, seq_to, agents, agents)).fetchall()
     except psycopg.Error as exc:
@@ -663,10 +661,9 @@ SELECT (SELECT count(*) FROM agentcap.events WHERE run_id = %(run)s AND run_star
 
 
 def run_version(conn: psycopg.Connection[Any], run_id: str) -> RunVersion:
-    """Counts of a run's events, agents and conflicts: a cheap test of whether it grew."""
-    start = _start_of(conn, run_id)
-    if start is None:
-        return RunVersion(0, 0, 0)
+    """Counts of a run's events, agents and conflicts: a cheap test of whether it grew.
+    ``RunNotFound`` if the run is not stored."""
+    start = run_start(conn, run_id)
     try:
         row = conn.execute(_VERSION, {"run": run_id, "start": start}).fetchone()
     except psycopg.Error as exc:
