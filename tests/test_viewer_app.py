@@ -152,6 +152,54 @@ def test_labels_are_short_and_payloads_exact(server, pg_dsn):
     assert _get(f"{server.url}/api/run/event?run=r&agent=a&seq=9")[0] == 404
 
 
+def _raw(url: str) -> tuple[int, str, bytes]:
+    with urllib.request.urlopen(url, timeout=60) as response:
+        return response.status, response.headers.get("content-type", ""), response.read()
+
+
+@pytest.mark.storage
+def test_a_large_payload_is_sent_as_a_preview_and_whole_on_demand(server, pg_dsn):
+    """An event or conflict payload over PAYLOAD_PREVIEW_CHARS (here 20 MB) is answered as a
+    preview (its first characters), its size, its small fields and the address of the whole
+    payload, which answers the stored JSON text exactly; a small payload is answered whole."""
+    from otel_agentcap.viewer.documents import PAYLOAD_PREVIEW_CHARS
+
+    big = "y" * 20_000_000
+    stored = _event("r", "a", 1, "tool_result", {"tool": "t", "result": big, "n": 2**70})
+    small = _event("r", "a", 2, "tool_result", {"tool": "t", "result": "short"})
+    other = stored._replace(payload={"tool": "t", "result": big + "z"})
+    write_batches(pg_dsn, [Batch(events=(stored, small), agents=(AgentRecord("r", "a", "a"),))])
+    write_batches(pg_dsn, [Batch(events=(other,))])  # a conflict on the stored event's id
+    with psycopg.connect(pg_dsn) as conn:
+        text, conflict_text = conn.execute(
+            "SELECT e.payload::text, c.payload::text FROM agentcap.events e"
+            " JOIN agentcap.conflicts c ON c.existing_event_id = e.event_id"
+            " WHERE e.run_id = 'r' AND e.logical_seq = 1"
+        ).fetchone()
+    status, _, body = _get(f"{server.url}/api/run/event?run=r&agent=a&seq=1")
+    assert status == 200
+    assert len(json.dumps(body)) < 2 * PAYLOAD_PREVIEW_CHARS + 10_000
+    event = body["event"]
+    assert "payload" not in event
+    assert event["payload_preview"] == text[:PAYLOAD_PREVIEW_CHARS]
+    assert event["payload_size"] == len(text)
+    assert event["payload_fields"]["tool"] == "t" and event["payload_fields"]["n"] == 2**70
+    assert event["payload_fields"]["result"]["size"] == len(json.dumps(big))
+    status, kind, whole = _raw(server.url + event["payload_url"])
+    assert (status, kind.split(";")[0], whole.decode()) == (200, "application/json", text)
+    (conflict,) = body["conflicts"]
+    assert "payload" not in conflict and conflict["payload_size"] == len(conflict_text)
+    assert _raw(server.url + conflict["payload_url"])[2].decode() == conflict_text
+    alone = _get(f"{server.url}/api/run/conflict?run=r&id={conflict['id']}")[2]["conflict"]
+    assert alone["payload_preview"] == conflict_text[:PAYLOAD_PREVIEW_CHARS]
+    detail = _get(f"{server.url}/api/run/event?run=r&agent=a&seq=2")[2]["event"]
+    assert json.loads(detail["payload"]) == {"tool": "t", "result": "short"}
+    assert "payload_preview" not in detail
+    assert _get(f"{server.url}/api/run/payload?run=r&agent=a&seq=9")[0] == 404
+    assert _get(f"{server.url}/api/run/payload?run=r&conflict=999")[0] == 404
+    assert _get(f"{server.url}/api/run/payload?run=nope&agent=a&seq=1")[0] == 404
+
+
 @pytest.mark.storage
 def test_errors_are_json_with_status(server):
     """Unknown runs are 404, bad parameters 400, both as JSON with one message."""

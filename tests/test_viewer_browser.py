@@ -660,3 +660,61 @@ def test_a_large_run_draws_a_window_and_loads_payloads_on_demand(page, server, l
     )
     assert len([url for url in asked if "/api/run/event" in url]) >= 1
     assert _marked(page, "selected") == {(agent, seq)}  # scrolled into view and drawn
+
+
+def test_a_20_mb_payload_is_shown_as_a_preview_with_the_whole_one_a_click_away(
+    page, server, log_dsn, tmp_path
+):
+    """A 20 MB tool result is shown as the first PAYLOAD_PREVIEW_CHARS characters of its JSON,
+    its size and its small fields (the tool), and the link it offers opens the whole payload,
+    character for character: served, and in the exported HTML file (a link to its own copy)."""
+    from datetime import UTC, datetime
+
+    from otel_agentcap.model import Event, RunRecord, event_id_for
+    from otel_agentcap.viewer.documents import PAYLOAD_PREVIEW_CHARS
+
+    start = datetime(2026, 2, 1, tzinfo=UTC)
+    event = Event(
+        event_id=event_id_for("huge-payload", "a", "seq:1"),
+        run_id="huge-payload",
+        agent_id="a",
+        seq=1,
+        event_type="tool_result",
+        idempotency_key="seq:1",
+        wall_time=start,
+        payload={"tool": "fetch-everything", "result": "q" * 20_000_000},
+    )
+    write_batches(log_dsn, [Batch(events=(event,), runs=(RunRecord("huge-payload", start, {}),))])
+    ((stored,),) = _rows(
+        log_dsn, "SELECT payload::text FROM agentcap.events WHERE run_id = 'huge-payload'"
+    )
+    target = tmp_path / "huge.html"
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "otel_agentcap.cli", "export", "huge-payload"),
+            *("--format", "html", "--dsn", log_dsn, "-o", str(target)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    for address in (f"{server.url}/runs/huge-payload", target.as_uri()):
+        page.goto(address)
+        page.wait_for_selector("body[data-ready='1']")
+        page.evaluate("agentcapView.select('a', 1)")
+        page.wait_for_selector("#payload")
+        assert page.inner_text("#payload") == stored[:PAYLOAD_PREVIEW_CHARS], address
+        note = page.inner_text(".payload-cut")
+        assert f"{len(stored):,} characters" in note, (address, note)
+        assert "fetch-everything" in page.inner_text("#detail"), address
+        with page.context.expect_page() as opened:
+            page.click("a.payload-whole")
+        whole = opened.value
+        whole.wait_for_load_state()
+        size, head, tail = whole.evaluate(
+            "() => { const t = document.body.textContent;"
+            " return [t.length, t.slice(0, 40), t.slice(-40)]; }"
+        )
+        whole.close()
+        assert (size, head, tail) == (len(stored), stored[:40], stored[-40:]), address

@@ -241,7 +241,8 @@ def create_app(config: ViewerConfig) -> Starlette:
         def endpoint(request: Request) -> Response:
             try:
                 with connection() as conn:
-                    return _JsonResponse(handler(request, conn))
+                    answer = handler(request, conn)
+                return answer if isinstance(answer, Response) else _JsonResponse(answer)
             except ValueError as exc:
                 return _error(400, str(exc))
             except LookupError as exc:  # RunNotFound is one
@@ -287,6 +288,19 @@ def create_app(config: ViewerConfig) -> Starlette:
         return documents.event_document(
             conn, _run_param(request), _text("agent", agent), _int_param(request, "seq")
         )
+
+    def payload(request: Request, conn: psycopg.Connection[Any]) -> Any:
+        run_id = _run_param(request)
+        if "conflict" in request.query_params:
+            text = documents.payload_text(conn, run_id, conflict_id=_int_param(request, "conflict"))
+        else:
+            agent = request.query_params.get("agent")
+            if agent is None:
+                raise ValueError("missing parameter 'agent' (or 'conflict')")
+            text = documents.payload_text(
+                conn, run_id, agent_id=_text("agent", agent), seq=_int_param(request, "seq")
+            )
+        return Response(text, media_type="application/json")
 
     def conflict(request: Request, conn: psycopg.Connection[Any]) -> Any:
         return documents.conflict_document(conn, _run_param(request), _int_param(request, "id"))
@@ -364,6 +378,7 @@ def create_app(config: ViewerConfig) -> Starlette:
         Route("/api/run/labels", api(labels)),
         Route("/api/run/event", api(event)),
         Route("/api/run/conflict", api(conflict)),
+        Route("/api/run/payload", api(payload)),
         Mount("/static", app=StaticFiles(directory=str(static)), name="static"),
     ]
     return Starlette(

@@ -7,8 +7,10 @@ export embeds them.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any, Final
+from urllib.parse import urlencode
 
 import psycopg
 
@@ -23,6 +25,14 @@ from .labels import label
 MAX_RUNS_PAGE: Final = 500
 #: PostgreSQL's OFFSET is a bigint: a larger offset is past every run all the same.
 _MAX_OFFSET: Final = 2**63 - 1
+#: Longest payload (characters of its JSON text) the event and conflict documents carry whole;
+#: a longer one is sent as a preview of this many characters, its size, its small fields and
+#: the address of ``/api/run/payload``, which answers it whole (a page that drew 20 MB of JSON
+#: would freeze).
+PAYLOAD_PREVIEW_CHARS: Final = 65_536
+#: Longest top-level field (characters of its JSON text) of a previewed payload's fields;
+#: a longer one is a truncation marker with its first characters and its size.
+FIELD_CHARS: Final = 2_000
 
 
 def _iso(value: Any) -> str | None:
@@ -149,16 +159,63 @@ def event_fields(event: Event) -> dict[str, Any]:
     }
 
 
+def _small_fields(text: str) -> dict[str, Any] | None:
+    """The top-level fields of a payload object (JSON ``text``), each one longer than
+    :data:`FIELD_CHARS` replaced by ``{"$agentcap.truncated": its first characters, "size":
+    its length}``, or None for a payload that is not an object."""
+    try:
+        parsed = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(parsed, dict):
+        return None
+    fields: dict[str, Any] = {}
+    for key, value in parsed.items():
+        shown = json.dumps(value, ensure_ascii=False)
+        fields[key] = (
+            value
+            if len(shown) <= FIELD_CHARS
+            else {"$agentcap.truncated": shown[:200], "size": len(shown)}
+        )
+    return fields
+
+
+def _bounded(fields: dict[str, Any], url: str) -> dict[str, Any]:
+    """``fields`` (an event's or conflict's) with its payload whole when it is short, else (no
+    ``payload`` key) ``payload_preview``, ``payload_fields`` and ``payload_url``, the address of
+    the whole payload; ``payload_size`` (characters of its JSON text) either way."""
+    text = fields["payload"]
+    if text is None or len(text) <= PAYLOAD_PREVIEW_CHARS:
+        return {**fields, "payload_size": None if text is None else len(text)}
+    bounded = {key: value for key, value in fields.items() if key != "payload"}
+    bounded.update(
+        payload_preview=text[:PAYLOAD_PREVIEW_CHARS],
+        payload_size=len(text),
+        payload_fields=_small_fields(text),
+        payload_url=url,
+    )
+    return bounded
+
+
+def payload_url(run_id: str, **where: str | int) -> str:
+    """The address of ``/api/run/payload`` for a run's event (``agent``, ``seq``) or conflict."""
+    return "/api/run/payload?" + urlencode({"run": run_id, **where})
+
+
 def event_document(
     conn: psycopg.Connection[Any], run_id: str, agent_id: str, seq: int
 ) -> dict[str, Any]:
-    """One event with its payload and the conflicts that collided with it."""
+    """One event with its payload and the conflicts that collided with it (a payload over
+    :data:`PAYLOAD_PREVIEW_CHARS` as its preview, see :func:`_bounded`)."""
     event = store.event_detail(conn, run_id, agent_id, seq)
     if event is None:
         raise LookupError(f"no event of agent {agent_id!r} at seq {seq} in run {run_id!r}")
     return {
-        "event": event_fields(event),
-        "conflicts": [conflict_fields(c) for c in store.event_conflicts(conn, event)],
+        "event": _bounded(event_fields(event), payload_url(run_id, agent=agent_id, seq=seq)),
+        "conflicts": [
+            _bounded(conflict_fields(c), payload_url(run_id, conflict=c.conflict_id))
+            for c in store.event_conflicts(conn, event)
+        ],
     }
 
 
@@ -168,4 +225,28 @@ def conflict_document(
     row = store.conflict_detail(conn, run_id, conflict_id)
     if row is None:
         raise LookupError(f"no conflict {conflict_id} in run {run_id!r}")
-    return {"conflict": conflict_fields(row)}
+    return {"conflict": _bounded(conflict_fields(row), payload_url(run_id, conflict=conflict_id))}
+
+
+def payload_text(
+    conn: psycopg.Connection[Any],
+    run_id: str,
+    *,
+    agent_id: str | None = None,
+    seq: int | None = None,
+    conflict_id: int | None = None,
+) -> str:
+    """The whole payload of an event (``agent_id``, ``seq``) or a conflict, as the JSON text
+    PostgreSQL stores (``null`` for none); ``LookupError`` when there is no such event."""
+    if conflict_id is not None:
+        row = store.conflict_detail(conn, run_id, conflict_id)
+        if row is None:
+            raise LookupError(f"no conflict {conflict_id} in run {run_id!r}")
+        text: str | None = row.payload
+    else:
+        assert agent_id is not None and seq is not None
+        event = store.event_detail(conn, run_id, agent_id, seq)
+        if event is None:
+            raise LookupError(f"no event of agent {agent_id!r} at seq {seq} in run {run_id!r}")
+        text = event.payload
+    return "null" if text is None else text

@@ -54,6 +54,37 @@
     };
   }
 
+  // The longest payload (characters of its JSON text) the panel draws whole. The server sends a
+  // longer one as a preview with its size, its small fields and the address of the whole payload
+  // (documents.PAYLOAD_PREVIEW_CHARS); the exported page cuts its own the same way.
+  const PAYLOAD_PREVIEW_CHARS = 65536;
+  const FIELD_CHARS = 2000;
+
+  function smallFields(text) {
+    let value;
+    try { value = JSON.parse(text); } catch (err) { return null; }
+    if (!value || typeof value !== "object" || Array.isArray(value)) return null;
+    const out = {};
+    for (const [key, item] of Object.entries(value)) {
+      const shown = JSON.stringify(item);
+      out[key] = shown === undefined || shown.length <= FIELD_CHARS ? item : { "$agentcap.truncated": shown.slice(0, 200), size: shown.length };
+    }
+    return out;
+  }
+
+  // An event's or conflict's fields as the server sends them: a long payload as its preview.
+  function bounded(fields) {
+    const text = fields.payload;
+    if (typeof text !== "string" || text.length <= PAYLOAD_PREVIEW_CHARS) return fields;
+    const out = Object.assign({}, fields);
+    delete out.payload;
+    out.payload_preview = text.slice(0, PAYLOAD_PREVIEW_CHARS);
+    out.payload_size = text.length;
+    out.payload_fields = smallFields(text);
+    out.payload_url = URL.createObjectURL(new Blob([text], { type: "application/json" }));
+    return out;
+  }
+
   function embeddedSource(data) {
     const ev = data.events;
     return {
@@ -71,9 +102,12 @@
         };
         const conflicts = (data.conflict_rows || []).filter((c) =>
           c.existing_event_id === event.event_id || (c.agent_id === agent && String(c.seq) === String(seq)));
-        return { event, conflicts };
+        return { event: bounded(event), conflicts: conflicts.map(bounded) };
       },
-      conflict: async (id) => ({ conflict: (data.conflict_rows || []).find((c) => c.id === id) }),
+      conflict: async (id) => {
+        const found = (data.conflict_rows || []).find((c) => c.id === id);
+        return { conflict: found && bounded(found) };
+      },
     };
   }
 
@@ -584,6 +618,20 @@
     return out;
   }
 
+  // A payload in a <pre>: whole, or (over PAYLOAD_PREVIEW_CHARS) its first characters, its size
+  // and a link to the whole of it.
+  function payloadBlock(fields, parent, attrs) {
+    if (fields.payload !== undefined) {
+      return el("pre", attrs || {}, fields.payload === null ? "null" : prettyJson(fields.payload), parent);
+    }
+    const note = el("p", { class: "hint payload-cut" },
+      `${Number(fields.payload_size).toLocaleString("en")} characters: the first ` +
+      `${fields.payload_preview.length.toLocaleString("en")} are shown. `, parent);
+    el("a", { href: fields.payload_url, target: "_blank", rel: "noopener noreferrer", class: "payload-whole" },
+      "Open the whole payload", note);
+    return el("pre", attrs || {}, fields.payload_preview, parent);
+  }
+
   function pre(value, parent) {
     const text = typeof value === "string" ? value : JSON.stringify(value, null, 2);
     return el("pre", {}, text, parent);
@@ -738,7 +786,8 @@
     loading.remove();
     const ev = body.event;
     let payload = null;
-    try { payload = ev.payload === null || ev.payload === undefined ? null : JSON.parse(ev.payload); } catch (err) { payload = null; }
+    if (ev.payload === undefined) payload = ev.payload_fields || null; // a long payload: its small fields
+    else try { payload = ev.payload === null ? null : JSON.parse(ev.payload); } catch (err) { payload = null; }
     const top = el("div", {}, null);
     detail.insertBefore(top, refs);
     const table = el("table", { id: "event-fields" }, null, top);
@@ -771,7 +820,7 @@
       for (const c of body.conflicts) conflictBox(c, detail, i);
     }
     el("h3", {}, "Payload", detail);
-    el("pre", { id: "payload" }, ev.payload === null || ev.payload === undefined ? "null" : prettyJson(ev.payload), detail);
+    payloadBlock(ev, detail, { id: "payload" });
   }
 
   function conflictBox(c, parent, storedIndex) {
@@ -795,7 +844,7 @@
     }
     const d = el("details", {}, null, box);
     el("summary", {}, "incoming payload", d);
-    el("pre", {}, c.payload === null || c.payload === undefined ? "null" : prettyJson(c.payload), d);
+    payloadBlock(c, d);
   }
 
   async function showConflict(id) {
