@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 
 class AgentCapError(Exception):
@@ -23,22 +23,34 @@ class SpawnConflictError(AgentCapError, ValueError):
 
 
 class ToolOutcomeUnknown(AgentCapError):
-    """An invocation of an ``at_most_once`` tool was claimed by a process that stopped before it
-    recorded an outcome (its lease expired): the body may or may not have run, so it is not run
-    again; every retry of the invocation raises this."""
+    """An invocation of an ``at_most_once`` tool whose attempt ended without recording an
+    outcome after its body may have started: its process stopped (its ledger lease expired), or
+    the call was cancelled or interrupted. The body may or may not have acted, so it is not run
+    again; every retry of the invocation raises this. (A call cancelled while it was still
+    claiming the invocation, before its body started, is run by the retry instead.)"""
 
-    def __init__(self, invocation_id: str, tool: str, attempt: int = 1) -> None:
+    #: Why the outcome is unknown, when the ledger reports it: it cannot tell which of these it was.
+    IN_LEDGER: ClassVar[str] = (
+        "the attempt that claimed it ended without recording an outcome (its process stopped, "
+        "or the call was cancelled or interrupted after its body started)"
+    )
+    #: Why, when this process saw its own attempt end.
+    INTERRUPTED: ClassVar[str] = "the call was cancelled or interrupted while its body ran"
+
+    def __init__(
+        self, invocation_id: str, tool: str, attempt: int = 1, reason: str | None = None
+    ) -> None:
+        self.reason = self.IN_LEDGER if reason is None else reason
         super().__init__(
             f"the outcome of invocation {invocation_id!r} of tool {tool!r} (attempt {attempt}) is "
-            "unknown: the process that ran it stopped before recording it, and the tool runs at "
-            "most once"
+            f"unknown: {self.reason}, so its body may have acted, and the tool runs at most once"
         )
         self.invocation_id = invocation_id
         self.tool = tool
         self.attempt = attempt
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.invocation_id, self.tool, self.attempt))
+        return (type(self), (self.invocation_id, self.tool, self.attempt, self.reason))
 
 
 class RecordedToolError(AgentCapError):

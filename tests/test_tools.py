@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import gc
+import pickle
 import threading
 import time
 import uuid
@@ -497,7 +498,8 @@ def test_registry_keeps_a_bounded_number_of_finished_outcomes():
 
 def test_an_interrupted_at_most_once_call_is_not_run_again():
     """An at_most_once tool whose attempt was interrupted (the body may have acted) is not run
-    again: its retries raise ToolOutcomeUnknown; an at_least_once tool runs again."""
+    again: its retries raise ToolOutcomeUnknown saying it was interrupted while its body ran
+    (not that a process stopped); an at_least_once tool runs again."""
     calls = Counter()
 
     @oa.tool(crash_policy="at_most_once")
@@ -519,6 +521,9 @@ def test_an_interrupted_at_most_once_call_is_not_run_again():
             with pytest.raises(oa.ToolOutcomeUnknown) as info:
                 charge.invoke("c")
             assert info.value.invocation_id == "c" and info.value.tool == "charge"
+            assert "interrupted while its body ran" in str(info.value), str(info.value)
+            assert "process" not in str(info.value), str(info.value)  # this one did not stop
+            assert str(pickle.loads(pickle.dumps(info.value))) == str(info.value)
         with pytest.raises(KeyboardInterrupt):
             read.invoke("r")
         assert read.invoke("r") == 3

@@ -537,8 +537,17 @@ class _ThreadClaim:
             self.claim = claim
             abandoned = self.abandoned
         if abandoned and claim.state == "claimed":
-            self.ledger.release(self.call, claim.attempt)
+            self._release_unstarted(claim.attempt)
         return claim
+
+    def _release_unstarted(self, attempt: int) -> None:
+        """Give up a claim whose body never started: with a ledger that can record that
+        (``release_unstarted``), a retry runs the body even for an ``at_most_once`` tool."""
+        unstarted = getattr(self.ledger, "release_unstarted", None)
+        if callable(unstarted):
+            unstarted(self.call, attempt)
+        else:
+            self.ledger.release(self.call, attempt)
 
     def abandon(self) -> None:
         with self.lock:
@@ -546,8 +555,8 @@ class _ThreadClaim:
             claim = self.claim
         if claim is not None and claim.state == "claimed":
             threading.Thread(
-                target=self.ledger.release,
-                args=(self.call, claim.attempt),
+                target=self._release_unstarted,
+                args=(claim.attempt,),
                 name="agentcap-ledger-release",
                 daemon=True,
             ).start()
@@ -1054,7 +1063,10 @@ class _Finisher(NamedTuple):
             if self.tool.crash_policy == "at_most_once":
                 assert self.registry_key is not None
                 entry.error = ToolOutcomeUnknown(
-                    self.registry_key[2], self.tool.name, entry.attempt
+                    self.registry_key[2],
+                    self.tool.name,
+                    entry.attempt,
+                    ToolOutcomeUnknown.INTERRUPTED,
                 )
                 entry.result_event = failed.ref_on(self.span.get_span_context())
                 invocations.complete(self.registry_key, entry)

@@ -66,6 +66,25 @@ WHERE run_id = %s AND agent_id = %s AND invocation_id = %s AND call_digest = %s
   AND owner = %s AND attempt = %s AND status = 'running'
 """
 
+# A claim given up before its body started, by the only attempt there was (a fresh row): the row
+# goes, as if never claimed, so a retry claims it anew (an at_most_once call too). Under the lock
+# tool_claim takes, and only while no later call under the invocation id counted this row for its
+# ordinal (that call keeps its ordinal; this row is released instead).
+_UNCLAIM_LOCK: Final = b"""
+SELECT pg_advisory_xact_lock(
+    hashtextextended(%s || chr(31) || %s || chr(31) || %s, 1634167153))
+"""
+
+_UNCLAIM: Final = b"""
+DELETE FROM agentcap.tool_ledger l
+WHERE l.run_id = %s AND l.agent_id = %s AND l.invocation_id = %s AND l.call_digest = %s
+  AND l.owner = %s AND l.attempt = %s AND l.attempt = 1 AND l.status = 'running'
+  AND NOT EXISTS (
+    SELECT 1 FROM agentcap.tool_ledger x
+    WHERE x.run_id = l.run_id AND x.agent_id = l.agent_id AND x.invocation_id = l.invocation_id
+      AND x.ordinal > l.ordinal)
+"""
+
 _RENEW: Final = b"""
 UPDATE agentcap.tool_ledger l
 SET lease_expires_at = clock_timestamp() + make_interval(secs => %s)
@@ -260,6 +279,35 @@ class PostgresToolLedger:
                 call.tool,
                 exc_info=True,
             )
+        if self._running.get(key) == attempt:
+            self._running.pop(key, None)
+
+    def release_unstarted(self, call: LedgerCall, attempt: int) -> None:
+        """Give up the caller's claim before its body started (its caller was cancelled while
+        the claim was in flight): a first attempt's row is removed, so the next claim runs the
+        body, also for an ``at_most_once`` call, whose released claim would otherwise read as an
+        unknown outcome; any other claim is released (:meth:`release`). Never raises."""
+        key = _key(call)
+        names = (call.run_id, call.agent_id, call.invocation_id)
+        try:
+            with self._database.coordination(self._timeout) as conn, conn.transaction():
+                self._count("round_trips")
+                conn.execute(_UNCLAIM_LOCK, names)
+                removed = conn.execute(
+                    _UNCLAIM, (*names, call.digest, self.owner, attempt)
+                ).rowcount
+        except Exception:
+            removed = 0
+            _logger.warning(
+                "agentcap: could not withdraw the claim of invocation %s of %s",
+                call.invocation_id,
+                call.tool,
+                exc_info=True,
+            )
+        if not removed:
+            self.release(call, attempt)
+            return
+        self._count("releases")
         if self._running.get(key) == attempt:
             self._running.pop(key, None)
 
