@@ -117,18 +117,29 @@ def test_a_torn_queue_is_delivered_up_to_its_last_complete_record(pg_dsn, tmp_pa
     assert log_summary(pg_dsn, "run-torn")["conflicts"] == 0
 
 
-def test_records_damaged_before_the_end_are_skipped_counted_and_said_to_be_lost(pg_dsn, tmp_path):
-    """Bytes changed in the middle of a killed process's segment (a lost block, not a cut):
-    every intact record before and after them is delivered; the damage is counted and logged
-    as damage, with its spans lost, not as a crash while writing."""
+@pytest.mark.parametrize("left", ["as_killed", "all_acknowledged"])
+def test_records_damaged_before_the_end_are_skipped_counted_and_said_to_be_lost(
+    pg_dsn, tmp_path, left
+):
+    """Bytes changed in the middle of a killed process's segment (a lost block, not a cut), its
+    acknowledgement rewound to the queue's start so the damage is among records to deliver
+    whatever the kill's timing (also when it had acknowledged every record): every intact
+    record before and after them is delivered; the damage is counted and logged as damage, with
+    its spans lost, not as a crash while writing."""
     queue_dir = tmp_path / "queue"
     _kill_mid_batch(pg_dsn, "run-damaged", queue_dir, tmp_path)
     (queue,) = _queues(queue_dir)
-    acked = AckFile(queue).load()  # what the killed process had stored: never read again
-    index = max(segment_indexes(queue))
-    path = segment_path(queue, index)
-    start = acked.offset if acked.segment == index else 0
-    middle = (start + path.stat().st_size) // 2
+    if left == "all_acknowledged":  # what a kill just after a delivery leaves
+        newest = max(segment_indexes(queue))
+        AckFile(queue).store(Position(newest, segment_path(queue, newest).stat().st_size))
+    # Whatever the killed process had acknowledged when it died (all of it, or nothing), every
+    # record of its queue is read again from the start of its oldest segment (the log stores
+    # each once): the damage lands among records still to deliver, not in what a reader skips.
+    oldest = min(segment_indexes(queue))
+    acked = Position(oldest, 0)
+    AckFile(queue).store(acked)
+    path = segment_path(queue, oldest)
+    middle = path.stat().st_size // 2
     with open(path, "r+b") as file:
         file.seek(middle)
         block = file.read(64)
