@@ -300,3 +300,56 @@ def test_a_forked_child_queues_and_delivers_its_own_spans(pg_dsn, tmp_path):
     assert rows == [("before", 3), ("child", 202), ("parent", 202)]
     assert conflicts == (0,)
     assert not list(tmp_path.glob("*/p-*"))
+
+
+_FORK_THEN_DIE = textwrap.dedent(
+    """
+    import os, signal, sys
+    from pathlib import Path
+    from opentelemetry.sdk.trace import TracerProvider
+    from otel_agentcap.exporters.durable.directory import QueueDirectory
+    from otel_agentcap.exporters.durable.processor import DurableSpanProcessor
+    from otel_agentcap.exporters.postgres import PostgresSpanExporter
+    from otel_agentcap import attributes as attr
+
+    dsn = "postgresql://agentcap@127.0.0.1:1/none?connect_timeout=2"
+    processor = DurableSpanProcessor(
+        PostgresSpanExporter(dsn, writers=1), QueueDirectory(Path(sys.argv[1]), dsn)
+    )
+    if os.fork() == 0:
+        sys.stdin.read()  # lives until the test closes its stdin
+        os._exit(0)
+    span = TracerProvider().get_tracer("t").start_span("s", attributes={attr.EVENT_ID: "e1"})
+    span.end()
+    processor.on_end(span)
+    print(processor.queue.own.name, flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+    """
+)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.fault
+def test_a_killed_parents_queue_is_adoptable_while_its_forked_child_lives(tmp_path):
+    """A forked child does not keep its parent's queue locked: when the parent is killed, its
+    queue is free for another process to adopt although the child still runs."""
+    parent = subprocess.Popen(
+        [sys.executable, "-c", _FORK_THEN_DIE, str(tmp_path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert parent.stdout is not None
+        name = parent.stdout.readline().strip()
+        parent.wait(60)
+        assert parent.returncode == -signal.SIGKILL
+        directory = QueueDirectory(tmp_path, UNREACHABLE)
+        adopted = []
+        for locked in directory.adopt():
+            adopted.append(locked.name)
+            locked.release()
+        assert name in adopted
+    finally:
+        assert parent.stdin is not None
+        parent.stdin.close()  # the child (still holding the pipe) ends

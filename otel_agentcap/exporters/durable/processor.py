@@ -152,6 +152,13 @@ class DurableSpanProcessor(SpanProcessor):
         and threads belong to the parent: it starts a queue (and writers) of its own."""
         if self._closed:
             return
+        # The child shares the open file descriptions of the parent's queue locks: were they
+        # kept open here, a queue would stay locked while the child lives, after its parent
+        # ended, and no process could adopt it. Closing them (not unlocking: the lock is the
+        # parent's) leaves the locks to the parent alone.
+        self.queue.forget_after_fork()
+        for source in self.delivery.adopted:
+            source.forget_after_fork()
         # Other threads may have held these at the fork.
         self._started_lock = threading.Lock()
         self._close_lock = threading.Lock()

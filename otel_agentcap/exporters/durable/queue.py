@@ -280,6 +280,12 @@ class AdoptedSource(Source):
         self._reader.close()
         self.locked.release()
 
+    def forget_after_fork(self) -> None:
+        """In a forked child: close the descriptors shared with the parent, which goes on
+        reading this queue and holds its lock."""
+        self._reader.close()
+        self.locked.release()
+
 
 @dataclass
 class QueueCounters:
@@ -518,6 +524,18 @@ class DiskQueue:
             own.locked.remove()
         else:
             own.locked.release()
+
+    def forget_after_fork(self) -> None:
+        """In a forked child: close the descriptors of the own log shared with the parent (its
+        lock, its segments) without flushing, truncating or unlocking anything: the queue is
+        the parent's. The child then opens a queue of its own."""
+        self._stop_sync.set()
+        own = self.own
+        if own is None:
+            return
+        own.log.forget()
+        own.close()
+        own.locked.release()
 
     def adopt(self, skip: set[str]) -> list[AdoptedSource]:
         """Lock the queues ended processes left (except ``skip``) and return them as sources."""

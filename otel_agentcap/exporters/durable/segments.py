@@ -309,6 +309,16 @@ class SegmentLog:
         with contextlib.suppress(FileNotFoundError):
             segment.path.unlink()
 
+    def forget(self) -> None:
+        """In a forked child: close every segment's descriptor, writing, flushing and locking
+        nothing (the parent's threads, which may have held the locks, do not run here)."""
+        self._closed = True
+        for segment in list(self._segments.values()):
+            if segment.fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(segment.fd)
+                segment.fd = -1
+
     def close(self, *, sync: bool = True) -> None:
         """Flush (unless ``sync`` is false) and close every segment."""
         if sync:
