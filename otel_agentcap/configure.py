@@ -320,19 +320,19 @@ def _check_database(dsn: str, timeout: float) -> str | None:
     try:
         psycopg.conninfo.conninfo_to_dict(dsn)
     except psycopg.ProgrammingError as exc:
-        raise ConfigurationError(f"invalid PostgreSQL DSN: {first_line(exc)}") from None
+        raise ConfigurationError(f"invalid PostgreSQL DSN: {first_line(exc, dsn)}") from None
     try:
         with psycopg.connect(dsn, connect_timeout=max(2, round(timeout)), autocommit=True) as conn:
             migrate(conn)
     except psycopg.OperationalError as exc:
-        text = first_line(exc)
+        text = first_line(exc, dsn)
         if any(marker in text for marker in _USER_ERRORS):
             raise ConfigurationError(f"cannot use PostgreSQL: {text}") from None
         return text
     except AgentCapStorageError as exc:  # e.g. a migration this role may not run
         raise ConfigurationError(f"cannot prepare the agentcap schema: {exc}") from None
     except psycopg.Error as exc:
-        raise ConfigurationError(f"cannot use PostgreSQL: {first_line(exc)}") from None
+        raise ConfigurationError(f"cannot use PostgreSQL: {first_line(exc, dsn)}") from None
     return None
 
 

@@ -89,6 +89,25 @@ def test_a_password_in_a_dsn_is_never_printed():
 
 
 @pytest.mark.parametrize(
+    "dsn",
+    [
+        "postgresql://agent:s3cret%zz@h/db",
+        "postgresql://agent:s3cret pw@h/db",
+        "host=h user=agent s3cret",
+    ],
+)
+def test_a_password_libpq_quotes_alone_is_never_printed(dsn):
+    """libpq names the token it cannot parse (a password with a bad percent-escape or a space,
+    a password whose 'password=' was left out) without the rest of the DSN; the command line
+    prints the error with that token replaced."""
+    result = _cli("runs", "--dsn", dsn)
+    assert result.returncode == 1
+    assert "s3cret" not in result.stderr + result.stdout
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "invalid DSN" in lines[0] and "***" in lines[0], result.stderr
+
+
+@pytest.mark.parametrize(
     ("dsn", "expected"),
     [
         ("postgresql://postgres@127.0.0.1:1/x?connect_timeout=2", "cannot connect to PostgreSQL"),

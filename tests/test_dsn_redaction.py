@@ -36,3 +36,14 @@ def test_configure_names_a_bad_dsn_without_its_password(tmp_path):
             announce=False,
         )
     assert "s3cret" not in str(raised.value) and "u:***@" in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    "dsn",
+    ["postgresql://u:s3cret%zz@h/db", "postgresql://u:s3cret pw@h/db", "host=h user=u s3cret"],
+)
+def test_configure_names_a_dsn_libpq_cannot_parse_without_its_password(tmp_path, dsn):
+    """libpq's error quotes only the token it cannot parse, which may be the password."""
+    with pytest.raises(ConfigurationError) as raised:
+        configure(dsn, queue_dir=tmp_path, set_global=False, instrument=False, announce=False)
+    assert "s3cret" not in str(raised.value) and "***" in str(raised.value)

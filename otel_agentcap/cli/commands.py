@@ -118,9 +118,9 @@ def _connect(dsn: str) -> psycopg.Connection[Any]:
     try:
         return psycopg.connect(dsn, connect_timeout=5)
     except psycopg.ProgrammingError as exc:
-        raise CliError(f"invalid DSN: {first_line(exc)}") from None
+        raise CliError(f"invalid DSN: {first_line(exc, dsn)}") from None
     except psycopg.OperationalError as exc:
-        raise CliError(f"cannot connect to PostgreSQL: {first_line(exc)}") from None
+        raise CliError(f"cannot connect to PostgreSQL: {first_line(exc, dsn)}") from None
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

@@ -47,7 +47,9 @@ class DedicatedConnection:
             )
             return psycopg.connect(f"{conninfo} {KEEPALIVES}", autocommit=False)
         except psycopg.Error as exc:
-            raise ConnectionFailed(f"cannot connect to PostgreSQL: {first_line(exc)}") from exc
+            raise ConnectionFailed(
+                f"cannot connect to PostgreSQL: {first_line(exc, self._dsn)}"
+            ) from exc
 
     @contextlib.contextmanager
     def connection(self, timeout: float | None = None) -> Iterator[psycopg.Connection[Any]]:
@@ -111,7 +113,9 @@ class SmallPool:
         try:
             return psycopg.connect(f"{conninfo} {KEEPALIVES}", autocommit=False)
         except psycopg.Error as exc:
-            raise ConnectionFailed(f"cannot connect to PostgreSQL: {first_line(exc)}") from exc
+            raise ConnectionFailed(
+                f"cannot connect to PostgreSQL: {first_line(exc, self._dsn)}"
+            ) from exc
 
     @contextlib.contextmanager
     def connection(self, timeout: float | None = None) -> Iterator[psycopg.Connection[Any]]:
@@ -161,11 +165,12 @@ class SmallPool:
             self._idle = []
 
 
-def first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException, dsn: str | None = None) -> str:
     """The first line of an error's message (libpq's messages run over several lines), with any
-    password it quotes from a DSN replaced (see :func:`without_password`)."""
+    password it quotes from a DSN replaced (see :func:`without_password`), also one quoted
+    alone when ``dsn`` (the DSN the error is about) is given."""
     text = str(exc).strip()
-    return without_password(text.splitlines()[0]) if text else type(exc).__name__
+    return without_password(text.splitlines()[0], dsn) if text else type(exc).__name__
 
 
 #: A password in a DSN: ``scheme://user:PASSWORD@`` or ``password=PASSWORD`` (quoted or not).
@@ -176,7 +181,30 @@ _PASSWORD: Final = re.compile(
 )
 
 
-def without_password(text: str) -> str:
+#: The password of a URI as libpq reads it (up to the first ``@`` or ``/``), spaces and quotes
+#: included, which :data:`_PASSWORD` leaves out: libpq names such a password alone in its error.
+_URI_PASSWORD: Final = re.compile(r"postgres(?:ql)?://[^:@/]*:(?P<password>[^@/]*)@", re.I)
+#: A word without ``=`` in a ``key=value`` DSN: libpq quotes it alone, and it is often a
+#: password whose ``password=`` was left out.
+_BARE_WORD: Final = re.compile(r'(?P<head>missing "=" after ")[^"]*(?=")')
+
+
+def _passwords_in(dsn: str) -> list[str]:
+    found = [m.group("password") for m in _URI_PASSWORD.finditer(dsn)]
+    for match in _PASSWORD.finditer(dsn):
+        if match.group("key"):
+            value = match.group()[len(match.group("key")) :]
+            found += [value, value[1:-1]] if value.startswith("'") else [value]
+    return sorted({value for value in found if value}, key=len, reverse=True)
+
+
+def without_password(text: str, dsn: str | None = None) -> str:
     """``text`` (a DSN, or a message quoting one: libpq echoes a URI it cannot parse) with its
-    passwords replaced by ``***``, for what is printed or logged."""
+    passwords replaced by ``***``, for what is printed or logged. With ``dsn`` (the DSN a
+    message is about), its password is replaced wherever the message quotes it, and so is a
+    bare word libpq found in it (``missing "=" after "..."``)."""
+    if dsn is not None:
+        for password in _passwords_in(dsn):
+            text = text.replace(password, "***")
+        text = _BARE_WORD.sub(lambda m: m.group("head") + "***", text)
     return _PASSWORD.sub(lambda m: (m.group("uri") or m.group("key")) + "***", text)
