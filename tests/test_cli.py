@@ -107,6 +107,20 @@ def test_a_password_libpq_quotes_alone_is_never_printed(dsn):
     assert len(lines) == 1 and "invalid DSN" in lines[0] and "***" in lines[0], result.stderr
 
 
+@pytest.mark.parametrize("action", ["status", "drain"])
+def test_queue_commands_refuse_a_dsn_libpq_cannot_parse_without_printing_it(tmp_path, action):
+    """queue status and drain name a DSN they cannot parse as invalid on one line (exit 1), as
+    the other commands do, rather than print it, password included, as the queue's database,
+    and make no directory named after it."""
+    dsn = "host=h password=s3cret bogus=1"
+    result = _cli("queue", action, "--queue-dir", str(tmp_path / "q"), "--dsn", dsn)
+    assert result.returncode == 1, result.stdout
+    assert "s3cret" not in result.stderr + result.stdout
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "invalid DSN" in lines[0], result.stderr
+    assert not (tmp_path / "q").exists()
+
+
 @pytest.mark.parametrize(
     ("dsn", "expected"),
     [

@@ -779,6 +779,12 @@ def _queue_directory(args: argparse.Namespace) -> Any:
     if base.exists() and not base.is_dir():
         raise CliError(f"the queue directory {base} is not a directory")
     dsn = _dsn(args)
+    try:
+        # The queue's directory is named after the database: a DSN libpq cannot read names
+        # none (and would be shown whole, password included).
+        psycopg.conninfo.conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError as exc:
+        raise CliError(f"invalid DSN: {first_line(exc, dsn)}") from None
     return dsn, QueueDirectory(base, target_of(dsn))
 
 
