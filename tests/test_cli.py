@@ -416,6 +416,30 @@ def test_hostile_run_ids_are_printed_as_text_by_every_command(pg_dsn):
     _plain(demo.stdout)
 
 
+@pytest.mark.storage
+def test_event_prints_ids_and_summaries_as_text(pg_dsn):
+    """event prints the event's agent id and payload summary as text, as show does: rich markup
+    in them is shown as written (no '\\[' added, no '[dim]' tags of its own on a pipe), and
+    escape sequences and line breaks as \\xNN escapes."""
+    from otel_agentcap.model import event_id_for
+
+    _store_hostile_runs(pg_dsn)
+    run_id = HOSTILE_IDS[0]
+    for agent in ("a\x1b]0;title\x07", _FAKE_LINE_AGENT, "[/agent]"):
+        event_id = event_id_for(run_id, agent, "seq:1")
+        shown = _cli("event", run_id, event_id, "--dsn", pg_dsn)
+        assert shown.returncode == 0, shown.stderr
+        _plain(shown.stdout)
+        lines = shown.stdout.splitlines()
+        assert len(lines) == 3, shown.stdout  # the event, "parents: 0", "children: 0"
+        assert "[dim]" not in shown.stdout and "\\[" not in shown.stdout
+        assert lines[0].endswith(f"  {event_id}")
+    assert (
+        "[/agent]      1  memory_write"
+        in _cli("event", run_id, event_id_for(run_id, "[/agent]", "seq:1"), "--dsn", pg_dsn).stdout
+    )
+
+
 def test_queue_commands_on_a_directory_that_is_not_one_or_not_there(tmp_path):
     """A --queue-dir that is a file is one error line (status 1) for status and drain; draining
     a directory that does not exist says there is nothing to drain and creates nothing."""

@@ -396,12 +396,15 @@ def _totals_table(run: Totals, agents: dict[str, Totals]) -> Any:
     return table
 
 
-def _event_line(event: Any, indent: str = "  ") -> str:
-    from rich.markup import escape
-
-    return (
-        f"{indent}{escape(event.agent_id)} {event.seq:>6}  {event.event_type:<16} "
-        f"{escape(summary(event))}  [dim]{event.event_id}[/dim]"
+def _event_line(event: Any, indent: str = "  ") -> Any:
+    # Text, never markup (the console reads none): ids and summaries come from the database.
+    return _text(
+        f"{indent}",
+        event.agent_id,
+        f" {event.seq:>6}  {event.event_type:<16} ",
+        summary(event),
+        "  ",
+        (event.event_id, "dim"),
     )
 
 
