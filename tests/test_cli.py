@@ -618,3 +618,42 @@ def test_out_of_range_numbers_are_usage_errors(args: tuple[str, ...], option: st
     assert done.returncode == 2, done.stderr
     assert f"error: argument {option}: " in done.stderr
     assert "Traceback" not in done.stderr
+
+
+_NOT_UTF8 = os.fsdecode(b"run-\xff")  # what Python makes of an argument's bytes that are not UTF-8
+
+
+@pytest.mark.parametrize(
+    ("args", "option"),
+    [
+        (("show", _NOT_UTF8), "run_id"),
+        (("export", _NOT_UTF8, "--format", "html"), "run_id"),
+        (("event", _NOT_UTF8, "73137de6-788f-5a5d-9b87-4d07f4f8bbc4"), "run_id"),
+        (("event", "r", _NOT_UTF8), "event_id"),
+        (("demo", "--run-id", _NOT_UTF8), "--run-id"),
+        (("db", "grant", "--owner", _NOT_UTF8), "--owner"),
+        (("db", "prune", "--before", _NOT_UTF8), "--before"),
+        (
+            ("export", "r", "--format", "html", "--jaeger-url", "http://h/" + _NOT_UTF8),
+            "--jaeger-url",
+        ),
+    ],
+)
+def test_arguments_that_are_not_utf8_are_usage_errors(args: tuple[str, ...], option: str) -> None:
+    """An id, name or address whose bytes are not UTF-8 is a usage error naming the option (exit
+    status 2), not a UnicodeEncodeError traceback from sending it to PostgreSQL."""
+    result = _cli(*args, "--dsn", "postgresql://agentcap@127.0.0.1:1/none?connect_timeout=2")
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert f"argument {option}: not valid UTF-8" in result.stderr
+
+
+@pytest.mark.parametrize("where", ["--dsn", "AGENTCAP_DSN"])
+def test_a_dsn_that_is_not_utf8_is_one_line(where: str) -> None:
+    """A DSN (option or environment) whose bytes are not UTF-8 is one 'invalid DSN' line and
+    exit status 1, not a traceback."""
+    dsn = "postgresql://agentcap@127.0.0.1:1/" + _NOT_UTF8
+    env = {**os.environ, "AGENTCAP_DSN": dsn} if where == "AGENTCAP_DSN" else None
+    result = _cli("runs", *(["--dsn", dsn] if where == "--dsn" else []), env=env)
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.strip().splitlines() == ["otel-agentcap: invalid DSN: not valid UTF-8"]

@@ -36,10 +36,20 @@ def positive_number(text: str) -> float:
     return value
 
 
+def utf8(value: str) -> str:
+    """Text that can be sent to PostgreSQL or written out: an argument holding bytes that are not
+    UTF-8 (which Python keeps as lone surrogates) is a usage error rather than a traceback."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise argparse.ArgumentTypeError(f"not valid UTF-8: {value!r}") from None
+    return value
+
+
 def web_address(text: str) -> str:
     """An http:// or https:// address with a host (the base of links the web view draws: any
     other scheme, javascript: say, would make those links run or open something else)."""
-    parts = urlsplit(text)
+    parts = urlsplit(utf8(text))
     if parts.scheme.lower() not in ("http", "https") or not parts.netloc:
         raise argparse.ArgumentTypeError(f"not an http:// or https:// address: {text!r}")
     return text

@@ -111,7 +111,13 @@ def _text(*parts: object | tuple[object, str]) -> Any:
 
 
 def _dsn(args: argparse.Namespace) -> str:
-    return resolve_dsn(args.dsn, announce=False)
+    dsn = resolve_dsn(args.dsn, announce=False)
+    try:
+        dsn.encode("utf-8")
+    except UnicodeEncodeError:
+        # --dsn or AGENTCAP_DSN holding bytes that are not UTF-8 (lone surrogates to Python).
+        raise CliError("invalid DSN: not valid UTF-8") from None
+    return dsn
 
 
 def _connect(dsn: str) -> psycopg.Connection[Any]:
@@ -866,7 +872,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     demo = sub.add_parser("demo", parents=[common], help="run the demo multi-agent program")
-    demo.add_argument("--run-id", help="run id to record under (default: generated)")
+    demo.add_argument(
+        "--run-id", type=arguments.utf8, help="run id to record under (default: generated)"
+    )
     demo.add_argument(
         "--live", action="store_true", help="call the real Anthropic API (needs ANTHROPIC_API_KEY)"
     )
@@ -881,7 +889,7 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[common],
         help="show a run in causal order, with causal parents and totals",
     )
-    show.add_argument("run_id")
+    show.add_argument("run_id", type=arguments.utf8)
     show.add_argument("--payloads", action="store_true", help="print each event's payload")
     show.add_argument(
         "--content",
@@ -949,7 +957,7 @@ def build_parser() -> argparse.ArgumentParser:
         "OTLP/JSON, which import reads back; jaeger-json, the run's trace as Jaeger's "
         "/api/traces JSON (the Jaeger UI opens it from a file).",
     )
-    export.add_argument("run_id")
+    export.add_argument("run_id", type=arguments.utf8)
     export.add_argument("--format", required=True, choices=sorted(EXPORT_FORMATS))
     export.add_argument("-o", "--output", default="-", help="file to write (default: stdout)")
     export.add_argument(
@@ -974,8 +982,8 @@ def build_parser() -> argparse.ArgumentParser:
     event = sub.add_parser(
         "event", parents=[common], help="an event with its causal parents and children"
     )
-    event.add_argument("run_id")
-    event.add_argument("event_id")
+    event.add_argument("run_id", type=arguments.utf8)
+    event.add_argument("event_id", type=arguments.utf8)
     event.add_argument(
         "--past", action="store_true", help="also every event that happened before it"
     )
@@ -991,16 +999,28 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["start", "stop", "status", "dsn", "migrate", "grant", "partitions", "prune"],
     )
     db.add_argument(
-        "--owner", default="agentcap_owner", help="grant: the role that owns the schema"
+        "--owner",
+        default="agentcap_owner",
+        type=arguments.utf8,
+        help="grant: the role that owns the schema",
     )
     db.add_argument(
-        "--writer", default="agentcap_writer", help="grant: the append-only writer role"
+        "--writer",
+        default="agentcap_writer",
+        type=arguments.utf8,
+        help="grant: the append-only writer role",
     )
     db.add_argument(
-        "--reader", default="agentcap_reader", help="grant: the read-only role ('none': no reader)"
+        "--reader",
+        default="agentcap_reader",
+        type=arguments.utf8,
+        help="grant: the read-only role ('none': no reader)",
     )
     db.add_argument(
-        "--before", metavar="DATE", help="prune: remove the runs that started before DATE (UTC)"
+        "--before",
+        metavar="DATE",
+        type=arguments.utf8,
+        help="prune: remove the runs that started before DATE (UTC)",
     )
     db.add_argument("--dry-run", action="store_true", help="prune: only say what would go")
     db.add_argument(
