@@ -1,8 +1,10 @@
 """The own queue's source: records come back once each and in order, whether delivery takes them
-from memory (the spans their writer left) or reads them from disk, and positions agree."""
+from memory (the spans their writer left) or reads them from disk, and positions agree; threads
+that put at once keep to the queue's bound."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -95,3 +97,41 @@ def test_a_stalled_delivery_keeps_no_spans_in_memory(tmp_path):
     chunk = source.read(10, 1 << 20)
     assert chunk is not None and chunk.records == [b"a", b"b", b"c", b"d", b"e", b"f"]
     log.close()
+
+
+@pytest.mark.parametrize("overflow", ["drop", "block"])
+def test_threads_that_put_at_once_never_take_the_queue_past_its_bound(tmp_path, overflow):
+    """Sixteen threads putting at once into a queue nobody delivers never take it past
+    max_bytes, under either policy, and every span is placed on disk or dropped and counted."""
+    import logging
+    import threading
+
+    from otel_agentcap.exporters.durable.queue import DiskQueue
+    from otel_agentcap.exporters.faults import FaultLog
+
+    queue = DiskQueue(
+        QueueDirectory(tmp_path, "db"),
+        faults=FaultLog(logging.getLogger("test")),
+        max_bytes=1024 * 1024,
+        overflow=overflow,
+        block_timeout=0.05,
+    )
+    placed: list[object] = []
+    start = threading.Barrier(16)
+
+    def put() -> None:
+        start.wait()
+        for _ in range(200):
+            placed.append(queue.put(b"x" * 8000))
+
+    threads = [threading.Thread(target=put) for _ in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    try:
+        assert queue.waiting_bytes() <= queue.max_bytes
+        assert placed.count("disk") + placed.count(None) == 16 * 200
+        assert queue.counters.spans_dropped == placed.count(None)
+    finally:
+        queue.close(remove_if_empty=False)

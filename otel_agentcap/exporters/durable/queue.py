@@ -338,6 +338,8 @@ class DiskQueue:
         self.counters = QueueCounters()
         self._lock = threading.Lock()
         self._room = threading.Condition(threading.Lock())
+        self._reserve_lock = threading.Lock()
+        self._reserved = 0  # bytes of records being placed (see put)
         self._blocking_suspended_until = 0.0
         self._disk_retry_at = 0.0
         self._accepting = True
@@ -413,13 +415,39 @@ class DiskQueue:
                 f"{self.max_bytes:,} bytes (max_queue_bytes)",
             )
             return None
-        if self.waiting_bytes() + len(frame) > self.max_bytes and not self._wait_for_room(
-            len(frame)
-        ):
+        size = len(frame)
+        # Room is taken before the write and checked under one lock, so threads that put at
+        # once cannot together go past the bound.
+        if not self._reserve(size) and not self._wait_for_room(size):
             self._drop(
                 events, FULL_CONDITION, self._full(f"the queue holds {self.max_bytes:,} bytes")
             )
             return None
+        room = [size]
+        try:
+            return self._place(frame, payload, events, memo, room)
+        finally:
+            self._release(room)
+
+    def _reserve(self, size: int) -> bool:
+        """Take ``size`` bytes of room in the bound until the record is placed; whether there
+        was room."""
+        with self._reserve_lock:
+            if self.waiting_bytes() + self._reserved + size > self.max_bytes:
+                return False
+            self._reserved += size
+            return True
+
+    def _release(self, room: list[int]) -> None:
+        """Give back the room ``put`` took (once): the record is counted where it went."""
+        with self._reserve_lock:
+            self._reserved -= room[0]
+            room[0] = 0
+
+    def _place(
+        self, frame: bytes, payload: bytes, events: int, memo: object, room: list[int]
+    ) -> Placed:
+        """Append ``frame`` to the own log, else keep ``payload`` in memory (``room`` taken)."""
         own = self.own
         if own is not None and time.monotonic() >= self._disk_retry_at:
             try:
@@ -427,6 +455,7 @@ class DiskQueue:
             except OSError as exc:
                 self._disk_failed(exc, f"cannot write to {own.locked.path}")
             else:
+                self._release(room)  # the log counts it now
                 if self.faults.is_active(DISK_CONDITION):
                     self.faults.recovered(DISK_CONDITION, detail="spans go to disk again")
                 if self.fsync == "always":
@@ -439,7 +468,7 @@ class DiskQueue:
                 if self.own is None and time.monotonic() >= self._disk_retry_at:
                     self._open_own()
             if self.own is not None:
-                return self.put(payload, events, memo)
+                return self._place(frame, payload, events, memo, room)
         if len(self.memory) >= self.memory_limit:
             self._drop(
                 events,
@@ -448,6 +477,7 @@ class DiskQueue:
             )
             return None
         self.memory.put(payload)
+        self._release(room)  # the memory counts it now
         if self.on_append is not None:
             self.on_append()
         return "memory"
@@ -469,7 +499,7 @@ class DiskQueue:
             return False
         deadline = now + self.block_timeout
         with self._room:
-            while self.waiting_bytes() + size > self.max_bytes:
+            while not self._reserve(size):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     self._blocking_suspended_until = time.monotonic() + 5 * self.block_timeout
