@@ -61,7 +61,7 @@ from otel_agentcap.exporters.postgres.errors import AgentCapStorageError
 from otel_agentcap.exporters.postgres.exporter import DATABASE_CONDITION, ExportStats
 from otel_agentcap.exporters.postgres.ledger import PostgresToolLedger
 from otel_agentcap.exporters.postgres.memory import default_database, set_default_database
-from otel_agentcap.exporters.postgres.migrate import migrate
+from otel_agentcap.exporters.postgres.migrate import migrate, pending_versions
 from otel_agentcap.exporters.postgres.recovery import PostgresRunRegistry, PostgresSpawnRegistry
 from otel_agentcap.exporters.queue import EventLogSpanProcessor, Overflow
 from otel_agentcap.exporters.synchronous import SynchronousSpanProcessor
@@ -323,7 +323,20 @@ def _check_database(dsn: str, timeout: float) -> str | None:
         raise ConfigurationError(f"invalid PostgreSQL DSN: {first_line(exc, dsn)}") from None
     try:
         with psycopg.connect(dsn, connect_timeout=max(2, round(timeout)), autocommit=True) as conn:
-            migrate(conn)
+            # A server that takes the connection and then answers nothing (a lock held on the
+            # schema's tables, a hung backend) is down as well: the check waits no longer than
+            # the connection may. A migration that is due runs without that bound.
+            conn.execute(
+                "SELECT set_config('statement_timeout', %s, false)",
+                (f"{max(1, round(timeout * 1000))}ms",),
+            )
+            try:
+                due = bool(pending_versions(conn))
+            except psycopg.errors.InsufficientPrivilege:
+                due = True  # migrate says what the role lacks
+            conn.execute("RESET statement_timeout")
+            if due:
+                migrate(conn)
     except psycopg.OperationalError as exc:
         text = first_line(exc, dsn)
         if any(marker in text for marker in _USER_ERRORS):

@@ -209,6 +209,34 @@ def test_a_server_that_is_down_is_absorbed_with_one_line(tmp_path, caplog):
 
 
 @pytest.mark.storage
+@pytest.mark.fault
+def test_a_server_that_answers_nothing_is_treated_as_down(pg_dsn, tmp_path, caplog):
+    """A server that accepts the connection but does not answer the schema check (a lock held
+    on agentcap.schema_version, say) is treated as down after connect_timeout: configure
+    returns and says so in one line rather than wait for as long as the lock is held."""
+    locker = psycopg.connect(pg_dsn)
+    locker.execute("LOCK TABLE agentcap.schema_version IN ACCESS EXCLUSIVE MODE")
+    made: list[AgentCap] = []
+    with caplog.at_level(logging.WARNING):
+        thread = threading.Thread(
+            target=lambda: made.append(
+                configure(pg_dsn, queue_dir=tmp_path, connect_timeout=1, **_IN_PROCESS)
+            ),
+            daemon=True,
+        )
+        thread.start()
+        thread.join(20)  # a guard: the check gives up after about 1 s
+        returned_while_locked = not thread.is_alive()
+        locker.close()
+        thread.join(60)
+    for agentcap in made:
+        agentcap.shutdown(timeout=1)
+    assert returned_while_locked
+    assert caplog.text.count("not reachable at start") == 1
+    assert "Traceback" not in caplog.text
+
+
+@pytest.mark.storage
 def test_the_handle_owns_what_it_set_up(pg_dsn, tmp_path):
     """The handle holds the provider, exporter, queue and tool ledger; exporter_of finds the
     exporter from the handle or its provider; shutdown closes the ledger and the database (pools
