@@ -558,8 +558,8 @@ class DiskQueue:
     def forget_after_fork(self) -> None:
         """In a forked child: close the descriptors of the own log shared with the parent (its
         lock, its segments) without flushing, truncating or unlocking anything: the queue is
-        the parent's. The child then opens a queue of its own."""
-        self._stop_sync.set()
+        the parent's. The child then opens a queue of its own. Takes no lock: one the parent's
+        threads held at the fork stays held here."""
         own = self.own
         if own is None:
             return
