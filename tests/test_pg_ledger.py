@@ -655,11 +655,15 @@ def test_an_outcome_that_cannot_be_written_is_written_later(ledger, pg_dsn, monk
 
 
 @pytest.mark.fault
+@pytest.mark.parametrize("crash_policy", ["at_least_once", "at_most_once"])
 @pytest.mark.parametrize("cancelled", ["while_the_claim_runs", "after_it_returned"])
-def test_a_task_cancelled_while_it_claims_leaves_no_claim_behind(ledger, pg_dsn, cancelled):
+def test_a_task_cancelled_while_it_claims_leaves_no_claim_behind(
+    ledger, pg_dsn, cancelled, crash_policy
+):
     """An async call cancelled while its ledger claim is in flight (or returned but not yet seen)
-    releases the claim it won: a retry runs the body instead of waiting for a claim renewed
-    forever by a process that runs no body."""
+    never started its body and gives up the claim it won: a retry runs the body (once) instead of
+    waiting for a claim renewed forever by a process that runs no body, and an at_most_once call
+    instead of raising ToolOutcomeUnknown."""
     import asyncio
 
     real = ledger.claim
@@ -675,63 +679,7 @@ def test_a_task_cancelled_while_it_claims_leaves_no_claim_behind(ledger, pg_dsn,
 
     calls: list[int] = []
 
-    @ac.tool
-    async def work(n: int) -> int:
-        calls.append(n)
-        return n * 2
-
-    async def main() -> int:
-        async with ac.agent("a"):
-            task = asyncio.create_task(work.invoke("w", 1))
-            while not entered.is_set():
-                await asyncio.sleep(0.01)
-            if cancelled == "after_it_returned":
-                go.set()
-                # Blocks the loop, so the task cannot see the claim yet; the pause lets the
-                # worker thread finish its part after the claim returned.
-                returned.wait(5)
-                time.sleep(0.2)
-            task.cancel()
-            go.set()
-            with pytest.raises(asyncio.CancelledError):
-                await task
-            while not returned.is_set():  # the abandoned claim is won before the retry asks
-                await asyncio.sleep(0.01)
-            ledger.claim = real  # type: ignore[method-assign]
-            return await asyncio.wait_for(work.invoke("w", 1), 10)
-
-    ledger.claim = gated_claim  # type: ignore[method-assign]
-    run_id = _run_id()
-    with ac.run(run_id, resume=True):
-        assert asyncio.run(main()) == 2
-    assert calls == [1]
-    assert _rows(pg_dsn, "SELECT status FROM agentcap.tool_ledger WHERE run_id = %s", run_id) == [
-        ("succeeded",)
-    ]
-    assert ledger.running_claims() == 0
-
-
-@pytest.mark.fault
-@pytest.mark.parametrize("cancelled", ["while_the_claim_runs", "after_it_returned"])
-def test_an_at_most_once_call_cancelled_while_it_claims_runs_on_retry(ledger, pg_dsn, cancelled):
-    """An at_most_once call cancelled while its ledger claim is in flight never started its
-    body: its claim is recorded as abandoned before the body, so a retry, in this process or
-    another, runs the body (once) instead of raising ToolOutcomeUnknown."""
-    import asyncio
-
-    real = ledger.claim
-    entered, returned, go = threading.Event(), threading.Event(), threading.Event()
-
-    def gated_claim(call: Any) -> Any:
-        entered.set()
-        go.wait(5)  # the claim starts only when the test says so, whatever the machine's load
-        claim = real(call)
-        returned.set()
-        return claim
-
-    calls: list[int] = []
-
-    @ac.tool(crash_policy="at_most_once")
+    @ac.tool(crash_policy=crash_policy)
     async def work(n: int) -> int:
         calls.append(n)
         return n * 2
