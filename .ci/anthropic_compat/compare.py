@@ -3,6 +3,10 @@
 With a report directory (what agentcap_sdk_plugin wrote), also print the events captured, and exit
 1 if no tool run was captured (the instrumentation was not active).
 
+A test in INTENDED asserts something of the SDK's own spans that the instrumentation changes on
+purpose; it is listed with its reason, not counted as a regression, and must still pass without
+the instrumentation.
+
     python compare.py without.xml with.xml [report-dir]
 """
 
@@ -13,6 +17,20 @@ import json
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
+
+#: Test id (the SDK's) -> why it fails with the instrumentation.
+INTENDED: dict[str, str] = {
+    f"tests.test_open_telemetry.TestCallSpans::{name}": (
+        "asserts that the span of a with_streaming_response call read by parse() has no response "
+        "attributes; the instrumentation records the response once its body is read (usage, "
+        "response id, tool_use ids), as the SDK records a with_raw_response body "
+        "(otel_agentcap/instrumentation/anthropic/streamed_responses.py)"
+    )
+    for name in (
+        "test_raw_response_ends_the_span_with_its_body",
+        "test_async_raw_response_ends_the_span_with_its_body",
+    )
+}
 
 
 def outcomes(path: str) -> dict[str, str]:
@@ -34,10 +52,16 @@ def outcomes(path: str) -> dict[str, str]:
 def main() -> int:
     without, with_ = outcomes(sys.argv[1]), outcomes(sys.argv[2])
     passed = sorted(t for t, o in without.items() if o == "passed")
-    broken = [t for t in passed if with_.get(t) != "passed"]
+    broken = [t for t in passed if with_.get(t) != "passed" and t not in INTENDED]
+    intended = [t for t in passed if with_.get(t) != "passed" and t in INTENDED]
     counts = {o: sum(1 for v in without.values() if v == o) for o in sorted(set(without.values()))}
     print(f"without the instrumentation: {len(without)} tests {counts}")
-    print(f"with it: {len(passed) - len(broken)} of those {len(passed)} passed tests pass again")
+    print(
+        f"with it: {len(passed) - len(broken) - len(intended)} of those {len(passed)} passed "
+        f"tests pass again, {len(intended)} differ on purpose"
+    )
+    for test_id in intended:
+        print(f"  INTENDED {with_.get(test_id, 'missing')}: {test_id}: {INTENDED[test_id]}")
     for test_id in broken:
         print(f"  REGRESSION {with_.get(test_id, 'missing')}: {test_id}")
     status = 1 if broken else 0
