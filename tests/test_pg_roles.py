@@ -262,6 +262,36 @@ def test_the_tool_ledger_spawn_registry_and_memory_run_as_the_writer(granted: Gr
             conn.execute("UPDATE agentcap.spawns SET name = 'x'")
 
 
+def test_the_writer_withdraws_an_unstarted_claim_it_may_not_delete(granted: Granted) -> None:
+    """As the writer, a claim given up before its body started (a cancelled caller) is withdrawn
+    through agentcap.tool_unclaim, so an at_most_once call claims it again instead of reading an
+    unknown outcome; the writer still cannot delete ledger rows itself."""
+    from otel_agentcap.capture.ledger import LedgerCall
+    from otel_agentcap.exporters.postgres import Database
+    from otel_agentcap.exporters.postgres.ledger import PostgresToolLedger
+
+    database = Database(granted.writer_dsn)
+    ledger = PostgresToolLedger(database, on_unavailable="raise")
+    call = LedgerCall(
+        f"run-unclaim-{uuid.uuid4().hex[:8]}", "a", "w", "work", "0" * 64, "at_most_once"
+    )
+    try:
+        first = ledger.claim(call)
+        assert first.state == "claimed"
+        ledger.release_unstarted(call, first.attempt)
+        again = ledger.claim(call)
+        assert (again.state, again.attempt) == ("claimed", 1)
+        assert ledger.running_claims() == 1
+    finally:
+        ledger.close()
+        database.close()
+    with (
+        psycopg.connect(granted.writer_dsn, autocommit=True) as conn,
+        pytest.raises(psycopg.errors.InsufficientPrivilege),
+    ):
+        conn.execute("DELETE FROM agentcap.tool_ledger")
+
+
 def test_the_writer_extends_the_log_and_only_the_owner_prunes(granted):
     """The writer role stores a run of a month no partition holds yet (the SECURITY DEFINER
     function creates the partition as the owner) and a conflict of it, and lists partitions like

@@ -43,6 +43,7 @@ from psycopg.types.json import Jsonb
 
 from otel_agentcap.capture.ledger import LedgerCall, LedgerClaim
 from otel_agentcap.errors import AgentCapError
+from otel_agentcap.exporters.postgres.connection import first_line
 from otel_agentcap.exporters.postgres.database import Database
 
 _logger = logging.getLogger(__name__)
@@ -70,20 +71,7 @@ WHERE run_id = %s AND agent_id = %s AND invocation_id = %s AND call_digest = %s
 # goes, as if never claimed, so a retry claims it anew (an at_most_once call too). Under the lock
 # tool_claim takes, and only while no later call under the invocation id counted this row for its
 # ordinal (that call keeps its ordinal; this row is released instead).
-_UNCLAIM_LOCK: Final = b"""
-SELECT pg_advisory_xact_lock(
-    hashtextextended(%s || chr(31) || %s || chr(31) || %s, 1634167153))
-"""
-
-_UNCLAIM: Final = b"""
-DELETE FROM agentcap.tool_ledger l
-WHERE l.run_id = %s AND l.agent_id = %s AND l.invocation_id = %s AND l.call_digest = %s
-  AND l.owner = %s AND l.attempt = %s AND l.attempt = 1 AND l.status = 'running'
-  AND NOT EXISTS (
-    SELECT 1 FROM agentcap.tool_ledger x
-    WHERE x.run_id = l.run_id AND x.agent_id = l.agent_id AND x.invocation_id = l.invocation_id
-      AND x.ordinal > l.ordinal)
-"""
+_UNCLAIM: Final = b"SELECT agentcap.tool_unclaim(%s, %s, %s, %s, %s, %s)"
 
 _RENEW: Final = b"""
 UPDATE agentcap.tool_ledger l
@@ -290,19 +278,17 @@ class PostgresToolLedger:
         key = _key(call)
         names = (call.run_id, call.agent_id, call.invocation_id)
         try:
-            with self._database.coordination(self._timeout) as conn, conn.transaction():
+            with self._database.coordination(self._timeout) as conn:
                 self._count("round_trips")
-                conn.execute(_UNCLAIM_LOCK, names)
-                removed = conn.execute(
-                    _UNCLAIM, (*names, call.digest, self.owner, attempt)
-                ).rowcount
-        except Exception:
-            removed = 0
+                row = conn.execute(_UNCLAIM, (*names, call.digest, self.owner, attempt)).fetchone()
+                removed = bool(row and row[0])
+        except Exception as exc:
+            removed = False
             _logger.warning(
-                "agentcap: could not withdraw the claim of invocation %s of %s",
+                "agentcap: could not withdraw the claim of invocation %s of %s (%s); releasing it",
                 call.invocation_id,
                 call.tool,
-                exc_info=True,
+                first_line(exc),
             )
         if not removed:
             self.release(call, attempt)

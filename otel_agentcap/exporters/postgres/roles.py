@@ -51,13 +51,14 @@ WRITER_PRIVILEGES: Final[Mapping[str, str]] = {
     "pruned_runs": "SELECT",
 }
 #: The functions the writer may execute, by name (the others stay the owner's): what the capture
-#: path calls (tool_claim, spawn_register, memory_write: migration 0005) and the partitions of the
-#: log by run start (migration 0006). ``ensure_partitions`` and ``analyze_partitions`` are
+#: path calls (tool_claim, spawn_register, memory_write: migration 0005; tool_unclaim: 0007) and
+#: the partitions of the log by run start (migration 0006). ``ensure_partitions`` and ``analyze_partitions`` are
 #: SECURITY DEFINER: the writer creates the partition a new run start needs, and has a partition it
 #: fills analyzed, as the owner, and nothing else.
 WRITER_FUNCTIONS: Final = frozenset(
     {
         "tool_claim",
+        "tool_unclaim",
         "spawn_register",
         "memory_write",
         "ensure_partitions",
