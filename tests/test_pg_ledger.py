@@ -3,6 +3,7 @@ recorded outcome, crash policies after a SIGKILL inside a body, and what a repla
 
 from __future__ import annotations
 
+import contextvars
 import json
 import os
 import signal
@@ -713,3 +714,50 @@ def test_a_task_cancelled_while_it_claims_leaves_no_claim_behind(
         ("succeeded",)
     ]
     assert ledger.running_claims() == 0
+
+
+@pytest.mark.fault
+@pytest.mark.parametrize("crash_policy", ["at_least_once", "at_most_once"])
+@pytest.mark.parametrize("interrupted", ["after_the_ledger_noted_it", "before_it_noted_it"])
+def test_a_call_interrupted_inside_its_claim_leaves_no_claim_behind(
+    ledger, pg_dsn, crash_policy, interrupted
+):
+    """A sync call interrupted (KeyboardInterrupt: Ctrl-C, a notebook's interrupt) after its
+    claim was committed but before the claim returned never started its body: the claim is
+    withdrawn, so a retry in this process runs the body at once, at_most_once too, instead of
+    waiting on a claim this process renews while no body runs (or reading the claim as an
+    unknown outcome once its lease expired)."""
+    real = ledger.claim
+
+    def interrupted_claim(call: Any) -> Any:
+        real(call)
+        if interrupted == "before_it_noted_it":
+            ledger._running.clear()  # the interrupt came before claim() noted its claim
+        raise KeyboardInterrupt
+
+    calls: list[int] = []
+
+    @ac.tool(crash_policy=crash_policy)
+    def work(n: int) -> int:
+        calls.append(n)
+        return n * 2
+
+    run_id = _run_id()
+    results: list[int] = []
+    with ac.run(run_id), ac.agent("a"):
+        ledger.claim = interrupted_claim  # type: ignore[method-assign]
+        with pytest.raises(KeyboardInterrupt):
+            work.invoke("w", 1)
+        ledger.claim = real  # type: ignore[method-assign]
+        # On a thread, so that a retry waiting for ever fails the test instead of hanging it.
+        context = contextvars.copy_context()
+        retry = threading.Thread(
+            target=lambda: results.append(context.run(work.invoke, "w", 1)), daemon=True
+        )
+        retry.start()
+        retry.join(30)
+    assert results == [2]
+    assert calls == [1]
+    assert _rows(pg_dsn, "SELECT status FROM agentcap.tool_ledger WHERE run_id = %s", run_id) == [
+        ("succeeded",)
+    ]

@@ -562,6 +562,20 @@ class _ThreadClaim:
             ).start()
 
 
+def _withdraw_interrupted(ledger: ToolLedger, call: LedgerCall) -> None:
+    """A sync caller interrupted (Ctrl-C, ``SystemExit``) while it claimed ``call``: a claim the
+    ledger may have committed is withdrawn, with a ledger that can (``withdraw_interrupted``),
+    instead of staying running (renewed by this process while no body runs) or, unrenewed, until
+    its lease expires."""
+    withdraw = getattr(ledger, "withdraw_interrupted", None)
+    if not callable(withdraw):
+        return
+    try:
+        withdraw(call)
+    except Exception:
+        _logger.warning("agentcap: could not withdraw an interrupted claim", exc_info=True)
+
+
 async def _claim_in_thread(ledger: ToolLedger, call: LedgerCall) -> LedgerClaim:
     pending = _ThreadClaim(ledger, call)
     try:
@@ -833,7 +847,9 @@ class Tool(Generic[P, R]):
                     return taken
                 ctx.check_active()
                 time.sleep(next(delays))
-        except BaseException:
+        except BaseException as error:
+            if not isinstance(error, Exception) and entry.ledger_call is not None:
+                _withdraw_interrupted(ledger, entry.ledger_call)
             invocations.release(key, entry)
             raise
 

@@ -73,6 +73,12 @@ WHERE run_id = %s AND agent_id = %s AND invocation_id = %s AND call_digest = %s
 # ordinal (that call keeps its ordinal; this row is released instead).
 _UNCLAIM: Final = b"SELECT agentcap.tool_unclaim(%s, %s, %s, %s, %s, %s)"
 
+_OWN_RUNNING_ATTEMPT: Final = b"""
+SELECT l.attempt FROM agentcap.tool_ledger l
+WHERE l.run_id = %s AND l.agent_id = %s AND l.invocation_id = %s AND l.call_digest = %s
+  AND l.owner = %s AND l.status = 'running'
+"""
+
 _RENEW: Final = b"""
 UPDATE agentcap.tool_ledger l
 SET lease_expires_at = clock_timestamp() + make_interval(secs => %s)
@@ -296,6 +302,34 @@ class PostgresToolLedger:
         self._count("releases")
         if self._running.get(key) == attempt:
             self._running.pop(key, None)
+
+    def withdraw_interrupted(self, call: LedgerCall) -> None:
+        """The caller was interrupted (``KeyboardInterrupt``, ``SystemExit``) inside
+        :meth:`claim`, so whether its claim was committed is unknown, and its body never started:
+        withdraw the claim of ``call`` this process holds, if any (:meth:`release_unstarted`).
+        Never raises."""
+        attempt = self._running.get(_key(call))
+        if attempt is None:
+            try:
+                with self._database.coordination(self._timeout) as conn:
+                    self._count("round_trips")
+                    row = conn.execute(
+                        _OWN_RUNNING_ATTEMPT,
+                        (call.run_id, call.agent_id, call.invocation_id, call.digest, self.owner),
+                    ).fetchone()
+            except Exception as exc:
+                _logger.warning(
+                    "agentcap: could not look for the interrupted claim of invocation %s of %s "
+                    "(%s); it is taken over when its lease expires",
+                    call.invocation_id,
+                    call.tool,
+                    first_line(exc),
+                )
+                return
+            if row is None:
+                return  # the claim was not committed
+            attempt = int(row[0])
+        self.release_unstarted(call, attempt)
 
     # ----------------------------------------------------------------- internals
 
