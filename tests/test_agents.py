@@ -100,6 +100,27 @@ def test_child_invoke_span_is_a_child_of_and_links_to_its_spawn_span():
     assert invoke.links[0].attributes[attr.LINK_EVENT_ID] == create.attributes[attr.EVENT_ID]
 
 
+def test_a_top_level_agent_entered_in_a_thread_without_the_run_context_is_in_the_run_trace():
+    """A top-level agent of a run entered in a plain thread (a context with no run and no span,
+    as in a worker thread started before the run) runs under the run's root span."""
+    with capture_events() as captured, oa.run(_run_id()):
+        scope = oa.agent("loner")
+        agent = oa.agent("other").agent
+        thread = threading.Thread(
+            target=lambda: (scope.__enter__(), scope.__exit__(None, None, None))
+        )
+        thread.start()
+        thread.join()
+        thread = threading.Thread(target=agent.run, args=(lambda: None,))
+        thread.start()
+        thread.join()
+    (root,) = [s for s in captured.spans if s.name.startswith("invoke_workflow ")]
+    for name in ("invoke_agent loner", "invoke_agent other"):
+        (span,) = [s for s in captured.spans if s.name == name]
+        assert span.context.trace_id == root.context.trace_id, name
+        assert span.parent is not None and span.parent.span_id == root.context.span_id, name
+
+
 def test_child_start_records_where_it_was_spawned():
     """The child's agent_start carries its parent and spawn event, as attributes, parent and agent row."""
     run_id = _run_id()

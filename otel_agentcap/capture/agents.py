@@ -19,6 +19,7 @@ from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, SpanKind
 from otel_agentcap import attributes as attr
 from otel_agentcap.capture import _telemetry as tel
 from otel_agentcap.capture.callables import body_kind, deferred_kind
+from otel_agentcap.capture.runs import recorded_runs
 from otel_agentcap.clock import clocks
 from otel_agentcap.context import (
     AgentContext,
@@ -293,13 +294,18 @@ class AgentScope:
         if run is not None and run.run_id == agent.run_id and run.attributes:
             extra[attr.RUN_ATTRIBUTES] = tel.run_attributes_json(run.attributes)
         # A spawned child runs under the create_agent span that spawned it, wherever it runs
-        # (also in another process, from the stored spawn); anything else under the current span.
-        spawn_span = agent.spawn_span_context
-        parent = (
-            trace.set_span_in_context(NonRecordingSpan(spawn_span))
-            if spawn_span is not None and spawn_span.is_valid
-            else None
-        )
+        # (also in another process, from the stored spawn); a top-level agent under the current
+        # span inside its run, and under the run's span as this process knows it when entered
+        # where its run is not current (a plain thread, a worker started before the run), so
+        # that it stays in the run's trace.
+        under = agent.spawn_span_context
+        if under is None or not under.is_valid:
+            under = None
+            if run is None or run.run_id != agent.run_id:
+                known = recorded_runs.known(agent.run_id)
+                if known is not None and known.span is not None and known.span.is_valid:
+                    under = known.span
+        parent = trace.set_span_in_context(NonRecordingSpan(under)) if under is not None else None
         payload = {"name": agent.name, "timeout": self.timeout}
         span = tel.start_event_span(
             agent.span_name, start, payload, extra, SpanKind.INTERNAL, parent
