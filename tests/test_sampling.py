@@ -85,3 +85,62 @@ def test_a_sampled_provider_still_stores_every_event(pg_dsn, tmp_path, mode):
     assert out["inserted"] == 40 * 3
     # Sampling still applies to the exporting processors: whole runs (traces), not all of them.
     assert 0 < out["traces"] < 40 and out["exported"] == out["traces"] * 3
+
+
+_RESUMING = textwrap.dedent(
+    """
+    import json, sys
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    import otel_agentcap as ac
+    from otel_agentcap.configure import configure
+
+    dsn, queue_dir, run_id, mode = sys.argv[1:5]
+    collector = InMemorySpanExporter()
+    agentcap = configure(
+        dsn, queue_dir=queue_dir, announce=False, span_processors=[SimpleSpanProcessor(collector)]
+    )
+    with ac.run(run_id, resume=mode == "resume"), ac.agent("boss") as boss:
+        child = boss.spawn("kid")
+        if mode == "resume":
+            child.run(lambda: None)
+    agentcap.shutdown(timeout=30)
+    print(json.dumps({
+        "exported": sorted(s.name for s in collector.get_finished_spans()),
+        "inserted": agentcap.stats().events_inserted,
+    }))
+    """
+)
+
+
+@pytest.mark.storage
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("sampler", ["parentbased_always_off", "parentbased_always_on"])
+def test_a_process_that_resumes_a_run_samples_it_as_the_process_that_started_it(
+    pg_dsn, tmp_path, sampler
+):
+    """A second process that resumes a run by id (its spans under the stored root span, a child
+    under the stored spawn span) exports the run's spans to the other processors as the first
+    process did: none under parentbased_always_off, all under parentbased_always_on; the log
+    gets every event either way."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env["OTEL_TRACES_SAMPLER"] = sampler
+    run_id = f"resume-sampled-{os.getpid()}-{sampler}"
+    outs = []
+    for mode in ("first", "resume"):
+        done = subprocess.run(
+            [sys.executable, "-c", _RESUMING, pg_dsn, str(tmp_path / mode), run_id, mode],
+            capture_output=True,
+            text=True,
+            timeout=180,
+            env=env,
+        )
+        assert done.returncode == 0, done.stderr
+        outs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    first, resumed = outs
+    # boss start, spawn, end; then boss start, end and the kid's start, end (the spawn found)
+    assert first["inserted"] == 3 and resumed["inserted"] == 4
+    if sampler == "parentbased_always_off":
+        assert first["exported"] == [] and resumed["exported"] == []
+    else:
+        assert resumed["exported"] == ["invoke_agent boss", "invoke_agent boss/kid"]

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
-from opentelemetry.trace import Link, SpanKind
+from opentelemetry.trace import Link, SpanKind, TraceFlags
 from opentelemetry.trace.span import TraceState
 from opentelemetry.util.types import Attributes
 
@@ -57,3 +58,26 @@ def configured_sampler() -> Sampler:
     # empty resource, so no resource detector runs for it.
     sampler = TracerProvider(resource=Resource.get_empty(), shutdown_on_exit=False).sampler
     return sampler if isinstance(sampler, RecordEverySpan) else RecordEverySpan(sampler)
+
+
+_EMPTY = Context()
+
+
+def stored_trace_flags(trace_id: int) -> TraceFlags:
+    """The flags of a span of trace ``trace_id`` rebuilt from the event log (the run's root span
+    or a spawn's, in a process that resumes a run or finds a stored spawn), whose sampled flag
+    the log does not keep: what the global provider's sampler decides for a root span of that
+    trace. That is the decision the run's first process took for its root span when it has the
+    same sampler (``parentbased_always_off`` drops it, ``parentbased_traceidratio`` decides by the
+    trace id), so a parent-based sampler here samples the rest of the run as it was sampled
+    there. Sampled when there is no SDK provider or its sampler fails."""
+    sampler = getattr(trace.get_tracer_provider(), "sampler", None)
+    if isinstance(sampler, Sampler):
+        try:
+            # An empty context, not the current one: a parent-based sampler asks its root sampler.
+            result = sampler.should_sample(_EMPTY, trace_id, "invoke_workflow")
+        except Exception:
+            return TraceFlags(TraceFlags.SAMPLED)
+        if result.decision is not Decision.RECORD_AND_SAMPLE:
+            return TraceFlags(TraceFlags.DEFAULT)
+    return TraceFlags(TraceFlags.SAMPLED)

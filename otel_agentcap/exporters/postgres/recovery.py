@@ -7,12 +7,13 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from opentelemetry.trace import SpanContext, TraceFlags
+from opentelemetry.trace import SpanContext
 
 from otel_agentcap.capture.agents import SpawnClaim, SpawnRecord
 from otel_agentcap.capture.runs import StoredRun
 from otel_agentcap.exporters.postgres.database import Database
 from otel_agentcap.model import EventRef
+from otel_agentcap.pipeline.sampling import stored_trace_flags
 
 _FIND = """
 SELECT a.parent_agent_id, a.name, a.spawned_at_event_id::text, e.logical_seq, e.trace_id, e.span_id
@@ -49,20 +50,21 @@ _STORED_RUN = "SELECT trace_id, root_span_id FROM agentcap.runs WHERE run_id = %
 
 
 def span_context_of(trace_id: object, span_id: object) -> SpanContext | None:
-    """The (remote, sampled) span context of hex ids as the log stores them; None when absent or
-    not valid hex."""
+    """The remote span context of hex ids as the log stores them, sampled as this process's
+    sampler samples a new root span of that trace (``sampling.stored_trace_flags``); None when
+    absent or not valid hex."""
     if not isinstance(trace_id, str) or not isinstance(span_id, str):
         return None
     try:
-        context = SpanContext(
-            int(trace_id, 16),
-            int(span_id, 16),
-            is_remote=True,
-            trace_flags=TraceFlags(TraceFlags.SAMPLED),
-        )
+        trace_number, span_number = int(trace_id, 16), int(span_id, 16)
+        context = SpanContext(trace_number, span_number, is_remote=True)
     except ValueError:
         return None
-    return context if context.is_valid else None
+    if not context.is_valid:
+        return None
+    return SpanContext(
+        trace_number, span_number, is_remote=True, trace_flags=stored_trace_flags(trace_number)
+    )
 
 
 def _hex(context: SpanContext | None) -> tuple[str | None, str | None]:
