@@ -10,7 +10,7 @@ import functools
 import hashlib
 import importlib
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final, NamedTuple, TypeVar, cast
@@ -126,6 +126,44 @@ class EventRef(NamedTuple):
     seq: int
     agent_id: str = ""
     span: SpanContext | None = None
+
+    def to_list(self) -> list[str | int]:
+        """This reference as JSON values, to keep next to a value for readers in other processes:
+        ``[event_id, seq, agent_id]``, then the hex trace and span ids of its span when known, so
+        that the reader's event links to it (``list(ref)`` holds the span object itself, which
+        JSON cannot encode). :meth:`from_list` reads it back."""
+        values: list[str | int] = [self.event_id, self.seq, self.agent_id]
+        span = self.span
+        if span is not None and span.is_valid:
+            values += [f"{span.trace_id:032x}", f"{span.span_id:016x}"]
+        return values
+
+    @classmethod
+    def from_list(cls, values: Sequence[Any]) -> EventRef:
+        """The reference :meth:`to_list` wrote (its span a remote span context); ``ValueError``
+        for anything else."""
+        from opentelemetry.trace import SpanContext  # only here: the model imports no OTel
+
+        items = list(values)
+        if len(items) not in (3, 5):
+            raise ValueError(f"not an EventRef list: expected 3 or 5 values, got {len(items)}")
+        event_id, seq, agent_id = items[:3]
+        if not isinstance(event_id, str) or not isinstance(agent_id, str):
+            raise ValueError("not an EventRef list: event id and agent id must be strings")
+        if not isinstance(seq, int) or isinstance(seq, bool):
+            raise ValueError("not an EventRef list: the sequence must be an int")
+        span = None
+        if len(items) == 5:
+            trace_hex, span_hex = items[3:]
+            try:
+                if not isinstance(trace_hex, str) or not isinstance(span_hex, str):
+                    raise ValueError
+                span = SpanContext(int(trace_hex, 16), int(span_hex, 16), is_remote=True)
+            except ValueError:
+                raise ValueError("not an EventRef list: trace and span ids must be hex") from None
+            if not span.is_valid:
+                raise ValueError("not an EventRef list: trace and span ids are not valid")
+        return cls(event_id, seq, agent_id, span)
 
 
 class Event(NamedTuple):

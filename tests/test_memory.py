@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import threading
 import uuid
@@ -9,6 +10,7 @@ import uuid
 import pytest
 
 import otel_agentcap as oa
+from otel_agentcap import attributes as attr
 from otel_agentcap import jsonsafe
 from otel_agentcap.testing import capture_events
 
@@ -403,3 +405,28 @@ def test_a_recorder_captures_a_store_of_ones_own_with_the_causal_rules():
     assert [r.causal_parent_ids for r in reads] == [(second.event_id,), (second.event_id,), ()]
     assert all(r.seq > second.seq for r in reads)
     assert reads[2].payload["found"] is False
+
+
+def test_a_write_reference_kept_as_json_links_the_read_of_another_process_to_the_write():
+    """EventRef.to_list survives JSON (list(ref) holds a SpanContext, which JSON cannot encode),
+    and a read recorded with EventRef.from_list of it, by a recorder that never saw the write (as
+    in another process), names the write as parent and links to the write's span."""
+    store: dict[str, object] = {}
+    with capture_events() as captured, oa.run(_run_id()):
+        with oa.agent("A"):
+            writer = oa.MemoryRecorder("kv")
+            with writer.lock("k"):
+                store["k"] = 1
+                ref = writer.record_write("k", before=oa.MISSING, after=1)
+            assert ref is not None
+            store["k:written_by"] = json.dumps(ref.to_list())
+        with oa.agent("B"):
+            written_by = oa.EventRef.from_list(json.loads(str(store["k:written_by"])))
+            assert written_by[:3] == ref[:3]
+            oa.MemoryRecorder("kv").record_read("k", store["k"], written_by=written_by)
+    (write,) = [s for s in captured.spans if s.name == "memory_write"]
+    (read,) = [s for s in captured.spans if s.name == "memory_read"]
+    assert read.attributes[attr.EVENT_CAUSAL_PARENT_IDS] == (ref.event_id,)
+    assert [(link.context.span_id, link.attributes[attr.LINK_EVENT_ID]) for link in read.links] == [
+        (write.context.span_id, ref.event_id)
+    ]

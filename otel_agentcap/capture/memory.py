@@ -274,7 +274,8 @@ class MemoryRecorder:
 
     The recorder remembers the last write it recorded for each key (the ``max_keys`` most recent
     keys). Across processes, store the :class:`~otel_agentcap.EventRef` a write returns next to the
-    value (``list(ref)``; ``EventRef(*stored)`` reads it back) and pass it as ``written_by`` /
+    value (``ref.to_list()``, JSON values with its span's ids; ``EventRef.from_list(stored)``
+    reads it back, and the reader's event links to the write's span) and pass it as ``written_by`` /
     ``previous``. For ``before`` / ``after`` to be the true transition, hold :meth:`lock` (or the
     store's own lock or transaction) around reading the old value, writing the store and recording
     the write::
