@@ -97,3 +97,40 @@ def test_a_locked_ledger_holds_a_tool_call_no_longer_than_the_statement_timeout(
         set_tool_ledger(None)
         ledger.close()
         database.close()
+
+
+@pytest.mark.fault
+@pytest.mark.parametrize(
+    ("use", "application"),
+    [("coordination", "otel-agentcap-coordination"), ("quick", "otel-agentcap-capture")],
+)
+def test_pooled_connections_the_server_closed_fail_one_statement_not_one_each(
+    pg_dsn, use, application
+):
+    """After the server closed every pooled connection (as a restart does), one statement fails
+    and the next one connects afresh, rather than each stale connection failing in turn."""
+    database = Database(pg_dsn, max_size=3)
+    connection = database.coordination if use == "coordination" else database.quick_connection
+    try:
+        with connection(timeout=5) as a, connection(timeout=5) as b, connection(timeout=5) as c:
+            for conn in (a, b, c):
+                conn.execute("SELECT 1")
+        with psycopg.connect(pg_dsn, autocommit=True) as admin:
+            active = (
+                "FROM pg_stat_activity WHERE datname = current_database() AND application_name = %s"
+            )
+            admin.execute(f"SELECT pg_terminate_backend(pid) {active}", (application,))
+            deadline = time.monotonic() + 30
+            while admin.execute(f"SELECT count(*) {active}", (application,)).fetchone() != (0,):
+                assert time.monotonic() < deadline, "the backends did not end"
+                time.sleep(0.05)
+        failures = 0
+        for _ in range(4):
+            try:
+                with connection(timeout=5, cooldown=0.0) as conn:
+                    conn.execute("SELECT 1")
+            except (ConnectionFailed, psycopg.OperationalError):
+                failures += 1
+        assert failures == 1
+    finally:
+        database.close()

@@ -138,6 +138,14 @@ class SmallPool:
                 conn.rollback()
         except BaseException:
             if conn is not None:
+                if conn.broken:
+                    # The server closed it (a restart, say): the idle ones are from before that
+                    # too, and each would fail its next query; connect afresh instead.
+                    with self._lock:
+                        stale, self._idle = self._idle, []
+                    for old in stale:
+                        with contextlib.suppress(Exception):
+                            old.close()
                 with contextlib.suppress(Exception):
                     conn.close()
                 conn = None

@@ -256,9 +256,29 @@ class Database:
                 yield conn
             except psycopg.OperationalError as exc:
                 self._down_until = time.monotonic() + cooldown
+                if conn.broken:
+                    # The server closed the connection (a restart, say): the pool's other idle
+                    # connections are from before it too, and each would fail its next statement
+                    # and start a cool-down of its own. A new pool connects afresh.
+                    self._discard_coordination(pool)
                 raise ConnectionFailed(f"database connection failed: {first_line(exc)}") from exc
             finally:
                 pool.putconn(conn)
+
+    def _discard_coordination(self, pool: ConnectionPool[Any]) -> None:
+        """Replace the coordination pool whose connection the server closed; the old one is
+        closed on a thread of its own (closing waits for its workers), its connections in use are
+        closed when they are returned."""
+        with self._pool_lock:
+            if self._coordination_pool is not pool:
+                return
+            self._coordination_pool = None
+        threading.Thread(
+            target=pool.close,
+            kwargs={"timeout": 1.0},
+            name="agentcap-discard-pool",
+            daemon=True,
+        ).start()
 
     @property
     def schema_ready(self) -> bool:
