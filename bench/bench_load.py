@@ -51,6 +51,9 @@ RUN = "bench-load"
 
 
 def worker(args: argparse.Namespace) -> None:
+    if args.workload != "mixed":
+        other_worker(args)
+        return
     import dataclasses
 
     import otel_agentcap as ac
@@ -111,6 +114,169 @@ def worker(args: argparse.Namespace) -> None:
     print(json.dumps({"events": events, "stats": dataclasses.asdict(agentcap.stats())}), flush=True)
 
 
+def other_worker(args: argparse.Namespace) -> None:
+    """The workloads other than ``mixed``. Captured events are counted exactly: a span processor
+    added after configure()'s maps every ended span to its events (as the exporter will) and
+    counts their distinct ids; the counter file holds that count and, during an operation, an
+    upper bound of what the operation may add (for a killed worker)."""
+    import asyncio
+    import dataclasses
+    import threading
+
+    from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
+
+    import otel_agentcap as ac
+    from otel_agentcap.configure import configure
+    from otel_agentcap.errors import MemoryUnavailable
+    from otel_agentcap.pipeline.mapping import events_from_span
+
+    fd = os.open(args.counter, os.O_RDWR | os.O_CREAT, 0o600)
+    os.ftruncate(fd, 16)
+    counter = mmap.mmap(fd, 16)
+    seen: set[str] = set()
+    lock = threading.Lock()
+
+    def count(in_progress: int = 0) -> None:
+        with lock:
+            done = len(seen)
+            counter[0:16] = struct.pack("<QQ", done, done + in_progress)
+
+    class Counting(SpanProcessor):
+        def on_end(self, span: ReadableSpan) -> None:
+            try:
+                ids = [str(e.event_id) for e in events_from_span(span)]
+            except Exception:  # a span without events: nothing to count
+                return
+            with lock:
+                seen.update(ids)
+                done = len(seen)
+                _, upto = struct.unpack("<QQ", counter[0:16])
+                counter[0:16] = struct.pack("<QQ", done, max(done, upto))
+
+    agentcap = configure(
+        args.dsn,
+        queue_dir=args.queue_dir,
+        announce=False,
+        shutdown_timeout=60,
+        tool_ledger=args.tool_ledger == "on",
+    )
+    agentcap.provider.add_span_processor(Counting())
+    slot = args.name.split("-")[0]  # a restarted worker keeps its slot
+    peers = [f"p{k}" for k in range(args.processes) if f"p{k}" != slot] or [slot]
+    unavailable = 0
+
+    @ac.tool
+    def tool(x: int) -> int:
+        return x + 1
+
+    @ac.tool
+    async def atool(x: int) -> int:
+        await asyncio.sleep(0)
+        return x * 2
+
+    started = time.monotonic()
+    deadline = started + args.seconds
+
+    def pace(i: int) -> bool:
+        pause = started + i / args.rate - time.monotonic()
+        if pause > 0:
+            time.sleep(pause)
+        return time.monotonic() < deadline
+
+    if args.workload == "spawn":
+        # Each slot spawns children in the shared agent "parent"; a peer slot starts them
+        # (a retried spawn, found in the registry) and runs them in its own process.
+        def step(x: int) -> int:
+            return tool.invoke(f"step-{x}", x)
+
+        with ac.run(RUN, resume=True):
+            count(2)
+            with ac.agent("parent") as parent:
+                i = 0
+                while pace(i):
+                    count(6)
+                    parent.spawn("child", key=f"{slot}-{i}")
+                    peer = peers[i % len(peers)]
+                    if i >= 20:
+                        child = parent.spawn("child", key=f"{peer}-{i - 20}")
+                        child.run(step, i)
+                    i += 1
+                    count()
+                count(1)
+    elif args.workload == "pgmemory":
+        from otel_agentcap.exporters.postgres import PostgresMemory
+
+        with ac.run(RUN, resume=True):
+            memory = PostgresMemory("shared")
+            count(2)
+            with ac.agent("shared"):
+                i = 0
+                while pace(i):
+                    count(2)
+                    try:
+                        if i % 2 == 0:
+                            memory[f"k{i % 7}"] = {"by": args.name, "op": i}
+                        else:
+                            memory.get(f"k{(i * 3) % 7}")
+                    except MemoryUnavailable:
+                        unavailable += 1
+                    i += 1
+                    count()
+                count(1)
+    elif args.workload == "async":
+        # Per operation: four asyncio tasks calling an async tool in one agent, and two
+        # threads (carrying the context) calling a sync tool and a process Memory.
+        memory = ac.Memory("m")
+
+        def in_thread(i: int, j: int) -> None:
+            tool.invoke(f"{args.name}-{i}-t{j}", i)
+            memory[f"{args.name}-{j}"] = i
+            memory.get(f"{args.name}-{j}")
+
+        async def main() -> None:
+            async with ac.agent("shared"):
+                i = 0
+                while pace(i):
+                    count(16)
+                    await asyncio.gather(
+                        *(atool.invoke(f"{args.name}-{i}-a{j}", i) for j in range(4))
+                    )
+                    threads = [ac.start_thread(in_thread, i, j) for j in range(2)]
+                    for t in threads:
+                        t.join()
+                    i += 1
+                    count()
+                count(1)
+
+        with ac.run(RUN, resume=True):
+            count(2)
+            asyncio.run(main())
+    elif args.workload == "runs":
+        # Many short runs, each opened and closed again and again by every process.
+        i = 0
+        while pace(i):
+            count(8)
+            with ac.run(f"{RUN}-{i % 50}", resume=True), ac.agent("shared"):
+                tool.invoke(f"{args.name}-{i}", i)
+            i += 1
+            count()
+    else:
+        raise SystemExit(f"unknown workload {args.workload}")
+    count()
+    agentcap.shutdown(60)
+    count()
+    print(
+        json.dumps(
+            {
+                "events": len(seen),
+                "unavailable": unavailable,
+                "stats": dataclasses.asdict(agentcap.stats()),
+            }
+        ),
+        flush=True,
+    )
+
+
 @dataclass
 class Worker:
     name: str
@@ -154,6 +320,10 @@ def start_worker(args: argparse.Namespace, name: str, seconds: float, root: Path
             str(seconds),
             "--tool-ledger",
             args.tool_ledger,
+            "--workload",
+            args.workload,
+            "--processes",
+            str(args.processes),
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -186,6 +356,14 @@ def main() -> None:
         choices=["on", "off"],
         default="on",
         help="configure()'s tool ledger (on by default): two commits per tool call",
+    )
+    parser.add_argument(
+        "--workload",
+        choices=["mixed", "spawn", "pgmemory", "async", "runs"],
+        default="mixed",
+        help="mixed (memory write, read, tool call); spawn (children spawned in one process, "
+        "started in another); pgmemory (PostgresMemory shared by the processes); async "
+        "(asyncio tool calls and threads); runs (short runs opened again and again)",
     )
     args = parser.parse_args()
     if args.worker:
@@ -240,23 +418,32 @@ def main() -> None:
                 print(err[-3000:], file=sys.stderr)
                 raise SystemExit(f"worker {w.name} failed")
             w.result = json.loads(out.strip().splitlines()[-1])
+            if os.environ.get("BENCH_LOAD_STDERR"):
+                print(f"--- {w.name} stderr\n{err[-4000:]}", file=sys.stderr)
         load_seconds = args.seconds
 
-        stored = query(args.dsn, f"SELECT count(*) FROM agentcap.events WHERE run_id = '{RUN}'")
+        stored = query(args.dsn, f"SELECT count(*) FROM agentcap.events WHERE run_id LIKE '{RUN}%'")
         distinct = query(
             args.dsn,
-            "SELECT count(DISTINCT (agent_id, logical_seq)) FROM agentcap.events "
-            f"WHERE run_id = '{RUN}'",
+            "SELECT count(DISTINCT (run_id, agent_id, logical_seq)) FROM agentcap.events "
+            f"WHERE run_id LIKE '{RUN}%'",
         )
         conflicts = query(
-            args.dsn, f"SELECT count(*) FROM agentcap.conflicts WHERE run_id = '{RUN}'"
+            args.dsn, f"SELECT count(*) FROM agentcap.conflicts WHERE run_id LIKE '{RUN}%'"
         )
         dangling = query(
             args.dsn,
             "SELECT count(*) FROM agentcap.events e, unnest(e.causal_parent_ids) p "
-            f"WHERE e.run_id = '{RUN}' AND NOT EXISTS "
+            f"WHERE e.run_id LIKE '{RUN}%' AND NOT EXISTS "
             "(SELECT 1 FROM agentcap.events x WHERE x.event_id = p)",
         )
+        if conflicts:
+            with psycopg.connect(args.dsn) as conn:
+                for kind, reason, n in conn.execute(
+                    "SELECT event_type, reason, count(*) FROM agentcap.conflicts "
+                    f"WHERE run_id LIKE '{RUN}%' GROUP BY 1, 2 ORDER BY 3 DESC"
+                ):
+                    print(f"  conflicts: {n:,} {kind} ({reason})")
         captured = sum(w.captured() for w in workers)
         in_flight = sum(w.in_flight() for w in workers)
         stats = [w.result.get("stats", {}) for w in workers]
@@ -264,7 +451,7 @@ def main() -> None:
         counted = sum(s.get("events_dropped", 0) + s.get("events_failed", 0) for s in stats)
         print(
             f"processes={args.processes} rate={args.rate:,.0f} ops/s each seconds={args.seconds} "
-            f"fault={args.fault}"
+            f"fault={args.fault} workload={args.workload}"
         )
         for w in workers:
             s = w.result.get("stats", {})
@@ -283,6 +470,11 @@ def main() -> None:
         print(f"conflicts:         {conflicts:>9,}")
         print(f"dangling parents:  {dangling:>9,}")
         print(f"lost, counted:     {counted:>9,}")
+        unavailable = sum(w.result.get("unavailable", 0) for w in workers)
+        if unavailable:
+            print(
+                f"MemoryUnavailable: {unavailable:>9,}  (operations refused while the database was down)"
+            )
         # A killed worker's last operation may have captured its events before it died.
         beyond = min(max(0, stored + counted - captured), in_flight)
         if in_flight:
@@ -296,9 +488,12 @@ def main() -> None:
             raise SystemExit(1)
         print(f"sustained rate:    {stored / load_seconds:>9,.0f} events/s stored over the load")
     finally:
-        if own_server:
-            embedded.destroy(pg_dir)
-        shutil.rmtree(root, ignore_errors=True)
+        if os.environ.get("BENCH_LOAD_KEEP") and own_server:
+            print(f"kept: {pg_dir} {args.dsn}", file=sys.stderr)
+        else:
+            if own_server:
+                embedded.destroy(pg_dir)
+            shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":
