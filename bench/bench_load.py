@@ -14,7 +14,10 @@ Faults (``--fault``):
   (only with the embedded server this script starts, the default);
 * ``sigkill``: the first worker is killed with SIGKILL at ``--fault-at`` and a new worker takes
   its place for the rest of the time, on the same queue directory (it delivers what the killed
-  one left).
+  one left);
+* ``down-at-shutdown``: PostgreSQL is stopped at ``--fault-at`` and stays down while the workers
+  finish and shut down; then it starts again and one more worker runs for 2 s on the same queue
+  directory (it delivers what they left).
 
 At the end it prints, per worker and in all: captured, stored, duplicates (re-sent events the log
 recognised), conflicts, causal parents that name no stored event, lost counted (dropped or
@@ -23,8 +26,16 @@ sustained rate (stored events over the load time). Events a killed worker stored
 operation it was in are shown apart; more stored than any worker could have captured is an error.
 
     .venv/bin/python bench/bench_load.py [--processes 2] [--rate 1000] [--seconds 20]
-        [--fault none|pg-restart|sigkill] [--fault-at 6] [--fault-for 5] [--dsn DSN]
-        [--tool-ledger on|off]
+        [--fault none|pg-restart|sigkill|down-at-shutdown] [--fault-at 6] [--fault-for 5] [--dsn DSN]
+        [--tool-ledger on|off] [--workload mixed|spawn|pgmemory|async|runs]
+
+``--workload`` other than ``mixed`` (the one above): ``spawn`` (each process spawns children of
+the shared agent ``parent``; the next process retries the spawn 20 operations later, which finds
+it in the registry, and runs the child: a tool call), ``pgmemory`` (``PostgresMemory`` writes and
+reads of 7 keys shared by the processes; ``MemoryUnavailable`` is counted apart), ``async`` (per
+operation four asyncio tasks calling an async tool, then two threads calling a tool and a
+``Memory``), ``runs`` (per operation one short run, of 50 run ids every process reopens). Their
+events are counted exactly: a span processor maps each ended span to its events.
 """
 
 from __future__ import annotations
@@ -348,7 +359,9 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--rate", type=float, default=1000.0, help="operations/s per process")
     parser.add_argument("--seconds", type=float, default=20.0)
-    parser.add_argument("--fault", choices=["none", "pg-restart", "sigkill"], default="none")
+    parser.add_argument(
+        "--fault", choices=["none", "pg-restart", "sigkill", "down-at-shutdown"], default="none"
+    )
     parser.add_argument("--fault-at", type=float, default=6.0)
     parser.add_argument("--fault-for", type=float, default=5.0)
     parser.add_argument(
@@ -376,8 +389,8 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="agentcap-bench-load-"))
     pg_dir = root / "pg"
     own_server = args.dsn is None
-    if args.fault == "pg-restart" and not own_server:
-        parser.error("pg-restart needs the embedded server this script starts (no --dsn)")
+    if args.fault in ("pg-restart", "down-at-shutdown") and not own_server:
+        parser.error(f"{args.fault} needs the embedded server this script starts (no --dsn)")
     try:
         if own_server:
             admin = embedded.start(pg_dir, database="postgres")
@@ -398,6 +411,23 @@ def main() -> None:
                 time.sleep(args.fault_for)
                 embedded.start(pg_dir, database="postgres")
                 print(f"t={time.monotonic() - began:5.1f}s  PostgreSQL started", flush=True)
+            elif args.fault == "down-at-shutdown":
+                embedded.stop(pg_dir)
+                print(f"t={time.monotonic() - began:5.1f}s  PostgreSQL stopped", flush=True)
+                for w in workers:
+                    out, err = w.proc.communicate(timeout=600)
+                    if w.proc.returncode != 0:
+                        print(err[-3000:], file=sys.stderr)
+                        raise SystemExit(f"worker {w.name} failed")
+                    w.result = json.loads(out.strip().splitlines()[-1])
+                print(
+                    f"t={time.monotonic() - began:5.1f}s  workers shut down; "
+                    f"spans left: {sum(w.result['stats']['spans_left'] for w in workers):,}",
+                    flush=True,
+                )
+                embedded.start(pg_dir, database="postgres")
+                print(f"t={time.monotonic() - began:5.1f}s  PostgreSQL started", flush=True)
+                workers.append(start_worker(args, "p0-after", 2.0, root))
             else:
                 victim = workers[0]
                 victim.proc.send_signal(signal.SIGKILL)
@@ -411,7 +441,7 @@ def main() -> None:
                 rest = max(1.0, args.seconds - (time.monotonic() - began))
                 workers.append(start_worker(args, f"{victim.name}-restarted", rest, root))
         for w in workers:
-            if w.killed:
+            if w.killed or w.result:
                 continue
             out, err = w.proc.communicate(timeout=600)
             if w.proc.returncode != 0:
