@@ -27,14 +27,15 @@ operation it was in are shown apart; more stored than any worker could have capt
 
     .venv/bin/python bench/bench_load.py [--processes 2] [--rate 1000] [--seconds 20]
         [--fault none|pg-restart|sigkill|down-at-shutdown] [--fault-at 6] [--fault-for 5] [--dsn DSN]
-        [--tool-ledger on|off] [--workload mixed|spawn|pgmemory|async|runs]
+        [--tool-ledger on|off] [--workload mixed|spawn|pgmemory|async|runs|model]
 
 ``--workload`` other than ``mixed`` (the one above): ``spawn`` (each process spawns children of
 the shared agent ``parent``; the next process retries the spawn 20 operations later, which finds
 it in the registry, and runs the child: a tool call), ``pgmemory`` (``PostgresMemory`` writes and
 reads of 7 keys shared by the processes; ``MemoryUnavailable`` is counted apart), ``async`` (per
 operation four asyncio tasks calling an async tool, then two threads calling a tool and a
-``Memory``), ``runs`` (per operation one short run, of 50 run ids every process reopens). Their
+``Memory``), ``runs`` (per operation one short run, of 50 run ids every process reopens), ``model`` (per
+operation a model call through the anthropic SDK to the test Messages server, and a tool call). Their
 events are counted exactly: a span processor maps each ended span to its events.
 """
 
@@ -271,6 +272,29 @@ def other_worker(args: argparse.Namespace) -> None:
                 tool.invoke(f"{args.name}-{i}", i)
             i += 1
             count()
+    elif args.workload == "model":
+        # Per operation a model call through the anthropic SDK (against the test Messages
+        # server of this process) and a tool call, in the shared agent.
+        import anthropic
+
+        from otel_agentcap.testing.messages_server import MessagesServer
+
+        with MessagesServer() as server, ac.run(RUN, resume=True):
+            client = anthropic.Anthropic(base_url=server.base_url, api_key="test", max_retries=0)
+            count(2)
+            with ac.agent("shared"):
+                i = 0
+                while pace(i):
+                    count(3)
+                    client.messages.create(
+                        model="claude-test",
+                        max_tokens=16,
+                        messages=[{"role": "user", "content": f"{args.name} {i}"}],
+                    )
+                    tool.invoke(f"{args.name}-{i}", i)
+                    i += 1
+                    count()
+                count(1)
     else:
         raise SystemExit(f"unknown workload {args.workload}")
     count()
@@ -372,11 +396,12 @@ def main() -> None:
     )
     parser.add_argument(
         "--workload",
-        choices=["mixed", "spawn", "pgmemory", "async", "runs"],
+        choices=["mixed", "spawn", "pgmemory", "async", "runs", "model"],
         default="mixed",
         help="mixed (memory write, read, tool call); spawn (children spawned in one process, "
         "started in another); pgmemory (PostgresMemory shared by the processes); async "
-        "(asyncio tool calls and threads); runs (short runs opened again and again)",
+        "(asyncio tool calls and threads); runs (short runs opened again and again); model "
+        "(anthropic SDK calls to the test Messages server, and a tool call)",
     )
     args = parser.parse_args()
     if args.worker:
