@@ -134,3 +134,39 @@ def test_pooled_connections_the_server_closed_fail_one_statement_not_one_each(
         assert failures == 1
     finally:
         database.close()
+
+
+@pytest.mark.fault
+@pytest.mark.parametrize("first", ["coordination", "quick"])
+def test_a_connection_the_server_closed_renews_both_capture_pools(pg_dsn, first):
+    """When the server closed every connection (a restart), the first statement that meets one
+    fails and neither pool hands out another connection from before: the capture-path queries
+    and the coordination statements after it connect afresh."""
+    database = Database(pg_dsn, max_size=2)
+    uses = {"coordination": database.coordination, "quick": database.quick_connection}
+    other = "quick" if first == "coordination" else "coordination"
+    try:
+        for use in uses.values():
+            with use(timeout=5) as a, use(timeout=5) as b:
+                a.execute("SELECT 1")
+                b.execute("SELECT 1")
+        with psycopg.connect(pg_dsn, autocommit=True) as admin:
+            active = (
+                "FROM pg_stat_activity WHERE datname = current_database() "
+                "AND application_name LIKE 'otel-agentcap-%%'"
+            )
+            admin.execute(f"SELECT pg_terminate_backend(pid) {active}")
+            deadline = time.monotonic() + 30
+            while admin.execute(f"SELECT count(*) {active}").fetchone() != (0,):
+                assert time.monotonic() < deadline, "the backends did not end"
+                time.sleep(0.05)
+        failed = []
+        for use in (first, other, other, first):
+            try:
+                with uses[use](timeout=5, cooldown=0.0) as conn:
+                    conn.execute("SELECT 1")
+            except (ConnectionFailed, psycopg.OperationalError):
+                failed.append(use)
+        assert failed == [first]
+    finally:
+        database.close()

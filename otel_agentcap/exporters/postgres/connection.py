@@ -7,7 +7,7 @@ import contextlib
 import math
 import re
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Final
 
 import psycopg
@@ -96,8 +96,10 @@ class SmallPool:
         size: int = 4,
         options: str | None = None,
         application_name: str = "otel-agentcap",
+        on_broken: Callable[[], None] | None = None,
     ) -> None:
         self._dsn = dsn
+        self._on_broken = on_broken
         self._options = options
         self._application_name = application_name
         self._slots = threading.BoundedSemaphore(size)
@@ -141,11 +143,9 @@ class SmallPool:
                 if conn.broken:
                     # The server closed it (a restart, say): the idle ones are from before that
                     # too, and each would fail its next query; connect afresh instead.
-                    with self._lock:
-                        stale, self._idle = self._idle, []
-                    for old in stale:
-                        with contextlib.suppress(Exception):
-                            old.close()
+                    self.drop_idle()
+                    if self._on_broken is not None:
+                        self._on_broken()
                 with contextlib.suppress(Exception):
                     conn.close()
                 conn = None
@@ -158,6 +158,14 @@ class SmallPool:
                     else:
                         self._idle.append(conn)
             self._slots.release()
+
+    def drop_idle(self) -> None:
+        """Close the idle connections (the server closed one of them: the rest are as old)."""
+        with self._lock:
+            stale, self._idle = self._idle, []
+        for conn in stale:
+            with contextlib.suppress(Exception):
+                conn.close()
 
     def close(self) -> None:
         with self._lock:

@@ -196,6 +196,7 @@ class Database:
                         size=self._max_size,
                         options=f"-c statement_timeout={self._statement_timeout_ms}",
                         application_name="otel-agentcap-capture",
+                        on_broken=self._server_closed_connections,
                     )
                 pool = self._quick_pool
         return pool
@@ -261,9 +262,19 @@ class Database:
                     # connections are from before it too, and each would fail its next statement
                     # and start a cool-down of its own. A new pool connects afresh.
                     self._discard_coordination(pool)
+                    quick = self._quick_pool
+                    if quick is not None:
+                        quick.drop_idle()
                 raise ConnectionFailed(f"database connection failed: {first_line(exc)}") from exc
             finally:
                 pool.putconn(conn)
+
+    def _server_closed_connections(self) -> None:
+        """A capture-path connection was closed by the server: the coordination pool's are from
+        before that too (the quick pool drops its own)."""
+        pool = self._coordination_pool
+        if pool is not None:
+            self._discard_coordination(pool)
 
     def _discard_coordination(self, pool: ConnectionPool[Any]) -> None:
         """Replace the coordination pool whose connection the server closed; the old one is
