@@ -30,6 +30,7 @@ _NEEDS_ANTHROPIC: dict[str, tuple[int, ...]] = {
     "test_anthropic_sessions.py": (2, 14),
     "test_anthropic_tool_runner.py": (2, 14),
     "test_anthropic_toolsets.py": (2, 14),
+    "test_anthropic_instrumentor.py": (2, 14),
 }
 collect_ignore = [name for name, needed in _NEEDS_ANTHROPIC.items() if needed > ANTHROPIC_RELEASE]
 

@@ -45,9 +45,15 @@ def _drain(*managers: Any) -> list[str]:
     return asyncio.run(read())
 
 
+def _streaming(client: Any) -> list[Any]:
+    """The client's messages resources that have stream() (at the package's floor, anthropic
+    0.40, the beta one has none)."""
+    return [m for m in (client.messages, client.beta.messages) if hasattr(m, "stream")]
+
+
 def test_sync_stream_manager_is_no_async_context_manager(client, instrumented):
     """client.messages.stream(...) and its beta have __enter__ but no __aenter__."""
-    for messages in (client.messages, client.beta.messages):
+    for messages in _streaming(client):
         manager = messages.stream(model=MODEL, max_tokens=64, messages=USER)
         assert _has(manager, SYNC_PROTOCOL)
         assert not any(hasattr(manager, name) for name in ASYNC_PROTOCOL)
@@ -57,7 +63,7 @@ def test_async_stream_manager_is_no_sync_context_manager(server, aclient, instru
     """aclient.messages.stream(...) and its beta have __aenter__ but no __enter__."""
     managers = [
         messages.stream(model=MODEL, max_tokens=64, messages=USER)
-        for messages in (aclient.messages, aclient.beta.messages)
+        for messages in _streaming(aclient)
     ]
     has_sync = [hasattr(m, name) for m in managers for name in SYNC_PROTOCOL]
     has_async = [_has(m, ASYNC_PROTOCOL) for m in managers]
