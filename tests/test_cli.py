@@ -89,22 +89,26 @@ def test_a_password_in_a_dsn_is_never_printed():
 
 
 @pytest.mark.parametrize(
-    "dsn",
+    ("dsn", "older_libpq_accepts_it"),
     [
-        "postgresql://agent:s3cret%zz@h/db",
-        "postgresql://agent:s3cret pw@h/db",
-        "host=h user=agent s3cret",
+        ("postgresql://agent:s3cret%zz@h/db", False),
+        ("postgresql://agent:s3cret pw@h/db", True),
+        ("host=h user=agent s3cret", False),
     ],
 )
-def test_a_password_libpq_quotes_alone_is_never_printed(dsn):
+def test_a_password_libpq_quotes_alone_is_never_printed(dsn, older_libpq_accepts_it):
     """libpq names the token it cannot parse (a password with a bad percent-escape or a space,
     a password whose 'password=' was left out) without the rest of the DSN; the command line
-    prints the error with that token replaced."""
+    prints the error with that token replaced. (Older libpq releases, as psycopg-binary 3.2.1
+    ships, take a space in a URI's password and fail to connect instead: one line, no password.)"""
     result = _cli("runs", "--dsn", dsn)
     assert result.returncode == 1
     assert "s3cret" not in result.stderr + result.stdout
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "invalid DSN" in lines[0] and "***" in lines[0], result.stderr
+    assert len(lines) == 1, result.stderr
+    assert "***" in lines[0] if "invalid DSN" in lines[0] else "cannot connect" in lines[0]
+    if not older_libpq_accepts_it:
+        assert "invalid DSN" in lines[0], result.stderr
 
 
 @pytest.mark.parametrize("action", ["status", "drain"])
