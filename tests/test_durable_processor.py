@@ -316,9 +316,12 @@ _FORK_THEN_DIE = textwrap.dedent(
     processor = DurableSpanProcessor(
         PostgresSpanExporter(dsn, writers=1), QueueDirectory(Path(sys.argv[1]), dsn)
     )
+    ready, said_ready = os.pipe()
     if os.fork() == 0:
+        os.write(said_ready, b"x")  # its fork handlers have run (before fork() returned here)
         sys.stdin.read()  # lives until the test closes its stdin
         os._exit(0)
+    os.read(ready, 1)  # killed only once the child gave up what it inherited
     span = TracerProvider().get_tracer("t").start_span("s", attributes={attr.EVENT_ID: "e1"})
     span.end()
     processor.on_end(span)
