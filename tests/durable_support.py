@@ -9,6 +9,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 import uuid
 from collections.abc import Iterator
@@ -148,3 +149,55 @@ def log_summary(dsn: str, run_id: str) -> dict[str, int]:
         "conflicts": int(conflicts[0]) if conflicts else 0,
         "dangling": int(dangling[0]) if dangling else 0,
     }
+
+
+_REFUSED_THEN_RESTORED = textwrap.dedent(
+    """
+    import json, sys
+    import psycopg
+    import otel_agentcap as ac
+    from otel_agentcap.configure import configure
+
+    dsn, admin_dsn, queue_dir, run_id, restore = sys.argv[1:6]
+    agentcap = configure(dsn, queue_dir=queue_dir, announce=False, instrument=False)
+    with ac.run(run_id), ac.agent("a"):
+        for j in range(5):
+            ac.Memory("m")[f"k{j}"] = j
+    first = agentcap.force_flush(timeout=3)  # cannot succeed while writes are refused
+    refused_then = agentcap.stats().spans_refused
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        conn.execute("SET default_transaction_read_only = off")
+        conn.execute(restore)
+    second = agentcap.force_flush(timeout=120)
+    stats = agentcap.stats()
+    agentcap.shutdown(timeout=10)
+    print(json.dumps({"first": first, "refused_then": refused_then, "second": second,
+                      "refused": stats.spans_refused, "retried": stats.failed_attempts}))
+    """
+)
+
+
+def refused_then_restored(
+    dsn: str, admin_dsn: str, queue_dir: Path, run_id: str, restore: str
+) -> dict[str, Any]:
+    """In a process configured on ``dsn`` (where writes are refused now): capture a run of 7
+    events, flush (it cannot succeed), run ``restore`` as ``admin_dsn``, flush again; what the
+    two flushes returned and the exporter's figures."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _REFUSED_THEN_RESTORED,
+            dsn,
+            admin_dsn,
+            str(queue_dir),
+            run_id,
+            restore,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result

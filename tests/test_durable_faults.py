@@ -22,6 +22,7 @@ from durable_support import (
     finish,
     log_summary,
     read_counter,
+    refused_then_restored,
     restartable_server,
     start_worker,
     wait_for_counter,
@@ -315,3 +316,23 @@ def test_forked_workers_queues_are_delivered_by_the_parents_shutdown(pg_dsn, tmp
     summary = log_summary(pg_dsn, run_id)
     assert summary["events"] == 8 * 7  # agent_start, 5 writes, agent_end for each worker
     assert summary["conflicts"] == summary["dangling"] == 0
+
+
+def test_a_database_that_takes_no_writes_keeps_the_spans_queued(pg_dsn, tmp_path):
+    """A database that is read-only (default_transaction_read_only, as a hot standby is) refuses
+    every write, not the rows: the spans wait in the queue, none is set aside as refused, and
+    once it takes writes again (new connections) every event is stored."""
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        database = conn.info.dbname
+        conn.execute(f'ALTER DATABASE "{database}" SET default_transaction_read_only = on')
+    result = refused_then_restored(
+        pg_dsn,
+        pg_dsn,
+        tmp_path / "queue",
+        "run-read-only",
+        f'ALTER DATABASE "{database}" RESET default_transaction_read_only',
+    )
+    assert result["first"] is False and result["refused_then"] == 0
+    assert result["second"] is True and result["refused"] == 0 and result["retried"] > 0
+    summary = log_summary(pg_dsn, "run-read-only")
+    assert summary["events"] == 7 and summary["conflicts"] == summary["dangling"] == 0

@@ -323,3 +323,24 @@ def test_the_writer_extends_the_log_and_only_the_owner_prunes(granted):
         pytest.raises(psycopg.errors.InsufficientPrivilege),
     ):
         retention.prune(conn, datetime(2025, 5, 1, tzinfo=UTC))
+
+
+@pytest.mark.fault
+@pytest.mark.multiprocess
+def test_a_privilege_revoked_from_the_writer_keeps_the_spans_queued(granted, tmp_path):
+    """With INSERT on events revoked from the writer role (an operator's mistake), the server
+    refuses every batch whatever its rows: the spans wait in the queue, none is set aside as
+    refused, and once the privilege is back every event is stored."""
+    from durable_support import log_summary, refused_then_restored
+
+    writer = sql.Identifier(granted.roles.writer)
+    with psycopg.connect(granted.admin_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("REVOKE INSERT ON agentcap.events FROM {}").format(writer))
+        restore = sql.SQL("GRANT INSERT ON agentcap.events TO {}").format(writer).as_string(conn)
+    result = refused_then_restored(
+        granted.writer_dsn, granted.admin_dsn, tmp_path / "queue", "run-revoked", restore
+    )
+    assert result["first"] is False and result["refused_then"] == 0
+    assert result["second"] is True and result["refused"] == 0 and result["retried"] > 0
+    summary = log_summary(granted.admin_dsn, "run-revoked")
+    assert summary["events"] == 7 and summary["conflicts"] == summary["dangling"] == 0

@@ -59,7 +59,9 @@ class DedicatedConnection:
                 conn = self._conn = self._connect(timeout)
             try:
                 yield conn
-            except psycopg.OperationalError:
+            except (psycopg.OperationalError, psycopg.errors.ReadOnlySqlTransaction):
+                # Broken, or a server that takes no writes (a standby): connect again, so a
+                # multi-host DSN with target_session_attrs=read-write finds the primary.
                 self._discard()
                 raise
             finally:

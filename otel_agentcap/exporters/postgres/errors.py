@@ -40,6 +40,15 @@ class WriteContention(WriteFailed):
     retryable = True
 
 
+class WritesRefused(WriteFailed):
+    """The server takes no writes from this connection now, whatever the rows: it is read-only
+    (a hot standby, ``default_transaction_read_only``) or the role lacks a privilege on the log
+    (not the writer role of ``otel-agentcap db grant``, or a privilege revoked). Like a server
+    that is down, the batch waits and is sent again: the condition is the operator's to fix."""
+
+    retryable = True
+
+
 class DataRejected(WriteFailed):
     """The server refused the batch for the values it holds (a constraint, an index entry over
     its size limit, a value of the wrong form): the same rows will be refused again, while the

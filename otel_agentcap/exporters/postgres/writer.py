@@ -84,6 +84,7 @@ from otel_agentcap.pipeline.call_identity import (
 )
 from otel_agentcap.protocols import ConnectionSource
 
+from .connection import first_line
 from .errors import (
     AgentCapStorageError,
     ConnectionFailed,
@@ -92,6 +93,7 @@ from .errors import (
     SchemaNotReady,
     WriteContention,
     WriteFailed,
+    WritesRefused,
 )
 from .partitions import (
     RETENTION_BARRIER_KEY,
@@ -935,6 +937,14 @@ class EventWriter:
                 continue
             except psycopg.DataError as exc:
                 raise DataRejected(f"batch rejected and rolled back: {exc}") from exc
+            except (
+                psycopg.errors.ReadOnlySqlTransaction,
+                psycopg.errors.InsufficientPrivilege,
+            ) as exc:
+                # Not the rows: the server or the role takes no writes now (a standby, a role
+                # without the writer's privileges). The batch waits, as for a server that is
+                # down; splitting it would refuse every span for good.
+                raise WritesRefused(f"batch not stored: {first_line(exc)}") from exc
             except psycopg.Error as exc:
                 raise WriteFailed(f"batch rejected and rolled back: {exc}") from exc
             # Committed: these starts are stored for good, and expired runs stay expired.
