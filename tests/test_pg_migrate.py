@@ -15,7 +15,13 @@ from pg_log import coordinate, orphans, run_batch
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
-from otel_agentcap.exporters.postgres.migrate import applied_versions, available_migrations, migrate
+from otel_agentcap.exporters.postgres.errors import MigrationError
+from otel_agentcap.exporters.postgres.migrate import (
+    MIGRATION_LOCK_KEY,
+    applied_versions,
+    available_migrations,
+    migrate,
+)
 from otel_agentcap.exporters.postgres.writer import EventWriter
 from otel_agentcap.model import Batch, event_id_for
 
@@ -68,6 +74,51 @@ def test_migrate_accepts_a_connection(pg_empty_dsn: str) -> None:
     with psycopg.connect(pg_empty_dsn) as conn:
         assert migrate(conn) != []
         assert migrate(conn) == []
+
+
+def test_a_statement_timeout_of_the_database_does_not_cut_a_migration_short(
+    pg_empty_dsn: str,
+) -> None:
+    """A statement_timeout the DBA set for the role or database (100 ms here) cancels neither a
+    migration nor its wait for another process's migration lock (held here well past it): the
+    migrations run without one, and the session keeps its setting afterwards."""
+    with psycopg.connect(pg_empty_dsn, autocommit=True) as conn:
+        conn.execute(f"ALTER DATABASE \"{conn.info.dbname}\" SET statement_timeout = '100ms'")
+    with (
+        psycopg.connect(pg_empty_dsn, autocommit=True) as holder,
+        psycopg.connect(pg_empty_dsn, autocommit=True) as conn,
+        ThreadPoolExecutor(1) as pool,
+    ):
+        holder.execute("SET statement_timeout = 0")
+        holder.execute("SELECT pg_advisory_lock(%s)", (MIGRATION_LOCK_KEY,))
+        applying = pool.submit(migrate, conn)
+        waiting = (
+            "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND NOT granted)"
+        )
+        while holder.execute(waiting).fetchone() != (True,):
+            assert not applying.done(), applying.result()
+            time.sleep(0.01)
+        time.sleep(0.5)  # waiting five times the timeout
+        holder.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK_KEY,))
+        assert applying.result() == [m.version for m in available_migrations()]
+        assert conn.execute("SHOW statement_timeout").fetchone() == ("100ms",)
+
+
+def test_a_lock_timeout_fails_the_migration_as_rolled_back_not_as_a_lost_connection(
+    pg_empty_dsn: str,
+) -> None:
+    """With a lock_timeout on the database and another session holding the migration lock, the
+    migration gives up as a MigrationError saying it was rolled back (the connection was never
+    lost), and applies nothing."""
+    with psycopg.connect(pg_empty_dsn, autocommit=True) as conn:
+        conn.execute(f"ALTER DATABASE \"{conn.info.dbname}\" SET lock_timeout = '100ms'")
+    with psycopg.connect(pg_empty_dsn, autocommit=True) as holder:
+        holder.execute("SET lock_timeout = 0")
+        holder.execute("SELECT pg_advisory_lock(%s)", (MIGRATION_LOCK_KEY,))
+        with pytest.raises(MigrationError, match="rolled back"):
+            migrate(pg_empty_dsn)
+    with psycopg.connect(pg_empty_dsn) as conn:
+        assert applied_versions(conn) == set()
 
 
 def test_concurrent_migrate_from_threads(pg_empty_dsn: str) -> None:

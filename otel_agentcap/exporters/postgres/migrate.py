@@ -2,8 +2,8 @@
 
 A schema that is up to date is recognised with one read of ``agentcap.schema_version``, without
 locks or DDL, so a role that may not create anything (the writer role of `otel-agentcap db
-grant`) starts on it. Otherwise all pending files are applied in one transaction that first takes
-a transaction-level advisory lock with a fixed key, so several processes starting at once
+grant`) starts on it. Otherwise all pending files are applied in one transaction, without a statement timeout, that
+first takes a transaction-level advisory lock with a fixed key, so several processes starting at once
 serialise here: the first applies the files, the others then find the versions recorded in
 ``agentcap.schema_version`` and do nothing. A role that may not apply them gets a
 ``MigrationError`` that says which versions are missing and who can apply them. After applying
@@ -85,6 +85,9 @@ def _apply(conn: psycopg.Connection[Any]) -> list[int]:
         if not pending:
             return []  # up to date: nothing needs privileges beyond reading schema_version
         with conn.transaction():
+            # Without a statement timeout (one the role or database has would cancel a long
+            # migration, or the wait for another process's): for this transaction only.
+            conn.execute("SET LOCAL statement_timeout = 0")
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK_KEY,))
             row = conn.execute("SELECT to_regnamespace('agentcap') IS NULL").fetchone()
             if row is not None and row[0]:
@@ -138,6 +141,10 @@ def migrate(conn_or_dsn: psycopg.Connection[Any] | str) -> list[int]:
             with conn:
                 return _apply(conn)
         return _apply(conn_or_dsn)
+    except (psycopg.errors.QueryCanceled, psycopg.errors.LockNotAvailable) as exc:
+        # OperationalErrors by SQLSTATE class, but the connection is fine (a cancel, a
+        # lock_timeout of the role): the migration was rolled back.
+        raise MigrationError(f"migration failed and was rolled back: {exc}") from exc
     except psycopg.OperationalError as exc:
         raise ConnectionFailed(f"connection lost while migrating: {exc}") from exc
     except psycopg.Error as exc:
