@@ -118,6 +118,8 @@ _USER_ERRORS: Final = (
     "permission denied",
     "is not permitted to log in",
     "invalid connection option",
+    # sslmode=require (or verify-*) against a server without SSL: waiting will not change it.
+    "does not support SSL",
 )
 
 
@@ -314,6 +316,26 @@ class AgentCap:
 _handles: weakref.WeakKeyDictionary[TracerProvider, AgentCap] = weakref.WeakKeyDictionary()
 
 
+#: The tables every batch writes (the writer role of ``db grant`` has INSERT on each).
+_WRITTEN_TABLES: Final = ("runs", "agents", "spans", "events", "conflicts")
+
+
+def _check_may_write(conn: psycopg.Connection[Any]) -> None:
+    """Raise ConfigurationError when the role may not insert into the log (the reader role of
+    ``db grant``, a login role given none): every batch would wait for it in the queue."""
+    row = conn.execute(
+        "SELECT current_user, array(SELECT t FROM unnest(%s::text[]) t "
+        "WHERE NOT has_table_privilege('agentcap.' || quote_ident(t), 'INSERT'))",
+        (list(_WRITTEN_TABLES),),
+    ).fetchone()
+    if row is not None and row[1]:
+        missing = ", ".join(f"agentcap.{t}" for t in row[1])
+        raise ConfigurationError(
+            f"role {row[0]!r} may not write the event log (no INSERT on {missing}): give it the "
+            "writer role of `otel-agentcap db grant` (GRANT agentcap_writer TO ...)"
+        )
+
+
 def _check_database(dsn: str, timeout: float) -> str | None:
     """Raise ConfigurationError for what the user must fix; migrate if the server answers.
     Returns why the server cannot be reached (it is then treated as down), or None."""
@@ -337,6 +359,7 @@ def _check_database(dsn: str, timeout: float) -> str | None:
             conn.execute("RESET statement_timeout")
             if due:
                 migrate(conn)
+            _check_may_write(conn)
     except psycopg.OperationalError as exc:
         text = first_line(exc, dsn)
         if any(marker in text for marker in _USER_ERRORS):

@@ -158,16 +158,22 @@ _REFUSED_THEN_RESTORED = textwrap.dedent(
     import otel_agentcap as ac
     from otel_agentcap.configure import configure
 
-    dsn, admin_dsn, queue_dir, run_id, restore = sys.argv[1:6]
+    dsn, admin_dsn, queue_dir, run_id, refuse, restore = sys.argv[1:7]
+
+    def as_admin(statement):
+        with psycopg.connect(admin_dsn, autocommit=True) as conn:
+            conn.execute("SET default_transaction_read_only = off")
+            conn.execute(statement)
+
     agentcap = configure(dsn, queue_dir=queue_dir, announce=False, instrument=False)
+    if refuse:
+        as_admin(refuse)
     with ac.run(run_id), ac.agent("a"):
         for j in range(5):
             ac.Memory("m")[f"k{j}"] = j
     first = agentcap.force_flush(timeout=3)  # cannot succeed while writes are refused
     refused_then = agentcap.stats().spans_refused
-    with psycopg.connect(admin_dsn, autocommit=True) as conn:
-        conn.execute("SET default_transaction_read_only = off")
-        conn.execute(restore)
+    as_admin(restore)
     second = agentcap.force_flush(timeout=120)
     stats = agentcap.stats()
     agentcap.shutdown(timeout=10)
@@ -178,11 +184,11 @@ _REFUSED_THEN_RESTORED = textwrap.dedent(
 
 
 def refused_then_restored(
-    dsn: str, admin_dsn: str, queue_dir: Path, run_id: str, restore: str
+    dsn: str, admin_dsn: str, queue_dir: Path, run_id: str, restore: str, refuse: str = ""
 ) -> dict[str, Any]:
-    """In a process configured on ``dsn`` (where writes are refused now): capture a run of 7
-    events, flush (it cannot succeed), run ``restore`` as ``admin_dsn``, flush again; what the
-    two flushes returned and the exporter's figures."""
+    """In a process configured on ``dsn``: run ``refuse`` as ``admin_dsn`` (unless writes are
+    refused already), capture a run of 7 events, flush (it cannot succeed), run ``restore`` as
+    ``admin_dsn``, flush again; what the two flushes returned and the exporter's figures."""
     done = subprocess.run(
         [
             sys.executable,
@@ -192,6 +198,7 @@ def refused_then_restored(
             admin_dsn,
             str(queue_dir),
             run_id,
+            refuse,
             restore,
         ],
         capture_output=True,

@@ -4,10 +4,12 @@ what it set up, reports one set of figures, and keeps the old ways working."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -192,6 +194,33 @@ def test_a_database_or_role_that_does_not_exist_fails_at_once(pg_server_dsn, tmp
     # Over a password-checked connection a role that does not exist fails authentication.
     with pytest.raises(ConfigurationError, match=r"does not exist|authentication failed"):
         configure(dsn, queue_dir=tmp_path, **_IN_PROCESS)
+
+
+def test_ssl_required_of_a_server_without_it_fails_at_once(tmp_path):
+    """sslmode=require against a server that answers the SSL request with "no" (as PostgreSQL
+    with ssl = off does) is the user's to fix, not a server that is down: ConfigurationError,
+    which says so."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def answer_no() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = listener.accept()
+                with conn:
+                    while len(conn.recv(8)) == 8:  # SSLRequest, GSSENCRequest: "N"
+                        conn.sendall(b"N")
+
+    threading.Thread(target=answer_no, daemon=True).start()
+    port = listener.getsockname()[1]
+    try:
+        with pytest.raises(ConfigurationError, match="does not support SSL"):
+            configure(
+                f"host=127.0.0.1 port={port} user=u dbname=d sslmode=require",
+                queue_dir=tmp_path,
+                **_IN_PROCESS,
+            )
+    finally:
+        listener.close()
 
 
 @pytest.mark.fault

@@ -328,19 +328,35 @@ def test_the_writer_extends_the_log_and_only_the_owner_prunes(granted):
 @pytest.mark.fault
 @pytest.mark.multiprocess
 def test_a_privilege_revoked_from_the_writer_keeps_the_spans_queued(granted, tmp_path):
-    """With INSERT on events revoked from the writer role (an operator's mistake), the server
-    refuses every batch whatever its rows: the spans wait in the queue, none is set aside as
-    refused, and once the privilege is back every event is stored."""
+    """With INSERT on events revoked from the writer role after configure() (an operator's
+    mistake), the server refuses every batch whatever its rows: the spans wait in the queue,
+    none is set aside as refused, and once the privilege is back every event is stored."""
     from durable_support import log_summary, refused_then_restored
 
     writer = sql.Identifier(granted.roles.writer)
     with psycopg.connect(granted.admin_dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("REVOKE INSERT ON agentcap.events FROM {}").format(writer))
+        revoke = sql.SQL("REVOKE INSERT ON agentcap.events FROM {}").format(writer).as_string(conn)
         restore = sql.SQL("GRANT INSERT ON agentcap.events TO {}").format(writer).as_string(conn)
     result = refused_then_restored(
-        granted.writer_dsn, granted.admin_dsn, tmp_path / "queue", "run-revoked", restore
+        granted.writer_dsn,
+        granted.admin_dsn,
+        tmp_path / "queue",
+        "run-revoked",
+        restore,
+        refuse=revoke,
     )
     assert result["first"] is False and result["refused_then"] == 0
     assert result["second"] is True and result["refused"] == 0 and result["retried"] > 0
     summary = log_summary(granted.admin_dsn, "run-revoked")
     assert summary["events"] == 7 and summary["conflicts"] == summary["dangling"] == 0
+
+
+def test_configure_as_the_reader_fails_at_once(granted, tmp_path):
+    """configure() as a role that may not insert into the log (the reader role) is the user's
+    to fix: a ConfigurationError naming the role and the writer role to give it, not a process
+    whose every span waits in the queue."""
+    from otel_agentcap.configure import configure
+    from otel_agentcap.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match=r"may not write the event log.*db grant"):
+        configure(granted.reader_dsn, queue_dir=tmp_path, set_global=False, instrument=False)
