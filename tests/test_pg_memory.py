@@ -275,3 +275,31 @@ def test_an_unreachable_database_is_an_error_of_the_memory():
                 memory.lookup("k")
     finally:
         database.close()
+
+
+@pytest.mark.fault
+def test_a_write_after_the_server_closed_the_idle_connections_succeeds(pg_dsn):
+    """With idle_session_timeout on the database (or a proxy that closes idle connections), the
+    server closes the pooled connections between two writes; the next write and read take new
+    connections and succeed, rather than raise MemoryUnavailable while the server is up."""
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(f"ALTER DATABASE \"{conn.info.dbname}\" SET idle_session_timeout = '200ms'")
+    database = Database(pg_dsn)
+    memory = PostgresMemory("m", database=database)
+    try:
+        with capture_events(), ac.run(_run_id()), ac.agent("a"):
+            memory.set("k", 1)
+            with psycopg.connect(pg_dsn, autocommit=True) as admin:
+                admin.execute("SET idle_session_timeout = 0")
+                ours = (
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND application_name LIKE 'otel-agentcap-%%'"
+                )
+                deadline = time.monotonic() + 60
+                while admin.execute(ours).fetchone() != (0,):  # the server closes them
+                    assert time.monotonic() < deadline, "the server kept the idle connections"
+                    time.sleep(0.05)
+            memory.set("k", 2)
+            assert memory["k"] == 2
+    finally:
+        database.close()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import math
 import re
+import select
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any, Final
@@ -55,6 +56,9 @@ class DedicatedConnection:
     def connection(self, timeout: float | None = None) -> Iterator[psycopg.Connection[Any]]:
         with self._lock:
             conn = self._conn
+            if conn is not None and closed_by_server(conn):
+                self._discard()
+                conn = None
             if conn is None or conn.closed or conn.broken:
                 conn = self._conn = self._connect(timeout)
             try:
@@ -133,8 +137,11 @@ class SmallPool:
             with self._lock:
                 while self._idle and conn is None:
                     candidate = self._idle.pop()
-                    if not (candidate.closed or candidate.broken):
+                    if not closed_by_server(candidate):
                         conn = candidate
+                    elif not candidate.closed:
+                        with contextlib.suppress(Exception):
+                            candidate.close()
             if conn is None:
                 conn = self._connect(seconds)
             yield conn
@@ -181,6 +188,29 @@ class SmallPool:
         """Drop the connections without closing them (a forked child's: they are the parent's)."""
         with self._lock:
             self._idle = []
+
+
+def closed_by_server(conn: psycopg.Connection[Any]) -> bool:
+    """Whether an idle connection was closed by the server (``idle_session_timeout``,
+    ``pg_terminate_backend``, a restart; also a proxy's idle timeout), without a round trip: the
+    server then sent its error and closed the socket, which makes the socket readable, and the
+    socket of an idle connection that nothing LISTENs on is readable for nothing else. A
+    connection the network lost silently is not noticed here (TCP keepalives notice it)."""
+    if conn.closed or conn.broken:
+        return True
+    try:
+        readable, _, _ = select.select([conn.fileno()], [], [], 0)
+    except (OSError, ValueError, psycopg.Error):
+        return True
+    return bool(readable)
+
+
+def check_not_closed_by_server(conn: psycopg.Connection[Any]) -> None:
+    """The ``check`` of a ``psycopg_pool`` pool: a connection the server closed while it was
+    idle in the pool is discarded before it is handed out (see :func:`closed_by_server`)."""
+    if closed_by_server(conn):
+        conn.close()  # so the pool discards it rather than keep it
+        raise psycopg.OperationalError("the server closed the connection while it was idle")
 
 
 def first_line(exc: BaseException, dsn: str | None = None) -> str:

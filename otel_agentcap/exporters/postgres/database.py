@@ -19,7 +19,12 @@ from opentelemetry.instrumentation.utils import suppress_instrumentation
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from otel_agentcap.exporters.postgres import embedded
-from otel_agentcap.exporters.postgres.connection import SmallPool, first_line
+from otel_agentcap.exporters.postgres.connection import (
+    SmallPool,
+    check_not_closed_by_server,
+    closed_by_server,
+    first_line,
+)
 from otel_agentcap.exporters.postgres.errors import ConnectionFailed
 from otel_agentcap.exporters.postgres.migrate import migrate
 from otel_agentcap.exporters.postgres.partitions import ensure_ahead
@@ -144,7 +149,7 @@ class Database:
         self._ahead_lock = threading.Lock()
         self._pool_lock = threading.Lock()
 
-    def _open_pool(self, name: str, **kwargs: Any) -> ConnectionPool[Any]:
+    def _open_pool(self, name: str, *, check: bool = True, **kwargs: Any) -> ConnectionPool[Any]:
         pool: ConnectionPool[Any] = ConnectionPool(
             self.dsn,
             min_size=1,
@@ -153,6 +158,9 @@ class Database:
             name=name,
             kwargs={"autocommit": False, **kwargs},
             reconnect_timeout=0,  # a failed connection attempt is not retried in the background
+            # A connection the server closed while idle is replaced, no round trip; the pool
+            # waits a backoff before it tries another (see coordination() for the capture path).
+            check=check_not_closed_by_server if check else None,
         )
         pool.open(wait=False)
         return pool
@@ -175,6 +183,7 @@ class Database:
                 if self._coordination_pool is None:
                     self._coordination_pool = self._open_pool(
                         f"{self._name}-coordination",
+                        check=False,  # coordination() replaces closed ones without a backoff
                         autocommit=True,
                         options=f"-c statement_timeout={self._statement_timeout_ms}",
                         application_name="otel-agentcap-coordination",
@@ -242,7 +251,20 @@ class Database:
             try:
                 self.ensure_schema(timeout, partitions_ahead=False)
                 pool = self._coordination()  # this one, also when close() drops it meanwhile
+                deadline = time.monotonic() + timeout
                 conn = pool.getconn(timeout=timeout)
+                if closed_by_server(conn):
+                    # The server closed it while it was idle (idle_session_timeout, a restart,
+                    # a proxy's idle timeout), and likely the pool's other idle ones with it:
+                    # seen without a round trip, so this statement takes a connection of a new
+                    # pool instead of failing (the old pool is closed with what it holds).
+                    conn.close()
+                    self._discard_coordination(pool)
+                    quick = self._quick_pool
+                    if quick is not None:
+                        quick.drop_idle()
+                    pool = self._coordination()
+                    conn = pool.getconn(timeout=max(0.0, deadline - time.monotonic()))
             except PoolTimeout as exc:
                 # Every connection busy is load, not an outage: no cool-down then.
                 if not pool.get_stats().get("pool_size", 0):
