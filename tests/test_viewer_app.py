@@ -272,6 +272,29 @@ def test_database_down_is_503(tmp_path):
 
 
 @pytest.mark.storage
+@pytest.mark.fault
+def test_a_connection_the_server_closed_while_idle_is_not_a_503(pg_dsn):
+    """With the view's pooled connections closed by the server while idle (as
+    idle_session_timeout or a restart does), the next request is answered from a new connection,
+    not with 503 "the event log is unavailable"."""
+    with ViewerServer(ViewerConfig(dsn=pg_dsn)) as running:
+        assert _get(f"{running.url}/api/runs")[0] == 200
+        with psycopg.connect(pg_dsn, autocommit=True) as admin:
+            ours = (
+                "FROM pg_stat_activity WHERE datname = current_database() "
+                "AND pid <> pg_backend_pid()"
+            )
+            assert admin.execute(f"SELECT count(*) {ours}").fetchone() != (0,)
+            admin.execute(f"SELECT pg_terminate_backend(pid) {ours}")
+            deadline = time.monotonic() + 30
+            while admin.execute(f"SELECT count(*) {ours}").fetchone() != (0,):
+                assert time.monotonic() < deadline, "the backends did not end"
+                time.sleep(0.05)
+        status, _, body = _get(f"{running.url}/api/runs")
+        assert status == 200, body
+
+
+@pytest.mark.storage
 def test_sessions_are_read_only(pg_dsn):
     """The view's database sessions refuse every write."""
     with psycopg.connect(pg_dsn, autocommit=True) as conn:

@@ -38,6 +38,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from otel_agentcap.exporters.postgres import store
+from otel_agentcap.exporters.postgres.connection import check_not_closed_by_server
 from otel_agentcap.exporters.postgres.errors import AgentCapStorageError, RunNotFound
 from otel_agentcap.serving import TlsConfig
 from otel_agentcap.tokens import ANONYMOUS, Authenticator, Principal, RunScope, session_value
@@ -230,6 +231,9 @@ def create_app(config: ViewerConfig) -> Starlette:
         kwargs={"autocommit": True},
         configure=_configure_connection,
         reconnect_timeout=0,
+        # One the server closed while idle (idle_session_timeout, a restart) is replaced before
+        # a request uses it, instead of answering 503 (no round trip).
+        check=check_not_closed_by_server,
     )
 
     @contextlib.contextmanager
