@@ -169,3 +169,34 @@ def test_a_connection_the_server_closed_renews_both_capture_pools(pg_dsn, first)
         assert failed == []
     finally:
         database.close()
+
+
+def test_a_connection_on_a_descriptor_above_1023_is_not_taken_for_closed(pg_dsn):
+    """The idle check works for any descriptor: select() refuses those from 1024 on, which a
+    process with many files open gives its connections, and every one would be dropped as closed
+    by the server (a new connection for every statement)."""
+    import os
+    import resource
+
+    from otel_agentcap.exporters.postgres.connection import closed_by_server
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip(f"the hard limit of open files ({hard}) is under 1200")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1030)]
+    try:
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            assert conn.fileno() >= 1024
+            conn.execute("SELECT 1")
+            assert not closed_by_server(conn)
+            with psycopg.connect(pg_dsn, autocommit=True) as admin:
+                admin.execute("SELECT pg_terminate_backend(%s)", (conn.info.backend_pid,))
+            deadline = time.monotonic() + 30
+            while not closed_by_server(conn):
+                assert time.monotonic() < deadline, "the closed connection was never noticed"
+                time.sleep(0.05)
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

@@ -199,10 +199,13 @@ def closed_by_server(conn: psycopg.Connection[Any]) -> bool:
     if conn.closed or conn.broken:
         return True
     try:
-        readable, _, _ = select.select([conn.fileno()], [], [], 0)
+        # poll, not select: select() refuses descriptors from 1024 on, which a process with
+        # many files open gives its connections.
+        poller = select.poll()
+        poller.register(conn.fileno(), select.POLLIN)
+        return bool(poller.poll(0))
     except (OSError, ValueError, psycopg.Error):
         return True
-    return bool(readable)
 
 
 def check_not_closed_by_server(conn: psycopg.Connection[Any]) -> None:
