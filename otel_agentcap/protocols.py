@@ -233,8 +233,9 @@ class RunRegistry(Protocol):
 @dataclass(frozen=True, slots=True)
 class Lookup:
     """The outcome of a read: ``found`` is False for a missing key, True for a stored ``None``.
-    ``version`` is the key's version as read (0 for a key never written), for
-    :meth:`Memory.compare_and_set`."""
+    ``written_by`` is the write the read saw: the one that stored the value, or for a missing key
+    the delete that removed it (None when no recorded write is known). ``version`` is the key's
+    version as read (0 for a key never written), for :meth:`Memory.compare_and_set`."""
 
     found: bool
     value: Any = None

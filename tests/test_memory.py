@@ -8,6 +8,8 @@ import threading
 import uuid
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import otel_agentcap as oa
 from otel_agentcap import attributes as attr
@@ -429,4 +431,122 @@ def test_a_write_reference_kept_as_json_links_the_read_of_another_process_to_the
     assert read.attributes[attr.EVENT_CAUSAL_PARENT_IDS] == (ref.event_id,)
     assert [(link.context.span_id, link.attributes[attr.LINK_EVENT_ID]) for link in read.links] == [
         (write.context.span_id, ref.event_id)
+    ]
+
+
+_OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["a", "b", "c"]),
+        st.sampled_from(["set", "set-none", "delete", "read", "read"]),
+        st.sampled_from(["k", "j"]),
+    ),
+    max_size=30,
+)
+
+
+@settings(max_examples=80, deadline=None)
+@given(_OPS)
+def test_every_read_names_the_write_whose_outcome_it_saw(ops):
+    """Over any program of sets, stored Nones, deletes and reads by several agents, a read names
+    the key's last write (a delete too) as its causal parent, with a larger sequence, and finds
+    what that write left (missing after a delete, None after a stored None)."""
+    memory = oa.Memory("prop")
+    last: dict[str, oa.EventRef] = {}
+    deletes: set[str] = set()
+    with capture_events() as captured, oa.run(_run_id()):
+        for i, (agent, op, key) in enumerate(ops):
+            with oa.agent(agent):
+                if op == "read":
+                    seen = memory.lookup(key)
+                    expected = last.get(key)
+                    assert (seen.written_by and seen.written_by[:3]) == (expected and expected[:3])
+                elif op == "delete":
+                    if memory.delete(key):
+                        (delete,) = [
+                            e
+                            for e in captured.of_type("memory_write")
+                            if e.payload["op"] == "delete" and e.event_id not in deletes
+                        ]
+                        deletes.add(delete.event_id)
+                        last[key] = oa.EventRef(delete.event_id, delete.seq, delete.agent_id)
+                else:
+                    written = memory.set(key, None if op == "set-none" else i)
+                    assert written is not None
+                    last[key] = written
+    writes = {e.event_id: e for e in captured.of_type("memory_write")}
+    for read in captured.of_type("memory_read"):
+        parents = [writes[p] for p in read.causal_parent_ids if p in writes]
+        key = read.payload["key"]
+        if not parents:  # the key was never written (lookup's written_by said so above)
+            assert read.payload["found"] is False and "written_by" not in read.payload
+            continue
+        (parent,) = parents
+        assert parent.payload["key"] == key and parent.seq < read.seq
+        assert read.payload["written_by"] == parent.event_id
+        assert read.payload["found"] is parent.payload["after_found"]
+        if read.payload["found"]:
+            assert read.payload["value"] == parent.payload["after"]
+
+
+def test_a_read_after_a_delete_in_another_agent_follows_the_delete():
+    """A read that finds a key missing because another agent deleted it names the delete as its
+    causal parent, and its sequence is above the delete's."""
+    memory = oa.Memory()
+    with capture_events() as captured, oa.run(_run_id()):
+        with oa.agent("writer"):
+            for i in range(5):
+                memory["k"] = i
+            deleted = memory.delete("k")
+        with oa.agent("reader"):
+            seen = memory.lookup("k")
+    assert deleted is True
+    delete = captured.of_type("memory_write")[-1]
+    (read,) = captured.of_type("memory_read")
+    assert seen.found is False and seen.written_by is not None
+    assert seen.written_by.event_id == delete.event_id
+    assert read.causal_parent_ids == (delete.event_id,)
+    assert read.seq > delete.seq
+    assert read.payload == {
+        "memory": "memory",
+        "key": "k",
+        "found": False,
+        "written_by": delete.event_id,
+    }
+
+
+def test_a_write_whose_value_is_still_being_copied_when_its_agent_times_out_is_refused():
+    """A write whose value takes longer to copy than its agent has left (a user __deepcopy__)
+    neither changes the memory nor records a memory_write after the agent_error: the timed-out
+    thread gets AgentCancelled."""
+    memory = oa.Memory("late-copy")
+    release = threading.Event()
+    finished = threading.Event()
+    outcome: list[BaseException | None] = []
+
+    class SlowToCopy:
+        def __deepcopy__(self, memo: dict[int, object]) -> SlowToCopy:
+            release.wait(10)
+            return SlowToCopy()
+
+    def body() -> None:
+        try:
+            memory.set("k", SlowToCopy())
+            outcome.append(None)
+        except BaseException as exc:
+            outcome.append(exc)
+        finally:
+            finished.set()
+
+    with capture_events() as captured, oa.run(_run_id()):
+        agent = oa.agent("slow-writer").agent
+        with pytest.raises(oa.AgentTimeoutError):
+            agent.run(body, timeout=0.05)
+        release.set()
+        assert finished.wait(10)
+    assert len(outcome) == 1 and isinstance(outcome[0], oa.AgentCancelled)
+    assert "k" not in memory.snapshot()
+    assert captured.of_type("memory_write") == []
+    assert [e.event_type for e in captured.for_agent("slow-writer")] == [
+        "agent_start",
+        "agent_error",
     ]

@@ -7,6 +7,7 @@ import itertools
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -221,6 +222,69 @@ def test_missing_none_delete_and_the_chain_through_a_delete(database):
     (read,) = [e for e in captured.of_type("memory_read") if e.agent_id == "reader"]
     assert read.causal_parent_ids == (writes[2].event_id,)
     assert read.seq > writes[2].seq
+
+
+def test_a_read_after_a_delete_in_another_agent_follows_the_delete(database):
+    """A read that finds a key missing because another agent deleted it names the delete (its
+    tombstone's writer) as causal parent, and its sequence is above the delete's."""
+    memory = PostgresMemory("m", database=database)
+    with capture_events() as captured, ac.run(_run_id()):
+        with ac.agent("writer") as writer:
+            for _ in range(20):
+                writer.context.clock.tick()
+            memory["k"] = 1
+            assert memory.delete("k") is True
+        with ac.agent("reader"):
+            seen = memory.lookup("k")
+    delete = captured.of_type("memory_write")[-1]
+    assert delete.payload["op"] == "delete"
+    (read,) = captured.of_type("memory_read")
+    assert seen.found is False and seen.written_by is not None
+    assert seen.written_by.event_id == delete.event_id
+    assert read.causal_parent_ids == (delete.event_id,)
+    assert read.seq > delete.seq
+    assert read.payload["written_by"] == delete.event_id
+
+
+def test_a_write_still_being_encoded_when_its_agent_times_out_is_refused(database, pg_dsn):
+    """A write whose value takes longer to encode than its agent has left (a codec of the user's)
+    stores nothing and records no memory_write after the agent_error: the timed-out thread gets
+    AgentCancelled."""
+    release = threading.Event()
+    finished = threading.Event()
+    outcome: list[BaseException | None] = []
+
+    class SlowCodec:
+        name = "slow"
+
+        def encode(self, value: Any) -> Any:
+            release.wait(10)
+            return value
+
+        def decode(self, data: Any) -> Any:
+            return data
+
+    run_id = _run_id()
+    memory = PostgresMemory("m", database=database, codec=SlowCodec())
+
+    def body() -> None:
+        try:
+            memory.set("k", 1)
+            outcome.append(None)
+        except BaseException as exc:
+            outcome.append(exc)
+        finally:
+            finished.set()
+
+    with capture_events() as captured, ac.run(run_id):
+        agent = ac.agent("slow-writer").agent
+        with pytest.raises(ac.AgentTimeoutError):
+            agent.run(body, timeout=0.05)
+        release.set()
+        assert finished.wait(10)
+    assert len(outcome) == 1 and isinstance(outcome[0], ac.AgentCancelled)
+    assert _rows(pg_dsn, "SELECT key FROM agentcap.memory WHERE run_id = %s", run_id) == []
+    assert captured.of_type("memory_write") == []
 
 
 def test_compare_and_set_writes_only_at_the_expected_version(database):

@@ -191,12 +191,13 @@ class Memory(MemoryBase):
             if ctx is None:
                 event = None
             else:
-                # The read's sequence is fixed under the lock, after the write it saw.
-                parents = (written_by,) if written_by is not None and found else ()
+                # The read's sequence is fixed under the lock, after the write it saw: the one
+                # that stored the value, or the delete that removed it.
+                parents = (written_by,) if written_by is not None else ()
                 event = stamp(ctx, EventType.MEMORY_READ, parents=parents)
         # A stored value is never changed in place (writes replace it), so it can be copied and
         # encoded outside the lock.
-        result = Lookup(found, private_copy(stored), written_by if found else None, version)
+        result = Lookup(found, private_copy(stored), written_by, version)
         if event is not None:
             encoded = _read_payload(self.name, key, found, stored, result.written_by)
             emit_memory_event("memory_read", event, encoded, self.name, key)
@@ -227,6 +228,10 @@ class Memory(MemoryBase):
         stored = MISSING if value is MISSING else private_copy(value)
         pending: tuple[Span, Any] | None = None
         with self._lock:
+            if ctx is not None:
+                # Again under the lock: copying the value runs the user's code (a __deepcopy__),
+                # and the agent may have timed out meanwhile; its write must not happen.
+                ctx.check_active()
             before = self._slots.get(key)
             deleted = self._deletes.get(key) if before is None else None
             version = before.version if before is not None else (deleted[1] if deleted else 0)

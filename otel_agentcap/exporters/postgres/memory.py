@@ -146,7 +146,8 @@ class PostgresMemory(MemoryBase):
         found, stored, version, writer_id, writer_seq, writer_agent, trace_id, span_id = (
             rows[0] if rows else (False, None, 0, None, None, None, None, None)
         )
-        # With the span of the write: the read's span links to it.
+        # With the span of the write: the read's span links to it. A missing key's tombstone
+        # names the delete, which the read saw as much as it would have seen a value.
         written_by = (
             EventRef(
                 str(writer_id),
@@ -154,7 +155,7 @@ class PostgresMemory(MemoryBase):
                 str(writer_agent),
                 span_context_of(trace_id, span_id),
             )
-            if found and writer_id is not None
+            if writer_id is not None
             else None
         )
         value = self._codec.decode(stored) if found else None
@@ -231,6 +232,9 @@ class PostgresMemory(MemoryBase):
         start = getattr(span, "start_time", None)
         when = wall_time(start if isinstance(start, int) else time.time_ns())
         for attempt in range(_MAX_ATTEMPTS):
+            # Again before each attempt: encoding the value ran the codec (the user's code, maybe),
+            # and the agent may have timed out meanwhile; its write must not happen.
+            ctx.check_active()
             if attempt >= 4:
                 # Writers of one key in several processes keep overtaking each other: spread
                 # them out a little, so that one of them gets through each round.
