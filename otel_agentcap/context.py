@@ -48,6 +48,12 @@ class AgentContext:
     deadline: float | None = None  # time.monotonic() value
     cancelled_reason: str | None = None
     execution: Any = None  # the capture layer's object for this execution
+    #: The execution that was current where this one was entered: while it may no longer act
+    #: (it failed or timed out), neither may this one, which runs on its behalf.
+    enclosing: AgentContext | None = None
+    #: Set when the execution ended successfully: its deadline no longer stops the executions
+    #: it enclosed.
+    ended: bool = False
     #: ``model.event_id_prefix(run_id, agent_id)``, computed once for all the execution's events.
     event_id_prefix: bytes = field(init=False)
 
@@ -55,12 +61,19 @@ class AgentContext:
         self.event_id_prefix = event_id_prefix(self.run_id, self.agent_id)
 
     def check_active(self) -> None:
-        """Raise :class:`AgentCancelled` if this execution may no longer act."""
+        """Raise :class:`AgentCancelled` if this execution may no longer act: it failed or timed
+        out, or an execution it runs inside did."""
         if self.cancelled_reason is not None:
             raise AgentCancelled(f"agent {self.agent_id!r} was {self.cancelled_reason}")
         if self.deadline is not None and time.monotonic() > self.deadline:
             self.cancelled_reason = "timed out"
             raise AgentCancelled(f"agent {self.agent_id!r} timed out")
+        stopped = self.stopped_enclosing()
+        if stopped is not None:
+            raise AgentCancelled(
+                f"agent {self.agent_id!r} runs inside agent {stopped.agent_id!r}, which "
+                f"{stopped.cancelled_reason}"
+            )
 
     def is_cancelled(self) -> bool:
         """Whether this execution may no longer act (:meth:`check_active` would raise)."""
@@ -69,7 +82,19 @@ class AgentContext:
         if self.deadline is not None and time.monotonic() > self.deadline:
             self.cancelled_reason = "timed out"
             return True
-        return False
+        return self.enclosing is not None and self.stopped_enclosing() is not None
+
+    def stopped_enclosing(self) -> AgentContext | None:
+        """The innermost execution this one runs inside that may no longer act, if any."""
+        ctx = self.enclosing
+        while ctx is not None:
+            if ctx.cancelled_reason is not None:
+                return ctx
+            if not ctx.ended and ctx.deadline is not None and time.monotonic() > ctx.deadline:
+                ctx.cancelled_reason = "timed out"
+                return ctx
+            ctx = ctx.enclosing
+        return None
 
 
 _current_run: contextvars.ContextVar[RunContext | None] = contextvars.ContextVar(
@@ -120,6 +145,7 @@ def new_agent_context(
     parent_agent_id: str | None = None,
     spawned_at: EventRef | None = None,
     timeout: float | None = None,
+    enclosing: AgentContext | None = None,
 ) -> AgentContext:
     run_id = validate_id(run_id, "run_id")
     agent_id = validate_id(agent_id, "agent_id")
@@ -133,6 +159,7 @@ def new_agent_context(
         parent_agent_id=parent_agent_id,
         spawned_at=spawned_at,
         deadline=None if timeout is None else time.monotonic() + timeout,
+        enclosing=enclosing,
     )
 
 

@@ -669,3 +669,131 @@ def test_agent_run_refuses_a_body_that_would_run_after_its_execution(
         gc.collect()
     ends = [e.event_type for e in captured.events if e.agent_id == child.agent_id]
     assert ends == (["agent_start", "agent_error"] if recorded else [])
+
+
+def test_a_run_that_times_out_while_its_state_is_being_committed_is_rolled_back():
+    """Agent.run whose caller got AgentTimeoutError while the worker was still committing (a slow
+    __deepcopy__ in the state) records the timeout and rolls the state back: the worker's late
+    commit does not turn it into an agent_end with the state committed."""
+    release = threading.Event()
+
+    class SlowToCopy:
+        def __deepcopy__(self, memo: dict[int, object]) -> SlowToCopy:
+            if threading.current_thread().name.startswith("agent-"):
+                release.wait(10)
+            return SlowToCopy()
+
+    def body() -> None:
+        execution = oa.current_execution()
+        assert execution is not None
+        execution.state["slow"] = SlowToCopy()
+
+    with capture_events() as captured, oa.run(_run_id()):
+        agent = _root("slow-commit")
+        with pytest.raises(oa.AgentTimeoutError):
+            agent.run(body, timeout=0.05)
+        release.set()
+        for thread in threading.enumerate():
+            if thread.name == "agent-slow-commit":
+                thread.join(10)
+    assert agent.state == {}
+    events = [e.event_type for e in captured.for_agent("slow-commit")]
+    assert events == ["agent_start", "agent_error"]
+    assert captured.of_type("agent_error")[0].payload["timed_out"] is True
+
+
+def test_an_agent_entered_in_the_thread_of_a_timed_out_execution_is_refused():
+    """A thread left running by a timed-out Agent.run cannot go on acting by entering another
+    agent: the scope raises AgentCancelled and records nothing."""
+    go = threading.Event()
+    finished = threading.Event()
+    outcome: list[BaseException | None] = []
+    memory = oa.Memory("nested-late")
+
+    def body() -> None:
+        go.wait(10)
+        try:
+            with oa.agent("inner"):
+                memory["k"] = "after the timeout"
+            outcome.append(None)
+        except BaseException as exc:
+            outcome.append(exc)
+        finally:
+            finished.set()
+
+    with capture_events() as captured, oa.run(_run_id()):
+        with pytest.raises(oa.AgentTimeoutError):
+            _root("outer").run(body, timeout=0.05)
+        go.set()
+        assert finished.wait(10)
+    assert len(outcome) == 1 and isinstance(outcome[0], oa.AgentCancelled)
+    assert memory.snapshot() == {}
+    assert captured.for_agent("inner") == []
+
+
+def test_an_agent_open_inside_a_timed_out_execution_can_no_longer_act():
+    """An agent scope that was open inside an execution when it timed out cannot go on acting
+    for it: its capture calls raise AgentCancelled, and a block that swallowed them still fails
+    and rolls back its state."""
+    go = threading.Event()
+    finished = threading.Event()
+    outcome: list[BaseException | None] = []
+    memory = oa.Memory("nested-open")
+
+    def body() -> None:
+        try:
+            with oa.agent("inner") as inner:
+                inner.state["partial"] = 1
+                go.wait(10)
+                try:
+                    memory["k"] = "after the timeout"
+                except oa.AgentCancelled as exc:
+                    outcome.append(exc)
+        except BaseException as exc:
+            outcome.append(exc)
+        finally:
+            finished.set()
+
+    with capture_events() as captured, oa.run(_run_id()):
+        with pytest.raises(oa.AgentTimeoutError):
+            _root("outer").run(body, timeout=0.05)
+        go.set()
+        assert finished.wait(10)
+        inner_agent = _root("inner")
+    assert [type(e) for e in outcome] == [oa.AgentCancelled, oa.AgentCancelled]
+    assert memory.snapshot() == {}
+    assert inner_agent.state == {}
+    assert [e.event_type for e in captured.for_agent("inner")] == ["agent_start", "agent_error"]
+
+
+def test_a_task_left_running_by_a_timed_out_async_block_cannot_enter_another_agent():
+    """A task a timed-out async block left running cannot go on acting by entering another agent
+    either."""
+    outcome: list[BaseException | None] = []
+    memory = oa.Memory("nested-task")
+
+    async def main() -> None:
+        go = asyncio.Event()
+        leftover: list[asyncio.Task[None]] = []
+
+        async def late() -> None:
+            await go.wait()
+            try:
+                async with oa.agent("inner"):
+                    memory["k"] = "after the timeout"
+                outcome.append(None)
+            except BaseException as exc:
+                outcome.append(exc)
+
+        with pytest.raises(TimeoutError):
+            async with oa.agent("outer", timeout=0.05):
+                leftover.append(asyncio.get_running_loop().create_task(late()))
+                await asyncio.sleep(10)
+        go.set()
+        await leftover[0]
+
+    with capture_events() as captured, oa.run(_run_id()):
+        asyncio.run(main())
+    assert len(outcome) == 1 and isinstance(outcome[0], oa.AgentCancelled)
+    assert memory.snapshot() == {}
+    assert captured.for_agent("inner") == []

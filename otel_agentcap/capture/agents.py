@@ -124,8 +124,11 @@ class Agent:
         start_thread(target, name=f"agent-{self.agent_id}")
         if not done.wait(timeout):
             error = AgentTimeoutError(f"agent {self.agent_id!r} timed out after {timeout} s")
-            scope.abandon(error)
-            raise error
+            if scope.abandon(error):
+                raise error
+            # The worker finished the execution first (its end is recorded, its state committed
+            # or rolled back): that outcome stands, and the worker is only leaving its scope.
+            done.wait()
         if "error" in outcome:
             raise outcome["error"]
         result: R = outcome["result"]
@@ -206,28 +209,39 @@ class AgentExecution:
     def finish(self, error: BaseException | None) -> bool:
         """Record the end of the execution, once; commit its state on success, roll it back on
         failure. Returns False if it had already finished."""
-        with self._lock:
-            if self._finished:
-                return False
-            self._finished = True
+        if self._finished:
+            return False
         ctx = self.context
+        committed: dict[str, Any] | None = None
+        commit_error: TypeError | None = None
         if error is None:
             try:
                 # A copy, so later changes to execution.state do not reach the committed state,
                 # and a state that the next execution could not copy fails here, where it is set.
-                committed = copy.deepcopy(self.state)
-                if not isinstance(committed, dict):
-                    raise TypeError(f"it is a {type(committed).__name__}, not a dict")
+                # Made before the outcome is decided: it runs the user's code (a __deepcopy__),
+                # and a timeout that comes meanwhile (Agent.run) must still win.
+                copied = copy.deepcopy(self.state)
+                if not isinstance(copied, dict):
+                    raise TypeError(f"it is a {type(copied).__name__}, not a dict")
+                committed = copied
             except Exception as exc:
-                error = self.commit_error = TypeError(
+                error = commit_error = TypeError(
                     f"the state of agent {self.agent_id!r} cannot be committed: it must be a dict "
                     f"of values that copy.deepcopy can copy ({type(exc).__name__}: {exc})"
                 )
-            else:
-                end = stamp(ctx, EventType.AGENT_END, key=None)
-                self.agent._commit(committed)  # noqa: SLF001 (its own agent, same module)
-                tel.finish_span(self.span, end, {"state_committed": True})
-                return True
+        with self._lock:
+            if self._finished:
+                return False
+            self._finished = True
+        if committed is not None:
+            ctx.ended = True
+            end = stamp(ctx, EventType.AGENT_END, key=None)
+            self.agent._commit(committed)  # noqa: SLF001 (its own agent, same module)
+            tel.finish_span(self.span, end, {"state_committed": True})
+            return True
+        if commit_error is not None:
+            self.commit_error = commit_error
+        assert error is not None
         ctx.cancelled_reason = "timed out" if isinstance(error, TimeoutError) else "failed"
         rolled_back = _state_keys(self.state)
         self.state = {}
@@ -280,6 +294,7 @@ class AgentScope:
             parent_agent_id=agent.parent_agent_id,
             spawned_at=agent.spawned_at,
             timeout=self.timeout,
+            enclosing=current_agent(),
         )
         parents = (agent.spawned_at,) if agent.spawned_at is not None else ()
         start = stamp(ctx, EventType.AGENT_START, parents=parents)
@@ -315,6 +330,11 @@ class AgentScope:
         return execution
 
     def _enter(self) -> AgentExecution:
+        enclosing = current_agent()
+        if enclosing is not None:
+            # A thread or task left running by a failed or timed-out execution cannot go on
+            # acting through another agent.
+            enclosing.check_active()
         with self._lock:
             if self._entered:
                 raise RuntimeError("an AgentScope can be entered once; call agent.scope() again")
@@ -357,6 +377,16 @@ class AgentScope:
                 f"agent {self.agent.agent_id!r} ran past its timeout of {self.timeout} s"
             )
             error = raise_instead
+        if error is None:
+            stopped = execution.context.stopped_enclosing()
+            if stopped is not None:
+                # It ran on behalf of an execution that failed or timed out meanwhile (a block
+                # that swallowed the AgentCancelled of its capture calls): it fails too.
+                raise_instead = AgentCancelled(
+                    f"agent {self.agent.agent_id!r} ran inside agent {stopped.agent_id!r}, which "
+                    f"{stopped.cancelled_reason}"
+                )
+                error = raise_instead
         try:
             execution.finish(error)
         except Exception:
@@ -381,15 +411,15 @@ class AgentScope:
         lifetimes.leave(self.agent.run_id)
         return raise_instead
 
-    def abandon(self, error: BaseException) -> None:
+    def abandon(self, error: BaseException) -> bool:
         """Finish the execution as failed from outside (a sync timeout); the worker's own exit
-        later finds it finished."""
+        later finds it finished. Returns False if the worker had finished it first."""
         with self._lock:
             if self.execution is None:
                 # The worker has not entered yet: record the execution and its failure now.
                 self.execution = self._create_execution()
             execution = self.execution
-        execution.finish(error)
+        return execution.finish(error)
 
     def __enter__(self) -> AgentExecution:
         return self._enter()
