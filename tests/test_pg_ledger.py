@@ -761,3 +761,57 @@ def test_a_call_interrupted_inside_its_claim_leaves_no_claim_behind(
     assert _rows(pg_dsn, "SELECT status FROM agentcap.tool_ledger WHERE run_id = %s", run_id) == [
         ("succeeded",)
     ]
+
+
+@pytest.mark.fault
+@pytest.mark.parametrize("crash_policy", ["at_least_once", "at_most_once"])
+def test_a_call_whose_agent_timed_out_while_it_claimed_never_starts_its_body(
+    ledger, pg_dsn, crash_policy
+):
+    """A call whose agent timed out while its ledger claim was in flight does not start its body
+    after the agent_error: it raises AgentCancelled and gives its claim back, so the agent's next
+    execution runs the body (once), at_most_once too."""
+    real = ledger.claim
+    go = threading.Event()
+    finished = threading.Event()
+
+    def gated_claim(call: Any) -> Any:
+        go.wait(10)  # the claim returns only after the agent has timed out
+        return real(call)
+
+    calls: list[int] = []
+    outcome: list[object] = []
+
+    @ac.tool(crash_policy=crash_policy)
+    def pay(n: int) -> int:
+        calls.append(n)
+        return n * 2
+
+    def first() -> None:
+        try:
+            outcome.append(pay.invoke("p", 1))
+        except BaseException as exc:
+            outcome.append(exc)
+        finally:
+            finished.set()
+
+    run_id = _run_id()
+    with capture_events() as captured, ac.run(run_id):
+        agent = ac.agent("payer").agent
+        ledger.claim = gated_claim  # type: ignore[method-assign]
+        with pytest.raises(ac.AgentTimeoutError):
+            agent.run(first, timeout=0.05)
+        go.set()
+        assert finished.wait(10)
+        ledger.claim = real  # type: ignore[method-assign]
+        assert calls == []
+        retried = agent.run(pay.invoke, "p", 1, timeout=30)
+    assert len(outcome) == 1 and isinstance(outcome[0], ac.AgentCancelled)
+    assert retried == 2 and calls == [1]
+    assert _rows(pg_dsn, "SELECT status FROM agentcap.tool_ledger WHERE run_id = %s", run_id) == [
+        ("succeeded",)
+    ]
+    assert ledger.running_claims() == 0
+    error = captured.of_type("agent_error")[0]
+    assert all(e.seq > error.seq for e in captured.of_type("tool_invocation"))
+    assert len(captured.of_type("tool_invocation")) == 1

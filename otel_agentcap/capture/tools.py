@@ -541,13 +541,7 @@ class _ThreadClaim:
         return claim
 
     def _release_unstarted(self, attempt: int) -> None:
-        """Give up a claim whose body never started: with a ledger that can record that
-        (``release_unstarted``), a retry runs the body even for an ``at_most_once`` tool."""
-        unstarted = getattr(self.ledger, "release_unstarted", None)
-        if callable(unstarted):
-            unstarted(self.call, attempt)
-        else:
-            self.ledger.release(self.call, attempt)
+        _release_unstarted(self.ledger, self.call, attempt)
 
     def abandon(self) -> None:
         with self.lock:
@@ -560,6 +554,16 @@ class _ThreadClaim:
                 name="agentcap-ledger-release",
                 daemon=True,
             ).start()
+
+
+def _release_unstarted(ledger: ToolLedger, call: LedgerCall, attempt: int) -> None:
+    """Give up a claim whose body never started: with a ledger that can record that
+    (``release_unstarted``), a retry runs the body even for an ``at_most_once`` tool."""
+    unstarted = getattr(ledger, "release_unstarted", None)
+    if callable(unstarted):
+        unstarted(call, attempt)
+    else:
+        ledger.release(call, attempt)
 
 
 def _withdraw_interrupted(ledger: ToolLedger, call: LedgerCall) -> None:
@@ -891,6 +895,21 @@ class Tool(Generic[P, R]):
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
     ) -> R:
+        if ctx.is_cancelled():
+            # The agent timed out or failed while the call was being claimed (in the ledger, or
+            # waiting for another caller of the same id): the body must not start after the
+            # agent_error. The claim is given back, as for a caller interrupted there.
+            if key_ is not None and entry is not None:
+                call = entry.ledger_call
+                ledger = tool_ledger()
+                if call is not None and ledger is not None:
+                    try:
+                        _release_unstarted(ledger, call, entry.attempt)
+                    except Exception:
+                        _logger.warning("agentcap: could not give back a claim", exc_info=True)
+                    entry.ledger_call = None
+                invocations.release(key_, entry)
+            ctx.check_active()
         invocation_id = key_[2] if key_ is not None else None
         key = None
         head_extra = ""
