@@ -550,3 +550,44 @@ def test_a_write_whose_value_is_still_being_copied_when_its_agent_times_out_is_r
         "agent_start",
         "agent_error",
     ]
+
+
+class _InterruptsOnce:
+    """A value whose first repr (as the payload encoder asks for it) raises KeyboardInterrupt,
+    as a Ctrl-C that arrives while a write's payload is encoded."""
+
+    armed = True
+
+    def __repr__(self) -> str:
+        if _InterruptsOnce.armed:
+            _InterruptsOnce.armed = False
+            raise KeyboardInterrupt
+        return "_InterruptsOnce()"
+
+
+@pytest.mark.fault
+@pytest.mark.parametrize("store", ["memory", "recorder"])
+def test_a_write_interrupted_while_its_payload_is_encoded_is_still_recorded(store):
+    """A write interrupted (Ctrl-C) while its payload was encoded has happened, so its
+    memory_write event is recorded too (with a marker for the values not encoded): the next write
+    names an event that is in the log."""
+    _InterruptsOnce.armed = True
+    memory = oa.Memory("interrupted")
+    recorder = oa.MemoryRecorder("interrupted")
+    with capture_events() as captured, oa.run(_run_id()), oa.agent("alpha"):
+        with pytest.raises(KeyboardInterrupt):
+            if store == "memory":
+                memory.set("k", _InterruptsOnce())
+            else:
+                recorder.record_write("k", before=oa.MISSING, after=_InterruptsOnce())
+        if store == "memory":
+            assert "k" in memory.snapshot()
+            second = memory.set("k", 2)
+        else:
+            second = recorder.record_write("k", before=_InterruptsOnce(), after=2)
+    writes = {e.event_id: e for e in captured.of_type("memory_write")}
+    assert second is not None and second.event_id in writes
+    (parent,) = writes[second.event_id].causal_parent_ids
+    assert parent in writes
+    first = writes[parent].payload
+    assert first["after_found"] is True and first["after"]["$agentcap.repr"].startswith("<not")

@@ -127,6 +127,36 @@ def start_write_span(event: Stamp, memory: str, key: str) -> Span:
     return tel.start_span("memory_write", attributes, event.links)
 
 
+class _NotEncoded:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<not encoded: the write was interrupted while its payload was encoded>"
+
+
+_NOT_ENCODED: Final = _NotEncoded()
+
+
+def finish_write(span: Span, memory: str, key: str, op: str, before: Any, after: Any) -> None:
+    """Encode the payload of a write's span (from :func:`start_write_span`) and end it. A write
+    interrupted while its payload is encoded (Ctrl-C during a large value) has happened, and the
+    key's next write names it: its span still ends, with a ``$agentcap.repr`` marker in place of
+    the values (``before_found`` / ``after_found`` stay true)."""
+    encoded: str | None = None
+    try:
+        encoded = _write_payload(memory, key, op, before, after)
+    finally:
+        if encoded is None:
+            encoded = _write_payload(
+                memory,
+                key,
+                op,
+                before if before is MISSING else _NOT_ENCODED,
+                after if after is MISSING else _NOT_ENCODED,
+            )
+        finish_write_span(span, encoded)
+
+
 def finish_write_span(span: Span, encoded_payload: str) -> None:
     """Set the payload of a span from :func:`start_write_span` and end it."""
     try:
@@ -227,47 +257,55 @@ class Memory(MemoryBase):
             ctx.check_active()
         stored = MISSING if value is MISSING else private_copy(value)
         pending: tuple[Span, Any] | None = None
-        with self._lock:
-            if ctx is not None:
-                # Again under the lock: copying the value runs the user's code (a __deepcopy__),
-                # and the agent may have timed out meanwhile; its write must not happen.
-                ctx.check_active()
-            before = self._slots.get(key)
-            deleted = self._deletes.get(key) if before is None else None
-            version = before.version if before is not None else (deleted[1] if deleted else 0)
-            if expected_version is not None and version != expected_version:
-                return None, before is not None, False
-            if before is None and value is MISSING:
-                return None, False, True  # deleting a missing key changes nothing: no event
-            self._revision += 1
-            revision = self._revision
-            if ctx is None:
-                # Not recorded: the next recorded write must not claim to follow the last
-                # recorded one, whose "after" this write just made stale.
-                event_ref = None
-                self._deletes.pop(key, None)
-            else:
-                previous = before.written_by if before is not None else (deleted or (None,))[0]
-                event = stamp(ctx, EventType.MEMORY_WRITE, parents=(previous,) if previous else ())
-                span = start_write_span(event, self.name, key)
-                pending = (span, before.value if before is not None else MISSING)
-                event_ref = event.ref_on(span.get_span_context())
-            if value is MISSING:
-                self._slots.pop(key, None)
-                if event_ref is not None:
-                    deletes = self._deletes
-                    deletes[key] = (event_ref, revision)
-                    deletes.move_to_end(key)
-                    while len(deletes) > self.max_deleted_keys:
-                        deletes.popitem(last=False)
-            else:
-                self._slots[key] = _Slot(stored, event_ref, revision)
-                self._deletes.pop(key, None)
-        if pending is not None:
-            # Both values are private and never changed in place: encoded outside the lock (an
-            # exporter running synchronously must not hold up other agents either).
-            span, before_value = pending
-            finish_write_span(span, _write_payload(self.name, key, op, before_value, stored))
+        try:
+            with self._lock:
+                if ctx is not None:
+                    # Again under the lock: copying the value runs the user's code (a
+                    # __deepcopy__), and the agent may have timed out meanwhile; its write must
+                    # not happen.
+                    ctx.check_active()
+                before = self._slots.get(key)
+                deleted = self._deletes.get(key) if before is None else None
+                version = before.version if before is not None else (deleted[1] if deleted else 0)
+                if expected_version is not None and version != expected_version:
+                    return None, before is not None, False
+                if before is None and value is MISSING:
+                    return None, False, True  # deleting a missing key changes nothing: no event
+                self._revision += 1
+                revision = self._revision
+                span: Span | None = None
+                if ctx is None:
+                    # Not recorded: the next recorded write must not claim to follow the last
+                    # recorded one, whose "after" this write just made stale.
+                    event_ref = None
+                    self._deletes.pop(key, None)
+                else:
+                    previous = before.written_by if before is not None else (deleted or (None,))[0]
+                    event = stamp(
+                        ctx, EventType.MEMORY_WRITE, parents=(previous,) if previous else ()
+                    )
+                    span = start_write_span(event, self.name, key)
+                    event_ref = event.ref_on(span.get_span_context())
+                if value is MISSING:
+                    self._slots.pop(key, None)
+                    if event_ref is not None:
+                        deletes = self._deletes
+                        deletes[key] = (event_ref, revision)
+                        deletes.move_to_end(key)
+                        while len(deletes) > self.max_deleted_keys:
+                            deletes.popitem(last=False)
+                else:
+                    self._slots[key] = _Slot(stored, event_ref, revision)
+                    self._deletes.pop(key, None)
+                if span is not None:
+                    # Set once the write is done: from here on its event is recorded, whatever
+                    # interrupts the rest.
+                    pending = (span, before.value if before is not None else MISSING)
+        finally:
+            if pending is not None:
+                # Both values are private and never changed in place: encoded outside the lock
+                # (an exporter running synchronously must not hold up other agents either).
+                finish_write(pending[0], self.name, key, op, pending[1], stored)
         return event_ref, before is not None, True
 
 
@@ -338,7 +376,7 @@ class MemoryRecorder:
             ref = event.ref_on(span.get_span_context())
             self._remember(key, ref)
         kind = op if op is not None else ("delete" if after is MISSING else "set")
-        finish_write_span(span, _write_payload(self.name, key, kind, before, after))
+        finish_write(span, self.name, key, kind, before, after)
         return ref
 
     def record_read(
