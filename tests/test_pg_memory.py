@@ -367,3 +367,42 @@ def test_a_write_after_the_server_closed_the_idle_connections_succeeds(pg_dsn):
             assert memory["k"] == 2
     finally:
         database.close()
+
+
+def test_concurrent_readers_and_writers_each_read_names_the_write_it_saw(database):
+    """Agents in threads writing, deleting and reading two keys at once: every read finds what
+    the write it names as causal parent left (its value, or nothing after a delete), and comes
+    after it."""
+    memory = PostgresMemory("busy", database=database)
+    barrier = threading.Barrier(6)
+
+    def worker(i: int) -> None:
+        with ac.agent(f"agent-{i % 3}"):
+            barrier.wait()
+            for j in range(15):
+                key = "ab"[j % 2]
+                if j % 5 == 4:
+                    memory.delete(key)
+                elif j % 3 == 0:
+                    memory[key] = None if j % 2 else [i, j]
+                else:
+                    memory.lookup(key)
+
+    with capture_events() as captured, ac.run(_run_id()):
+        threads = [ac.start_thread(worker, i) for i in range(6)]
+        for thread in threads:
+            thread.join()
+    writes = {e.event_id: e for e in captured.of_type("memory_write")}
+    reads = captured.of_type("memory_read")
+    assert reads and writes
+    for read in reads:
+        if not read.causal_parent_ids:
+            assert read.payload["found"] is False
+            continue
+        (parent_id,) = read.causal_parent_ids
+        parent = writes[parent_id]
+        assert parent.payload["key"] == read.payload["key"]
+        assert parent.seq < read.seq
+        assert read.payload["found"] is parent.payload["after_found"]
+        if read.payload["found"]:
+            assert read.payload["value"] == parent.payload["after"]
