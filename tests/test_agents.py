@@ -634,6 +634,10 @@ def _items() -> Iterator[int]:
     yield 1
 
 
+async def _aitems() -> Any:
+    yield 1
+
+
 def _sync_wrapper(fn: Callable[[], Any]) -> Callable[[], Any]:
     @functools.wraps(fn)
     def wrapper() -> Any:
@@ -651,6 +655,8 @@ def _sync_wrapper(fn: Callable[[], Any]) -> Callable[[], Any]:
         (_items, "generator", False),
         (_sync_wrapper(_later), "coroutine", True),
         (_sync_wrapper(_items), "generator", True),
+        (_aitems, "async generator", False),
+        (_sync_wrapper(_aitems), "async generator", True),
     ],
 )
 def test_agent_run_refuses_a_body_that_would_run_after_its_execution(

@@ -10,6 +10,7 @@ import threading
 import time
 import uuid
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -689,6 +690,41 @@ def test_generator_functions_are_refused_as_tools(fn: Any, kind: str) -> None:
     generator's repr as the result, and a retry got the same, exhausted, generator back."""
     with pytest.raises(TypeError, match=f"is a {kind} function"):
         oa.tool(name="numbers")(fn)
+
+
+@pytest.mark.parametrize("kind", ["generator", "async generator"])
+def test_a_sync_wrapper_returning_a_generator_is_refused_inside_the_call(kind: str) -> None:
+    """A tool whose sync wrapper returns a generator (a decorator around a generator function)
+    recorded the generator's repr as its result, and its body ran later, as the caller iterated,
+    outside the agent (its memory write unrecorded). Refused with a TypeError inside the call,
+    which records the error; the body never runs, and a retry re-raises the recorded error."""
+    memory = oa.Memory("wrapped-generator")
+
+    def numbers(n: int) -> Any:
+        memory["ran"] = n
+        yield from range(n)
+
+    async def anumbers(n: int) -> Any:
+        memory["ran"] = n
+        yield n
+
+    def wrap(fn: Callable[[int], Any]) -> Callable[[int], Any]:
+        @functools.wraps(fn)
+        def wrapper(n: int) -> Any:
+            return fn(n)
+
+        return wrapper
+
+    tool = oa.tool(name="numbers")(wrap(numbers if kind == "generator" else anumbers))
+    with capture_events() as captured, oa.run(_run_id()), oa.agent("alpha"):
+        with pytest.raises(TypeError, match=f"returned a {kind}"):
+            tool.invoke("n-1", 2)
+        with pytest.raises(TypeError, match=f"returned a {kind}"):
+            tool.invoke("n-1", 2)
+    assert memory.snapshot() == {}
+    assert captured.of_type("tool_result") == []
+    (error,) = captured.of_type("agent_error")
+    assert error.payload["error_type"] == "TypeError"
 
 
 def test_a_never_awaited_coroutine_of_a_sync_wrapper_releases_its_call() -> None:

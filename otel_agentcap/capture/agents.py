@@ -18,7 +18,7 @@ from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, SpanKind
 
 from otel_agentcap import attributes as attr
 from otel_agentcap.capture import _telemetry as tel
-from otel_agentcap.capture.callables import body_kind, deferred_kind
+from otel_agentcap.capture.callables import body_kind, close_unrun, deferred_kind
 from otel_agentcap.capture.runs import recorded_runs
 from otel_agentcap.clock import clocks
 from otel_agentcap.context import (
@@ -171,7 +171,7 @@ def _ran(agent_id: str, result: R) -> R:
     kind = deferred_kind(result)
     if kind is None:
         return result
-    result.close()  # type: ignore[attr-defined]
+    close_unrun(result)
     raise TypeError(_deferred_message(agent_id, kind))
 
 

@@ -40,3 +40,12 @@ def deferred_kind(result: object) -> str | None:
     if cls is types.AsyncGeneratorType:
         return "async generator"
     return None
+
+
+def close_unrun(result: object) -> None:
+    """Close a body that never ran (a coroutine or generator returned by a sync wrapper), so it
+    neither warns that it was never awaited nor runs later. An async generator not yet iterated
+    has nothing to close (and no ``close``)."""
+    close = getattr(result, "close", None)
+    if callable(close):
+        close()

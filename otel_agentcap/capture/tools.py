@@ -28,7 +28,7 @@ from opentelemetry.util.types import AttributeValue
 from otel_agentcap import attributes as attr
 from otel_agentcap import jsonsafe
 from otel_agentcap.capture import _telemetry as tel
-from otel_agentcap.capture.callables import body_kind
+from otel_agentcap.capture.callables import body_kind, close_unrun, deferred_kind
 from otel_agentcap.capture.ledger import (
     CRASH_POLICIES,
     DEFAULT_CRASH_POLICY,
@@ -556,6 +556,9 @@ class _ThreadClaim:
             ).start()
 
 
+_GENERATOR_TYPES: Final = (types.GeneratorType, types.AsyncGeneratorType)
+
+
 def _release_unstarted(ledger: ToolLedger, call: LedgerCall, attempt: int) -> None:
     """Give up a claim whose body never started: with a ledger that can record that
     (``release_unstarted``), a retry runs the body even for an ``at_most_once`` tool."""
@@ -964,6 +967,19 @@ class Tool(Generic[P, R]):
         _current_invocation.reset(current)
         if token is not None:
             otel_context.detach(token)
+        if type(result) in _GENERATOR_TYPES:
+            # A sync wrapper around a generator function: its body would run as the caller
+            # iterates, after the outcome was recorded (outside the agent, maybe). Refused, as a
+            # generator function is, inside the call, which records the error.
+            kind = deferred_kind(result)
+            close_unrun(result)
+            refused = TypeError(
+                f"tool {self.name!r} returned a {kind}: its body would run as the caller "
+                "iterates, after the call has returned and its outcome was recorded; return the "
+                "items (a list) instead"
+            )
+            finisher.failed(refused)
+            raise refused
         if type(result) is types.CoroutineType:
             # A sync function that returned a coroutine (a wrapper around an async function):
             # its body runs when the caller awaits it, so the call is recorded there, and this
