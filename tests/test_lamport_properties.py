@@ -314,3 +314,189 @@ def test_harness_captures_every_kind_of_event():
         "agent_spawn": 2,
     }
     assert len(recorded) == len(events)
+
+
+timed_leaf = st.one_of(
+    st.tuples(st.just("tool")),
+    st.tuples(st.just("tool_id")),
+    st.tuples(st.just("read"), st.sampled_from(KEYS)),
+    st.tuples(st.just("write"), st.sampled_from(KEYS)),
+    st.tuples(st.just("delete"), st.sampled_from(KEYS)),
+)
+timed_op = st.one_of(
+    timed_leaf,
+    st.tuples(st.just("nested"), st.sampled_from(AGENTS), st.lists(timed_leaf, max_size=4)),
+    st.tuples(st.just("spawn"), st.sampled_from(("s1", "s2")), st.lists(timed_leaf, max_size=4)),
+)
+timed_worker = st.tuples(
+    st.sampled_from(AGENTS), st.lists(timed_op, max_size=6), st.none() | st.integers(0, 1000)
+)
+
+
+def _with_gate(ops: list[tuple[Any, ...]], cut: int) -> list[tuple[Any, ...]]:
+    """``ops`` with a ("gate",) op at slot ``cut`` (modulo the slots), top level or inside a
+    nested or spawned block."""
+    slots = len(ops) + 1 + sum(len(op[2]) + 1 for op in ops if op[0] in ("nested", "spawn"))
+    at = cut % slots
+    out: list[tuple[Any, ...]] = []
+    for op in ops:
+        if at == 0:
+            out.append(("gate",))
+        at -= 1
+        if op[0] in ("nested", "spawn"):
+            inner = list(op[2])
+            if 0 <= at <= len(inner):
+                inner.insert(at, ("gate",))
+            at -= len(op[2]) + 1
+            out.append((op[0], op[1], inner))
+        else:
+            out.append(op)
+    if at == 0:
+        out.append(("gate",))
+    return out
+
+
+class _Gate:
+    def __init__(self) -> None:
+        self.reached = threading.Event()
+        self.release = threading.Event()
+        self.records_at_gate = 0
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(timed_worker, min_size=1, max_size=4))
+def test_timed_out_executions_keep_lamport_invariants_and_act_no_more(workers):
+    """Executions abandoned as timed out at any point (also inside a nested agent or an inline
+    spawned child), while other agents go on, keep invariants 1 and 2; the abandoned thread then
+    records nothing but the failures of the agents it had open, every capture call it makes
+    raises AgentCancelled, and the memory ends as the chain of recorded writes says."""
+    order = _install()
+    run_id = f"prop-{uuid.uuid4().hex[:12]}"
+    memory = oa.Memory("timed")
+    values = itertools.count()
+    ids = itertools.count()
+    gates: dict[int, _Gate] = {}
+    leaked: list[str] = []
+
+    def leaf(op: tuple[Any, ...], gate: _Gate | None) -> None:
+        kind = op[0]
+        if kind == "gate":
+            assert gate is not None
+            with order.lock:
+                gate.records_at_gate = sum(1 for r in order.records if r[0] == me())
+            gate.reached.set()
+            assert gate.release.wait(30)
+            return
+        try:
+            if kind == "tool":
+                echo(1)
+            elif kind == "tool_id":
+                echo.invoke(f"inv-{next(ids)}", 2)
+            elif kind == "read":
+                memory.lookup(op[1])
+            elif kind == "write":
+                memory[op[1]] = next(values)
+            elif kind == "delete":
+                memory.delete(op[1])
+        except oa.AgentCancelled:
+            pass
+        else:
+            if gate is not None and gate.release.is_set():
+                leaked.append(f"{kind} after the timeout")
+
+    def me() -> int:
+        return threading.get_ident()
+
+    def block(ops: list[tuple[Any, ...]], gate: _Gate | None) -> None:
+        for op in ops:
+            if op[0] in ("nested", "spawn"):
+                try:
+                    if op[0] == "nested":
+                        scope = oa.agent(op[1])
+                    else:
+                        scope = oa.spawn("child", key=op[1]).scope()
+                    with scope:
+                        block(op[2], gate)
+                except oa.AgentCancelled:
+                    pass
+            else:
+                leaf(op, gate)
+
+    scopes: list[Any] = []
+    threads: list[threading.Thread] = []
+    with capture_events() as captured:
+        order.active = True
+        try:
+            with oa.run(run_id):
+                for index, (name, ops, cut) in enumerate(workers):
+                    gate = None if cut is None else _Gate()
+                    if gate is not None:
+                        ops = _with_gate(ops, cut)
+                        gates[index] = gate
+                    scope = oa.agent(name).agent.scope()
+                    scopes.append(scope)
+
+                    def target(scope: Any = scope, ops: Any = ops, gate: Any = gate) -> None:
+                        try:
+                            with scope:
+                                block(ops, gate)
+                        except oa.AgentCancelled:
+                            pass
+
+                    threads.append(oa.start_thread(target))
+                for index, gate in gates.items():
+                    assert gate.reached.wait(30)
+                    scopes[index].abandon(oa.AgentTimeoutError("abandoned by the test"))
+                    gate.release.set()
+                for thread in threads:
+                    thread.join(30)
+                    assert not thread.is_alive()
+        finally:
+            order.active = False
+    events = [e for e in captured.events if e.run_id == run_id]
+    records = [r for r in order.records if r[1] == run_id]
+    order.records.clear()
+    assert leaked == []
+
+    # Invariants 1 and 2.
+    per_agent: dict[str, list[int]] = defaultdict(list)
+    for event in events:
+        per_agent[event.agent_id].append(event.seq)
+    for agent_id, seqs in per_agent.items():
+        assert len(seqs) == len(set(seqs)), f"repeated sequence in {agent_id}"
+    per_thread: dict[tuple[int, str], list[int]] = defaultdict(list)
+    for thread_id, _, agent_id, seq in records:
+        per_thread[(thread_id, agent_id)].append(seq)
+    for key, seqs in per_thread.items():
+        assert all(x < y for x, y in itertools.pairwise(seqs)), f"out of program order on {key}"
+    by_id = {e.event_id: e for e in events}
+    for event in events:
+        for parent_id in event.causal_parent_ids:
+            assert parent_id in by_id, f"{event.event_type} names an uncaptured parent"
+            assert by_id[parent_id].seq < event.seq
+
+    # After its timeout, an abandoned thread records only the failures of the agents it had open.
+    by_seq = {(e.agent_id, e.seq): e for e in events}
+    for index, gate in gates.items():
+        thread_id = threads[index].ident
+        after = [r for r in records if r[0] == thread_id][gate.records_at_gate :]
+        kinds = [by_seq[(r[2], r[3])].event_type for r in after]
+        assert set(kinds) <= {"agent_error"}, kinds
+
+    # Every execution ends once; the memory is what its chain of recorded writes says.
+    starts = sum(1 for e in events if e.event_type == "agent_start")
+    ends = sum(1 for e in events if e.event_type in ("agent_end", "agent_error"))
+    assert starts == ends
+    writes = [e for e in events if e.event_type == "memory_write"]
+    named = {p for w in writes for p in w.causal_parent_ids}
+    final = memory.snapshot()
+    for key in KEYS:
+        heads = [w for w in writes if w.payload["key"] == key and w.event_id not in named]
+        if not heads:
+            assert key not in final
+            continue
+        (head,) = heads
+        if head.payload["after_found"]:
+            assert final[key] == head.payload["after"]
+        else:
+            assert key not in final
