@@ -129,8 +129,9 @@ _WRITER = textwrap.dedent(
 def test_writers_in_several_processes_replay_to_the_final_value(pg_dsn):
     """3 processes x 2 threads (agents of their own) incrementing one key with compare-and-set
     and overwriting another: no increment is lost, and for each key the chain of stored writes
-    (each naming the previous one) replays, before by after, to the stored value; the exporter's
-    copies of those events are duplicates, not conflicts."""
+    (each naming the previous one) replays, before by after, to the stored value; every read names
+    the write whose value it found and comes after it; the exporter's copies of those events are
+    duplicates, not conflicts."""
     run_id = _run_id()
     start_at = time.time() + 3.0
     procs = [
@@ -159,6 +160,22 @@ def test_writers_in_several_processes_replay_to_the_final_value(pg_dsn):
     assert version == 90
     for chain in (counter_chain, last_chain):
         assert all(a["seq"] < b["seq"] for a, b in itertools.pairwise(chain))
+    # Every read, in any process, found what the write it names left, and came after it.
+    written = {w["id"]: w for w in counter_chain}
+    reads = _rows(
+        pg_dsn,
+        "SELECT causal_parent_ids::text[], logical_seq, payload FROM agentcap.events "
+        "WHERE run_id = %s AND event_type = 'memory_read' AND payload->>'key' = 'counter'",
+        run_id,
+    )
+    assert len(reads) >= 90
+    for parents, seq, payload in reads:
+        if not parents:  # a read before the first write
+            assert payload["found"] is False
+            continue
+        (parent,) = parents
+        assert written[parent]["seq"] < seq
+        assert payload["value"] == written[parent]["payload"]["after"]
     assert _rows(pg_dsn, "SELECT count(*) FROM agentcap.conflicts WHERE run_id = %s", run_id) == [
         (0,)
     ]
