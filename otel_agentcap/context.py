@@ -12,6 +12,7 @@ matching ``reset_*`` restores what was there before.
 from __future__ import annotations
 
 import contextvars
+import math
 import threading
 import time
 import uuid
@@ -137,6 +138,16 @@ def reset_agent(token: contextvars.Token[AgentContext | None]) -> None:
     _current_agent.reset(token)
 
 
+def checked_timeout(timeout: float | None) -> float | None:
+    """``timeout`` as an agent execution takes it: a positive number of seconds, or None (no
+    timeout; so is infinity). Zero, negative and NaN are a ValueError."""
+    if timeout is None or timeout == math.inf:
+        return None
+    if not timeout > 0:  # also NaN, which no comparison accepts
+        raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}")
+    return timeout
+
+
 def new_agent_context(
     run_id: str,
     agent_id: str,
@@ -149,8 +160,7 @@ def new_agent_context(
 ) -> AgentContext:
     run_id = validate_id(run_id, "run_id")
     agent_id = validate_id(agent_id, "agent_id")
-    if timeout is not None and timeout <= 0:
-        raise ValueError("timeout must be positive")
+    timeout = checked_timeout(timeout)
     return AgentContext(
         run_id=run_id,
         agent_id=agent_id,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import gc
+import math
 import threading
 import time
 import uuid
@@ -803,3 +804,31 @@ def test_a_task_left_running_by_a_timed_out_async_block_cannot_enter_another_age
     assert len(outcome) == 1 and isinstance(outcome[0], oa.AgentCancelled)
     assert memory.snapshot() == {}
     assert captured.for_agent("inner") == []
+
+
+@pytest.mark.parametrize("timeout", [0, -1.0, float("nan")])
+def test_a_timeout_that_is_not_a_positive_number_is_refused_at_the_call(timeout: float) -> None:
+    """A zero, negative or NaN timeout is a ValueError at the call, for Agent.run, arun and
+    scopes alike (NaN was taken as no timeout by scopes and as an immediate timeout by
+    Agent.run, which recorded a timed-out execution 'after nan s')."""
+    agent = _root("bad-timeout")
+    with capture_events() as captured:
+        with pytest.raises(ValueError, match="timeout must be"):
+            agent.run(lambda: 1, timeout=timeout)
+        with pytest.raises(ValueError, match="timeout must be"):
+            agent.scope(timeout=timeout)
+        with pytest.raises(ValueError, match="timeout must be"):
+            oa.agent("bad-timeout", timeout=timeout)
+        with pytest.raises(ValueError, match="timeout must be"):
+            asyncio.run(agent.arun(asyncio.sleep, 0, timeout=timeout))
+    assert captured.for_agent("bad-timeout") == []
+
+
+def test_an_infinite_timeout_is_no_timeout() -> None:
+    """timeout=math.inf runs as no timeout (Agent.run in the caller's thread; it waited in a
+    worker thread and raised OverflowError when the body was still running)."""
+    agent = _root("endless")
+    caller = threading.current_thread()
+    assert agent.run(lambda: threading.current_thread() is caller, timeout=math.inf) is True
+    with agent.scope(timeout=math.inf) as execution:
+        assert execution.context.deadline is None

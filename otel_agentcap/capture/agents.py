@@ -26,6 +26,7 @@ from otel_agentcap.context import (
     RunContext,
     bind_agent,
     bind_run,
+    checked_timeout,
     current_agent,
     current_run,
     new_agent_context,
@@ -105,6 +106,7 @@ class Agent:
         kind = body_kind(fn)
         if kind != "plain":
             raise TypeError(_deferred_message(self.agent_id, kind))
+        timeout = checked_timeout(timeout)
         if timeout is None:
             with self.scope():
                 return _ran(self.agent_id, fn(*args, **kwargs))
@@ -272,10 +274,8 @@ class AgentScope:
     """Context manager (sync and async) for one execution of an agent."""
 
     def __init__(self, agent: Agent, timeout: float | None) -> None:
-        if timeout is not None and timeout <= 0:
-            raise ValueError("timeout must be positive")
         self.agent = agent
-        self.timeout = timeout
+        self.timeout = checked_timeout(timeout)
         self.execution: AgentExecution | None = None
         self._tokens: tuple[Any, ...] = ()
         self._async_timeout: asyncio.Timeout | None = None
