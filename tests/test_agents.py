@@ -832,3 +832,30 @@ def test_an_infinite_timeout_is_no_timeout() -> None:
     assert agent.run(lambda: threading.current_thread() is caller, timeout=math.inf) is True
     with agent.scope(timeout=math.inf) as execution:
         assert execution.context.deadline is None
+
+
+@pytest.mark.fault
+def test_a_block_interrupted_while_its_state_is_committed_fails_and_unbinds_its_agent() -> None:
+    """A Ctrl-C while a block's state is copied for its commit (KeyboardInterrupt from a
+    __deepcopy__) left the agent bound after the block (later code was recorded as the agent's)
+    and never ended its span (not even agent_start reached the log); the execution is now
+    recorded as failed, its state rolled back, and the agent unbound, before the interrupt goes
+    on."""
+
+    class Interrupts:
+        def __deepcopy__(self, memo: dict[int, object]) -> Interrupts:
+            raise KeyboardInterrupt
+
+    memory = oa.Memory("after-interrupt")
+    with capture_events() as captured, oa.run(_run_id()):
+        agent = _root("interrupted")
+        with pytest.raises(KeyboardInterrupt), agent.scope() as execution:
+            execution.state["x"] = Interrupts()
+        assert oa.current_execution() is None
+        memory["k"] = 1  # outside any agent: not recorded
+    assert agent.state == {}
+    events = captured.for_agent("interrupted")
+    assert [e.event_type for e in events] == ["agent_start", "agent_error"]
+    assert events[1].payload["error_type"] == "KeyboardInterrupt"
+    assert events[1].payload["discarded_state_keys"] == ["x"]
+    assert captured.of_type("memory_write") == []

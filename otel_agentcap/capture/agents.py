@@ -216,6 +216,7 @@ class AgentExecution:
         ctx = self.context
         committed: dict[str, Any] | None = None
         commit_error: TypeError | None = None
+        interrupted: BaseException | None = None
         if error is None:
             try:
                 # A copy, so later changes to execution.state do not reach the committed state,
@@ -231,8 +232,14 @@ class AgentExecution:
                     f"the state of agent {self.agent_id!r} cannot be committed: it must be a dict "
                     f"of values that copy.deepcopy can copy ({type(exc).__name__}: {exc})"
                 )
+            except BaseException as exc:
+                # Interrupted (Ctrl-C) while copying: nothing is committed, the execution is
+                # recorded as failed by the interrupt, which then goes on.
+                error = interrupted = exc
         with self._lock:
             if self._finished:
+                if interrupted is not None:
+                    raise interrupted
                 return False
             self._finished = True
         if committed is not None:
@@ -254,6 +261,8 @@ class AgentExecution:
             discarded_state_keys=rolled_back,
         )
         tel.finish_span(self.span, stamp(ctx, EventType.AGENT_ERROR), payload, error)
+        if interrupted is not None:
+            raise interrupted
         return True
 
 
@@ -391,8 +400,15 @@ class AgentScope:
             execution.finish(error)
         except Exception:
             _logger.exception("agentcap: could not record the end of %s", self.agent.agent_id)
+        finally:
+            # Also when the finish was interrupted (Ctrl-C): the agent must not stay bound to
+            # the code after the block.
+            self._unbind(run_token, otel_token, agent_token)
         if raise_instead is None and execution.commit_error is not None:
             raise_instead = execution.commit_error
+        return raise_instead
+
+    def _unbind(self, run_token: Any, otel_token: Any, agent_token: Any) -> None:
         # A scope closed in another context than it was entered in (a generator finalised
         # elsewhere) cannot reset its ContextVars there; that context never saw them set.
         try:
@@ -409,7 +425,6 @@ class AgentScope:
             except ValueError:
                 _logger.debug("agentcap: run scope closed in another context", exc_info=True)
         lifetimes.leave(self.agent.run_id)
-        return raise_instead
 
     def abandon(self, error: BaseException) -> bool:
         """Finish the execution as failed from outside (a sync timeout); the worker's own exit
