@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import gc
 import math
@@ -10,6 +11,7 @@ import threading
 import time
 import uuid
 import warnings
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -859,3 +861,28 @@ def test_a_block_interrupted_while_its_state_is_committed_fails_and_unbinds_its_
     assert events[1].payload["error_type"] == "KeyboardInterrupt"
     assert events[1].payload["discarded_state_keys"] == ["x"]
     assert captured.of_type("memory_write") == []
+
+
+def test_executions_entered_one_after_another_in_carried_contexts_are_not_kept_alive() -> None:
+    """An execution that ended is not kept alive by the executions entered later in a context
+    carried from it (a worker hopping from thread to thread): the link that lets a timed-out
+    execution stop the agents entered inside it is dropped when it ends."""
+    refs: list[weakref.ref[Any]] = []
+    last: list[Any] = []
+
+    def hop(n: int) -> None:
+        with oa.agent("hopper") as execution:
+            refs.append(weakref.ref(execution))
+            carried = contextvars.copy_context()
+        if n:
+            thread = threading.Thread(target=carried.run, args=(hop, n - 1))
+            thread.start()
+            thread.join()
+        else:
+            last.append(carried)
+
+    with oa.run(_run_id()):
+        hop(5)
+        gc.collect()
+        assert last  # the last carried context is alive, and with it the last execution
+        assert [ref() is None for ref in refs[:-1]] == [True] * 5

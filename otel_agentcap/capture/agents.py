@@ -242,6 +242,10 @@ class AgentExecution:
                     raise interrupted
                 return False
             self._finished = True
+        # Ended, it stops the executions entered inside it by its own outcome only (a failure),
+        # never by its enclosing one's: the link goes, so that a chain of executions each entered
+        # in a context carried from the one before does not keep them all alive.
+        ctx.enclosing = None
         if committed is not None:
             ctx.ended = True
             end = stamp(ctx, EventType.AGENT_END, key=None)
@@ -264,6 +268,11 @@ class AgentExecution:
         if interrupted is not None:
             raise interrupted
         return True
+
+
+def _live(ctx: AgentContext | None) -> AgentContext | None:
+    """``ctx`` unless its execution ended successfully (it can no longer stop anything)."""
+    return None if ctx is None or ctx.ended else ctx
 
 
 def _state_keys(state: Any) -> list[str]:
@@ -303,7 +312,7 @@ class AgentScope:
             parent_agent_id=agent.parent_agent_id,
             spawned_at=agent.spawned_at,
             timeout=self.timeout,
-            enclosing=current_agent(),
+            enclosing=_live(current_agent()),
         )
         parents = (agent.spawned_at,) if agent.spawned_at is not None else ()
         start = stamp(ctx, EventType.AGENT_START, parents=parents)
