@@ -492,6 +492,13 @@ def main() -> None:
             f"WHERE e.run_id LIKE '{RUN}%' AND NOT EXISTS "
             "(SELECT 1 FROM agentcap.events x WHERE x.event_id = p)",
         )
+        # Invariant 2 (Lamport): an event whose sequence is not above a stored causal parent's.
+        lamport = query(
+            args.dsn,
+            "SELECT count(*) FROM agentcap.events e, unnest(e.causal_parent_ids) p, "
+            "agentcap.events x WHERE e.run_id LIKE '{RUN}%' AND x.run_id = e.run_id "
+            "AND x.event_id = p AND e.logical_seq <= x.logical_seq".replace("{RUN}", RUN),
+        )
         if conflicts:
             with psycopg.connect(args.dsn) as conn:
                 for kind, reason, n in conn.execute(
@@ -524,6 +531,7 @@ def main() -> None:
         print(f"duplicates:        {duplicates:>9,}  (re-sent, recognised, stored once)")
         print(f"conflicts:         {conflicts:>9,}")
         print(f"dangling parents:  {dangling:>9,}")
+        print(f"Lamport breaches:  {lamport:>9,}  (events not above a stored causal parent)")
         print(f"lost, counted:     {counted:>9,}")
         unavailable = sum(w.result.get("unavailable", 0) for w in workers)
         if unavailable:
