@@ -59,6 +59,10 @@ EVENT_PAYLOAD: Final = "agentcap.event.payload"
 # On an agent_spawn event: the child it created.
 CHILD_AGENT_ID: Final = "agentcap.child.agent_id"
 CHILD_AGENT_NAME: Final = "agentcap.child.name"
+# On an agent_spawn event recorded while the spawn registry did not answer (or answered from this
+# host's file only): the delivery registers the spawn before storing the event, and leaves the
+# event out if another process registered the child first.
+SPAWN_UNREGISTERED: Final = "agentcap.spawn.unregistered"
 # On a child's agent_start event: where it came from.
 PARENT_AGENT_ID: Final = "agentcap.parent.agent_id"
 SPAWNED_AT_EVENT_ID: Final = "agentcap.spawned_at_event_id"

@@ -37,6 +37,7 @@ from otel_agentcap.exporters.durable.host_sequences import (
     HostAwareSequenceSource,
     HostSequenceStore,
 )
+from otel_agentcap.exporters.durable.host_spawns import HostAwareSpawnRegistry, HostSpawnStore
 from otel_agentcap.exporters.durable.processor import (
     DEFAULT_SHUTDOWN_TIMEOUT,
     DurableSpanProcessor,
@@ -69,6 +70,7 @@ from otel_agentcap.instrumentation import instrument_installed
 from otel_agentcap.pipeline.limits import LimitedView, needs_view, provider_limits
 from otel_agentcap.pipeline.processor import AgentCapSpanProcessor
 from otel_agentcap.pipeline.sampling import configured_sampler
+from otel_agentcap.protocols import SpawnRegistry
 
 _logger = logging.getLogger(__name__)
 
@@ -177,6 +179,7 @@ class AgentCap:
         ledger: PostgresToolLedger | None,
         host_sequences: HostSequenceStore | None,
         shutdown_timeout: float,
+        host_spawns: HostSpawnStore | None = None,
     ) -> None:
         self.provider = provider
         self.exporter = exporter
@@ -190,6 +193,7 @@ class AgentCap:
         self._installed = installed
         self.ledger = ledger
         self._host_sequences = host_sequences
+        self._host_spawns = host_spawns
         self._lock = threading.Lock()
         self._shut_down = False
         self.report: ShutdownReport | None = None
@@ -247,6 +251,8 @@ class AgentCap:
         self._uninstall(deadline)
         if self._host_sequences is not None:
             self._host_sequences.close()
+        if self._host_spawns is not None:
+            self._host_spawns.close()
         self.database.close()
         return self.report
 
@@ -599,8 +605,15 @@ def configure(
             installed_source = remote
         clocks.configure(installed_source)
     ledger = PostgresToolLedger(database) if tool_ledger else None
+    installed_spawns: SpawnRegistry = PostgresSpawnRegistry(database)
+    host_spawns: HostSpawnStore | None = None
+    if durable:
+        # While PostgreSQL is down, the processes of this host agree on spawns through a file
+        # in the queue directory; the delivery registers them (see host_spawns).
+        host_spawns = HostSpawnStore(directory.spawns)
+        installed_spawns = HostAwareSpawnRegistry(installed_spawns, host_spawns, faults=faults)
     installed = [
-        _Installed.install(spawn_registry, set_spawn_registry, PostgresSpawnRegistry(database)),
+        _Installed.install(spawn_registry, set_spawn_registry, installed_spawns),
         _Installed.install(run_registry, set_run_registry, PostgresRunRegistry(database)),
         _Installed.install(current_tool_ledger, set_tool_ledger, ledger),
         _Installed.install(default_database, set_default_database, database),
@@ -626,6 +639,7 @@ def configure(
         installed=installed,
         ledger=ledger,
         host_sequences=host_sequences,
+        host_spawns=host_spawns,
         shutdown_timeout=shutdown_timeout,
     )
     _handles[provider] = handle

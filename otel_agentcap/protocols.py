@@ -154,13 +154,15 @@ class SpawnRecord:
     """A child's registered spawn: its parent and name, the ``agent_spawn`` event, the span that
     carries it (the ``create_agent`` span), under which the child's executions run so that a
     child resumed in another process joins the run's trace, and whether the caller's own spawn
-    was the one registered (``won``)."""
+    was the one registered (``won``). ``offline``: registered on this host only (the shared
+    registry did not answer), so the delivery of its event registers it there first."""
 
     parent_agent_id: str
     name: str | None
     spawned_at: EventRef
     span_context: SpanContext | None = None
     won: bool = False
+    offline: bool = False
 
     @property
     def spawn_span(self) -> SpanContext | None:

@@ -4,6 +4,7 @@ the stored log has no Lamport violation and no child event at or below its spawn
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -314,3 +315,145 @@ def test_a_spawn_that_is_not_recorded_is_not_registered(pg_dsn, tmp_path):
     assert len(spawns) == 1
     assert dangling == []
     assert spawned_at == spawns[0]
+
+
+# One step of the outage tests: "spawn" spawns parent/w in agent "parent"; "retry" spawns it
+# again and runs it (a tool call); "deliver" only starts and shuts down, delivering what the
+# earlier processes left in the queue directory. Prints the process's export stats as JSON.
+_OUTAGE_STEP = textwrap.dedent(
+    """
+    import dataclasses, json, sys
+    import otel_agentcap as ac
+    from otel_agentcap.configure import configure
+
+    dsn, run_id, queue_dir, step = sys.argv[1:5]
+    agentcap = configure(dsn, announce=False, queue_dir=queue_dir, shutdown_timeout=1)
+
+    @ac.tool
+    def note(n):
+        return n
+
+    if step != "deliver":
+        with ac.run(run_id, resume=True), ac.agent("parent") as parent:
+            child = parent.spawn("worker", key="w")
+            if step == "retry":
+                child.run(lambda: note.invoke("n", 1))
+    agentcap.shutdown(60 if step == "deliver" else 1)
+    print(json.dumps(dataclasses.asdict(agentcap.stats())))
+    """
+)
+
+
+def _outage_step(dsn: str, run_id: str, queue_dir: object, step: str) -> dict[str, Any]:
+    done = subprocess.run(
+        [sys.executable, "-c", _OUTAGE_STEP, dsn, run_id, str(queue_dir), step],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def _outage_log(dsn: str, run_id: str) -> dict[str, Any]:
+    with psycopg.connect(dsn) as conn:
+        spawns = conn.execute(
+            "SELECT event_id, logical_seq FROM agentcap.events "
+            "WHERE run_id = %s AND event_type = 'agent_spawn'",
+            (run_id,),
+        ).fetchall()
+        starts = conn.execute(
+            "SELECT causal_parent_ids, logical_seq FROM agentcap.events "
+            "WHERE run_id = %s AND agent_id = 'parent/w' AND event_type = 'agent_start'",
+            (run_id,),
+        ).fetchall()
+        registered = conn.execute(
+            "SELECT spawn_event_id, spawn_seq FROM agentcap.spawns WHERE run_id = %s", (run_id,)
+        ).fetchall()
+        conflicts = conn.execute(
+            "SELECT count(*) FROM agentcap.conflicts WHERE run_id = %s", (run_id,)
+        ).fetchone()
+        dangling = conn.execute(
+            "SELECT count(*) FROM agentcap.events e, unnest(e.causal_parent_ids) p"
+            " WHERE e.run_id = %(run)s AND NOT EXISTS (SELECT 1 FROM agentcap.events x"
+            " WHERE x.run_id = %(run)s AND x.event_id = p)",
+            {"run": run_id},
+        ).fetchone()
+        tools = conn.execute(
+            "SELECT count(*) FROM agentcap.events WHERE run_id = %s AND agent_id = 'parent/w' "
+            "AND event_type IN ('tool_invocation', 'tool_result')",
+            (run_id,),
+        ).fetchone()
+    return {
+        "spawns": spawns,
+        "starts": starts,
+        "registered": registered,
+        "conflicts": conflicts[0] if conflicts else None,
+        "dangling": dangling[0] if dangling else None,
+        "tools": tools[0] if tools else None,
+    }
+
+
+@pytest.mark.fault
+@pytest.mark.multiprocess
+def test_a_spawn_retried_in_another_process_while_postgres_is_down(tmp_path):
+    """A child spawned while PostgreSQL is down and spawned again (and run) by another process
+    of the host, still down: the retry finds the first spawn in the host's file, so once the
+    queue is delivered the log holds one agent_spawn event, registered, no conflict, and the
+    child's agent_start names it as causal parent with a higher sequence."""
+    from durable_support import restartable_server
+
+    run_id = f"spawns-{uuid.uuid4().hex[:10]}"
+    queue_dir = tmp_path / "queue"
+    with restartable_server() as server:
+        dsn = server.new_database()
+        server.stop()
+        try:
+            _outage_step(dsn, run_id, queue_dir, "spawn")
+            _outage_step(dsn, run_id, queue_dir, "retry")
+        finally:
+            server.start()
+        _outage_step(dsn, run_id, queue_dir, "deliver")
+        log = _outage_log(dsn, run_id)
+    assert log["conflicts"] == 0
+    assert log["dangling"] == 0
+    assert len(log["spawns"]) == 1
+    (spawn_id, spawn_seq) = log["spawns"][0]
+    assert log["registered"] == [(spawn_id, spawn_seq)]
+    [(parents, start_seq)] = log["starts"]
+    assert parents == [spawn_id]
+    assert start_seq > spawn_seq
+    assert log["tools"] == 2
+
+
+@pytest.mark.fault
+@pytest.mark.multiprocess
+def test_a_child_spawned_twice_during_an_outage_without_a_shared_file(tmp_path):
+    """Two processes that share no queue directory (two hosts) each spawn the same child while
+    PostgreSQL is down: the delivery that registers first stores its agent_spawn event; the
+    other leaves its own out (counted in spawns_superseded), so no conflict is stored and the
+    child's agent_start names the stored spawn event."""
+    from durable_support import restartable_server
+
+    run_id = f"spawns-{uuid.uuid4().hex[:10]}"
+    with restartable_server() as server:
+        dsn = server.new_database()
+        server.stop()
+        try:
+            _outage_step(dsn, run_id, tmp_path / "first", "spawn")
+            _outage_step(dsn, run_id, tmp_path / "second", "retry")
+        finally:
+            server.start()
+        first = _outage_step(dsn, run_id, tmp_path / "first", "deliver")
+        second = _outage_step(dsn, run_id, tmp_path / "second", "deliver")
+        log = _outage_log(dsn, run_id)
+    assert log["conflicts"] == 0
+    assert log["dangling"] == 0
+    assert len(log["spawns"]) == 1
+    assert log["registered"] == log["spawns"]
+    assert (first["spawns_superseded"], second["spawns_superseded"]) == (0, 1)
+    [(parents, _)] = log["starts"]
+    assert parents == [log["spawns"][0][0]]
+    assert log["tools"] == 2

@@ -736,7 +736,15 @@ def _register_spawn(parent: AgentContext, name: str, key: str | None, child_id: 
             except Exception as exc:
                 _registry_failed("register", child_id, exc)
             else:
-                _registry_answered()
+                if not record.offline:
+                    _registry_answered()
+            if record is None or (record.offline and record.won):
+                # Not in the shared registry yet: its delivery registers it (and leaves the
+                # event out if another process registered the child first).
+                try:
+                    span.set_attribute(attr.SPAWN_UNREGISTERED, True)
+                except Exception:
+                    _logger.debug("agentcap: could not mark an unregistered spawn", exc_info=True)
         if record is None or record.won:
             tel.stamp_span(span, spawn_stamp, payload)
     if record is None or record.won:

@@ -6,6 +6,7 @@ for root, else ``platformdirs.user_state_dir("otel-agentcap")/queue``)::
     <base>/<target>/                 one per database (host, port, database, user: no password),
         target                       so a queue is only ever delivered to the database it was for
         sequences.sqlite3            this host's sequence floors (see ``host_sequences``)
+        spawns.sqlite3               this host's spawns (see ``host_spawns``)
         p-<pid>-<random>/            one queue per process that writes (see ``segments``)
             lock                     held (flock) by its process while it lives
             000000000000.seg ...     segment files
@@ -43,6 +44,7 @@ LOCK_FILE: Final = "lock"
 TARGET_FILE: Final = "target"
 REJECTED_DIR: Final = "rejected"
 SEQUENCES_FILE: Final = "sequences.sqlite3"
+SPAWNS_FILE: Final = "spawns.sqlite3"
 _TMP_PREFIX: Final = ".tmp-"
 
 
@@ -134,6 +136,10 @@ class QueueDirectory:
     @property
     def sequences(self) -> Path:
         return self.path / SEQUENCES_FILE
+
+    @property
+    def spawns(self) -> Path:
+        return self.path / SPAWNS_FILE
 
     def ensure(self) -> None:
         """Create the directory (private to the user) if needed; raises OSError."""

@@ -11,6 +11,7 @@ so a durable queue can keep them).
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import threading
 import time
@@ -18,7 +19,9 @@ from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
+from typing import Any
 
+import psycopg
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
@@ -31,12 +34,14 @@ from otel_agentcap.exporters.postgres.database import (
 )
 from otel_agentcap.exporters.postgres.errors import (
     AgentCapStorageError,
+    ConnectionFailed,
     InvalidBatch,
     InvalidPayload,
     SchemaNotReady,
     WriteFailed,
 )
 from otel_agentcap.exporters.postgres.parallel import DEFAULT_WRITERS, WriterThreads, partition_of
+from otel_agentcap.exporters.postgres.recovery import PostgresSpawnRegistry
 from otel_agentcap.exporters.postgres.rows import (
     PreparedBatch,
     copy_data,
@@ -48,6 +53,7 @@ from otel_agentcap.forks import call_in_child_after_fork
 from otel_agentcap.model import Batch
 from otel_agentcap.pipeline.mapping import SpanLike, batch_from_spans
 from otel_agentcap.pipeline.span_attributes import attributes_of
+from otel_agentcap.protocols import SpawnClaim
 
 _logger = logging.getLogger(__name__)
 
@@ -150,6 +156,10 @@ class ExportStats:
     #: Events not stored because their run started before the retention watermark, or was
     #: removed by ``otel-agentcap db prune`` (a late redelivery).
     events_expired: int = 0
+    #: ``agent_spawn`` events recorded while the spawn registry did not answer, left out at
+    #: delivery because another process had registered the same child first (its spawn event
+    #: is the child's; this one would have been a conflict).
+    spawns_superseded: int = 0
 
 
 def _share_run_starts(parts: Sequence[Part]) -> None:
@@ -193,6 +203,8 @@ class Part:
     starts: dict[str, datetime] | None = None
     direct: bool = False
     error: AgentCapStorageError | None = None
+    #: The spawns its spans recorded while the registry did not answer are registered now.
+    spawns_registered: bool = False
 
     @property
     def events(self) -> int:
@@ -283,6 +295,42 @@ def _map(spans: Sequence[SpanLike], *, raw_payloads: bool) -> Batch:
     return batch._replace(events=tuple(events))
 
 
+def _spawn_claim(span: SpanLike, attributes: Any) -> SpawnClaim | None:
+    """The registration of the spawn an ``agent_spawn`` span recorded (None if it holds none)."""
+    try:
+        payload = attributes.get(attr.EVENT_PAYLOAD)
+        key = json.loads(payload).get("key") if isinstance(payload, str) else None
+    except (ValueError, AttributeError):
+        key = None
+    context = span.context
+    run_id = attributes.get(attr.RUN_ID)
+    child = attributes.get(attr.CHILD_AGENT_ID)
+    parent = attributes.get(attr.AGENT_ID)
+    event_id = attributes.get(attr.EVENT_ID)
+    seq = attributes.get(attr.EVENT_SEQ)
+    if not (
+        isinstance(run_id, str)
+        and isinstance(child, str)
+        and isinstance(parent, str)
+        and isinstance(event_id, str)
+        and isinstance(seq, int)
+    ):
+        return None
+    name = attributes.get(attr.CHILD_AGENT_NAME)
+    valid = context is not None and bool(context.trace_id) and bool(context.span_id)
+    return SpawnClaim(
+        run_id,
+        child,
+        parent,
+        name if isinstance(name, str) else "",
+        key if isinstance(key, str) else None,
+        event_id,
+        seq,
+        f"{context.trace_id:032x}" if valid and context is not None else None,
+        f"{context.span_id:016x}" if valid and context is not None else None,
+    )
+
+
 class PostgresSpanExporter(SpanExporter):
     """Writes agentcap events to PostgreSQL, deduplicated, one transaction per part (the events
     of one batch that one writer stores; ``writers`` writers in parallel, split by agent).
@@ -319,6 +367,7 @@ class PostgresSpanExporter(SpanExporter):
         self._stats = ExportStats()
         self._stats_lock = threading.Lock()
         self._shutdown = threading.Event()
+        self._spawns = PostgresSpawnRegistry(self._database)
         call_in_child_after_fork(self._after_fork_in_child)
 
     def _after_fork_in_child(self) -> None:
@@ -495,7 +544,16 @@ class PostgresSpanExporter(SpanExporter):
             try:
                 if part.error is not None:
                     raise part.error
+                if not part.spawns_registered:
+                    part = self._register_spawns(part)
                 assert part.prepared is not None
+                if not (
+                    part.prepared.events
+                    or part.prepared.agents
+                    or part.prepared.runs
+                    or part.prepared.spans
+                ):
+                    return PartOutcome(True)
                 with instrumentation_suppressed():
                     self._database.ensure_schema()
                     result = writer.write_prepared(
@@ -548,6 +606,60 @@ class PostgresSpanExporter(SpanExporter):
                 record_conflicts=result.record_conflicts,
                 events_expired=result.expired,
             )
+
+    def _register_spawns(self, part: Part) -> Part:
+        """Register in ``agentcap.spawns`` the spawns the part's spans recorded while the
+        registry did not answer (``agentcap.spawn.unregistered``), before their events are
+        stored. A spawn another process registered first (the same child recorded twice during
+        an outage) is left out with its span: the registered one is the child's, and this event
+        would only be a conflict. Raises ``ConnectionFailed`` (retried) when the database does
+        not answer."""
+        lost: set[int] = set()
+        for index, span in enumerate(part.spans):
+            attributes = attributes_of(span)
+            if attributes.get(attr.SPAWN_UNREGISTERED) is not True:
+                continue
+            claim = _spawn_claim(span, attributes)
+            if claim is None:
+                continue
+            try:
+                with instrumentation_suppressed():
+                    record = self._spawns.register(claim)
+            except AgentCapStorageError:
+                raise
+            except psycopg.OperationalError as exc:
+                raise ConnectionFailed(f"cannot register a spawn: {exc}") from exc
+            except psycopg.Error as exc:
+                # Not for want of a connection (a pruned run, say): the event is stored, or
+                # refused, as any other.
+                _logger.warning("agentcap: could not register the spawn of %s (%s)", claim[1], exc)
+                continue
+            if (record.spawned_at.event_id, record.spawned_at.seq) != (
+                claim.spawn_event_id,
+                claim.spawn_seq,
+            ):
+                lost.add(index)
+        if not lost:
+            part.spawns_registered = True
+            return part
+        _logger.info(
+            "agentcap: %d spawn(s) recorded while the spawn registry did not answer were "
+            "registered first by another process; their agent_spawn events are left out",
+            len(lost),
+        )
+        with self._stats_lock:
+            self._stats.spawns_superseded += len(lost)
+        records = part.records
+        kept = Part(
+            part.writer,
+            [s for i, s in enumerate(part.spans) if i not in lost],
+            None if records is None else [r for i, r in enumerate(records) if i not in lost],
+        )
+        rebuilt = self._part(kept.writer, kept.spans, kept.records, part.direct)
+        rebuilt.spawns_registered = True
+        if rebuilt.error is not None:
+            raise rebuilt.error
+        return rebuilt
 
     def _rejected(
         self,

@@ -1,0 +1,285 @@
+"""Spawns that processes of one host agree on, also while PostgreSQL is down.
+
+The spawn registry is ``agentcap.spawns`` (``exporters.postgres.recovery``). While it cannot be
+reached, spawns are registered in a small SQLite file in the queue directory
+(``spawns.sqlite3``) that every process using the directory shares, with the same rule: the
+first registration of a child wins, a later one (a retry of the child in another process of the
+host) gets the first one's spawn event and sequence, records nothing, and its child starts above
+that sequence. The file also keeps every spawn the host's processes registered in PostgreSQL
+(written through), so a retry during an outage finds those too.
+
+A spawn registered in the file only (``registered = 0``) is registered in PostgreSQL:
+
+* by the delivery of its ``agent_spawn`` event, before the event is stored (the span carries
+  ``agentcap.spawn.unregistered``; see ``exporters.postgres.exporter``), and
+* by the first process of the host that looks the child up in PostgreSQL once it answers and
+  does not find it there (a retry of the child before the event was delivered).
+
+Processes of other hosts cannot see the file: a child spawned on two hosts during one outage is
+recorded twice, and the delivery that registers second leaves its event out (see the README).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from pathlib import Path
+from typing import Final
+
+from otel_agentcap.exporters.faults import FaultLog
+from otel_agentcap.exporters.postgres.recovery import span_context_of
+from otel_agentcap.forks import call_in_child_after_fork
+from otel_agentcap.model import EventRef
+from otel_agentcap.protocols import SpawnClaim, SpawnRecord, SpawnRegistry
+
+#: What a forked child inherited and must neither use nor close (it is the parent's).
+_left_in_parent: list[object] = []
+
+SPAWNS_CONDITION: Final = "spawn registry"
+#: Rows of spawns not touched for this long are forgotten (their runs are long over).
+RETENTION_S: Final = 30 * 24 * 3600.0
+
+_SCHEMA: Final = """
+CREATE TABLE IF NOT EXISTS spawns (
+    run_id          TEXT    NOT NULL,
+    child_agent_id  TEXT    NOT NULL,
+    parent_agent_id TEXT    NOT NULL,
+    name            TEXT,
+    spawn_key       TEXT,
+    spawn_event_id  TEXT    NOT NULL,
+    spawn_seq       INTEGER NOT NULL,
+    trace_id        TEXT,
+    span_id         TEXT,
+    registered      INTEGER NOT NULL,
+    updated         REAL    NOT NULL,
+    PRIMARY KEY (run_id, child_agent_id)
+)
+"""
+
+_COLUMNS: Final = (
+    "run_id, child_agent_id, parent_agent_id, name, spawn_key, spawn_event_id, spawn_seq, "
+    "trace_id, span_id"
+)
+
+
+def record_of(claim: SpawnClaim, *, won: bool = False, offline: bool = False) -> SpawnRecord:
+    """The spawn record a claim stands for."""
+    span = span_context_of(claim.trace_id, claim.span_id)
+    return SpawnRecord(
+        claim.parent_agent_id,
+        claim.name,
+        EventRef(claim.spawn_event_id, claim.spawn_seq, claim.parent_agent_id, span),
+        span,
+        won=won,
+        offline=offline,
+    )
+
+
+def claim_of(run_id: str, child_agent_id: str, record: SpawnRecord, key: str | None) -> SpawnClaim:
+    """The claim that registers ``record`` as it is (what the file keeps)."""
+    span = record.spawn_span
+    trace_id = f"{span.trace_id:032x}" if span is not None and span.is_valid else None
+    span_id = f"{span.span_id:016x}" if span is not None and span.is_valid else None
+    return SpawnClaim(
+        run_id,
+        child_agent_id,
+        record.parent_agent_id,
+        record.name or "",
+        key,
+        record.spawned_at.event_id,
+        record.spawned_at.seq,
+        trace_id,
+        span_id,
+    )
+
+
+class HostSpawnStore:
+    """The SQLite file of this host's spawns (thread-safe; processes share it through SQLite's
+    own locking). Commits are not synced to disk one by one (``synchronous=NORMAL``): they
+    survive the end of a process, which is what the processes coordinate over."""
+
+    def __init__(self, path: Path, *, busy_timeout: float = 10.0) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self._busy_timeout = busy_timeout
+        self._conn: sqlite3.Connection | None = None
+        call_in_child_after_fork(self._after_fork_in_child)
+
+    def _after_fork_in_child(self) -> None:
+        if self._conn is not None:
+            _left_in_parent.append(self._conn)
+        self._conn = None
+        self._lock = threading.Lock()
+
+    def _connection(self) -> sqlite3.Connection:
+        if self._conn is None:
+            self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            conn = sqlite3.connect(
+                self.path,
+                timeout=self._busy_timeout,
+                isolation_level=None,
+                check_same_thread=False,
+            )
+            try:
+                conn.execute("PRAGMA journal_mode=WAL")
+                conn.execute("PRAGMA synchronous=NORMAL")
+                conn.execute(_SCHEMA)
+                conn.execute("DELETE FROM spawns WHERE updated < ?", (time.time() - RETENTION_S,))
+            except sqlite3.Error:
+                conn.close()
+                raise
+            self._conn = conn
+        return self._conn
+
+    def find(self, run_id: str, child_agent_id: str) -> tuple[SpawnClaim, bool] | None:
+        """The child's spawn as the file holds it, and whether it is registered in PostgreSQL."""
+        with self._lock:
+            row = (
+                self._connection()
+                .execute(
+                    f"SELECT {_COLUMNS}, registered FROM spawns "
+                    "WHERE run_id = ? AND child_agent_id = ?",
+                    (run_id, child_agent_id),
+                )
+                .fetchone()
+            )
+        if row is None:
+            return None
+        return SpawnClaim(*row[:9]), bool(row[9])
+
+    def claim(self, claim: SpawnClaim) -> tuple[SpawnClaim, bool]:
+        """Insert-or-get ``claim`` as not registered in PostgreSQL: the claim the file holds for
+        the child, and whether it is this one."""
+        with self._lock:
+            conn = self._connection()
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                conn.execute(
+                    f"INSERT INTO spawns ({_COLUMNS}, registered, updated) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 0, ?) ON CONFLICT DO NOTHING",
+                    (*claim, time.time()),
+                )
+                row = conn.execute(
+                    f"SELECT {_COLUMNS} FROM spawns WHERE run_id = ? AND child_agent_id = ?",
+                    (claim.run_id, claim.child_agent_id),
+                ).fetchone()
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+        held = SpawnClaim(*row)
+        return held, (held.spawn_event_id, held.spawn_seq) == (
+            claim.spawn_event_id,
+            claim.spawn_seq,
+        )
+
+    def registered(self, claim: SpawnClaim) -> None:
+        """Keep ``claim`` as the child's spawn registered in PostgreSQL (it replaces whatever
+        the file held: PostgreSQL decides)."""
+        with self._lock:
+            self._connection().execute(
+                f"INSERT INTO spawns ({_COLUMNS}, registered, updated) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 1, ?) ON CONFLICT (run_id, child_agent_id) "
+                "DO UPDATE SET parent_agent_id = excluded.parent_agent_id, name = excluded.name, "
+                "spawn_key = excluded.spawn_key, spawn_event_id = excluded.spawn_event_id, "
+                "spawn_seq = excluded.spawn_seq, trace_id = excluded.trace_id, "
+                "span_id = excluded.span_id, registered = 1, updated = excluded.updated",
+                (*claim, time.time()),
+            )
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+
+class HostAwareSpawnRegistry:
+    """A :class:`~otel_agentcap.protocols.SpawnRegistry`: ``remote`` (PostgreSQL), with this
+    host's ``store`` while it fails (see the module doc). Raises the remote's error only when
+    the store cannot be used either."""
+
+    def __init__(self, remote: SpawnRegistry, store: HostSpawnStore, *, faults: FaultLog) -> None:
+        self._remote = remote
+        self._store = store
+        self._faults = faults
+
+    def find(self, run_id: str, child_agent_id: str) -> SpawnRecord | None:
+        try:
+            found = self._remote.find(run_id, child_agent_id)
+        except Exception as exc:
+            held = self._held(run_id, child_agent_id, exc)
+            self._remote_failed(exc)
+            if held is None:
+                return None
+            return record_of(held[0], offline=not held[1])
+        self._answered()
+        if found is not None:
+            return found
+        # Not in PostgreSQL: a spawn of this host registered while it did not answer, whose
+        # event is not delivered yet, is registered now (any process of the host may do it).
+        held = self._held(run_id, child_agent_id, None)
+        if held is None or held[1]:
+            return None
+        record = self._remote.register(held[0])
+        self._keep(run_id, child_agent_id, record, held[0].key)
+        return record
+
+    def register(self, claim: SpawnClaim) -> SpawnRecord:
+        try:
+            record = self._remote.register(claim)
+        except Exception as exc:
+            try:
+                held, won = self._store.claim(claim)
+            except (sqlite3.Error, OSError) as store_exc:
+                self._store_failed(store_exc)
+                raise exc from None
+            self._remote_failed(exc)
+            return record_of(held, won=won, offline=True)
+        self._answered()
+        self._keep(claim.run_id, claim.child_agent_id, record, claim.key)
+        return record
+
+    def _held(
+        self, run_id: str, child_agent_id: str, remote_error: Exception | None
+    ) -> tuple[SpawnClaim, bool] | None:
+        try:
+            return self._store.find(run_id, child_agent_id)
+        except (sqlite3.Error, OSError) as exc:
+            self._store_failed(exc)
+            if remote_error is not None:
+                raise remote_error from None
+            return None
+
+    def _keep(self, run_id: str, child_agent_id: str, record: SpawnRecord, key: str | None) -> None:
+        try:
+            self._store.registered(claim_of(run_id, child_agent_id, record, key))
+        except (sqlite3.Error, OSError) as exc:
+            self._store_failed(exc)
+
+    def _remote_failed(self, exc: Exception) -> None:
+        self._faults.fault(
+            SPAWNS_CONDITION,
+            f"cannot reach the spawn registry in PostgreSQL ({_first_line(exc)})",
+            consequence=(
+                f"spawns are registered in {self._store.path} until it answers, and in "
+                "PostgreSQL when their events are delivered"
+            ),
+        )
+
+    def _answered(self) -> None:
+        if self._faults.is_active(SPAWNS_CONDITION):
+            self._faults.recovered(SPAWNS_CONDITION, detail="spawns are registered in PostgreSQL")
+
+    def _store_failed(self, exc: BaseException) -> None:
+        self._faults.fault(
+            SPAWNS_CONDITION + " file",
+            f"cannot use {self._store.path} ({exc})",
+            consequence="spawns are registered in PostgreSQL alone",
+        )
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

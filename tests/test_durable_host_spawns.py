@@ -1,0 +1,81 @@
+"""This host's spawn file: spawns registered while PostgreSQL does not answer, agreed on by the
+processes of the host, and registered in PostgreSQL by the first lookup once it answers."""
+
+from __future__ import annotations
+
+import uuid
+
+import psycopg
+import pytest
+
+from otel_agentcap.exporters.durable.host_spawns import HostAwareSpawnRegistry, HostSpawnStore
+from otel_agentcap.exporters.faults import FaultLog
+from otel_agentcap.exporters.postgres import Database
+from otel_agentcap.exporters.postgres.recovery import PostgresSpawnRegistry
+from otel_agentcap.protocols import SpawnClaim, SpawnRecord
+
+pytestmark = pytest.mark.storage
+
+
+class _Down:
+    """A spawn registry whose database does not answer."""
+
+    def find(self, run_id: str, child_agent_id: str) -> SpawnRecord | None:
+        raise ConnectionError("PostgreSQL is down")
+
+    def register(self, claim: SpawnClaim) -> SpawnRecord:
+        raise ConnectionError("PostgreSQL is down")
+
+
+def _claim(run_id: str, seq: int) -> SpawnClaim:
+    return SpawnClaim(
+        run_id,
+        "parent/w",
+        "parent",
+        "worker",
+        "w",
+        str(uuid.uuid5(uuid.NAMESPACE_URL, run_id)),
+        seq,
+        "0" * 31 + "1",
+        f"{seq:016x}",
+    )
+
+
+def test_the_first_offline_spawn_of_a_child_wins_on_the_host(tmp_path):
+    """While PostgreSQL is down the first registration of a child in the host's file wins; a
+    later one (another process's retry) gets the first one's event, sequence and span."""
+    path = tmp_path / "spawns.sqlite3"
+    first = HostAwareSpawnRegistry(_Down(), HostSpawnStore(path), faults=FaultLog())
+    second = HostAwareSpawnRegistry(_Down(), HostSpawnStore(path), faults=FaultLog())
+    won = first.register(_claim("r", 7))
+    lost = second.register(_claim("r", 9))
+    assert (won.won, won.offline, lost.won, lost.offline) == (True, True, False, True)
+    assert lost.spawned_at.seq == 7
+    assert lost.spawn_span is not None and lost.spawn_span.span_id == 7
+    found = second.find("r", "parent/w")
+    assert found is not None and found.spawned_at.seq == 7
+
+
+def test_an_offline_spawn_is_registered_by_the_first_lookup_once_postgres_answers(pg_dsn, tmp_path):
+    """A spawn registered in the host's file only is registered in PostgreSQL by the first
+    lookup of its child once the database answers, so a retry then gets that spawn."""
+    run_id = f"host-spawns-{uuid.uuid4().hex[:10]}"
+    store = HostSpawnStore(tmp_path / "spawns.sqlite3")
+    HostAwareSpawnRegistry(_Down(), store, faults=FaultLog()).register(_claim(run_id, 7))
+    database = Database(pg_dsn)
+    try:
+        remote = PostgresSpawnRegistry(database)
+        registry = HostAwareSpawnRegistry(remote, store, faults=FaultLog())
+        found = registry.find(run_id, "parent/w")
+        assert found is not None and found.spawned_at.seq == 7
+        stored = remote.find(run_id, "parent/w")
+        assert stored is not None and stored.spawned_at == found.spawned_at
+        held = store.find(run_id, "parent/w")
+        assert held is not None and held[1]  # registered
+    finally:
+        database.close()
+    with psycopg.connect(pg_dsn) as conn:
+        rows = conn.execute(
+            "SELECT spawn_seq, span_id FROM agentcap.spawns WHERE run_id = %s", (run_id,)
+        ).fetchall()
+    assert rows == [(7, f"{7:016x}")]
