@@ -79,3 +79,27 @@ def test_an_offline_spawn_is_registered_by_the_first_lookup_once_postgres_answer
             "SELECT spawn_seq, span_id FROM agentcap.spawns WHERE run_id = %s", (run_id,)
         ).fetchall()
     assert rows == [(7, f"{7:016x}")]
+
+
+def test_a_process_that_reaches_postgres_takes_the_spawn_another_registered_offline(
+    pg_dsn, tmp_path
+):
+    """A process of the host that reaches PostgreSQL and registers a child that another process
+    of the host registered in the file a moment before (while it could not reach PostgreSQL)
+    gets that spawn, not its own, and registers it there: the other's child is the child."""
+    run_id = f"host-spawns-{uuid.uuid4().hex[:10]}"
+    store = HostSpawnStore(tmp_path / "spawns.sqlite3")
+    offline = HostAwareSpawnRegistry(_Down(), store, faults=FaultLog())
+    assert offline.register(_claim(run_id, 7)).won
+    database = Database(pg_dsn)
+    try:
+        online = HostAwareSpawnRegistry(PostgresSpawnRegistry(database), store, faults=FaultLog())
+        record = online.register(_claim(run_id, 9))
+    finally:
+        database.close()
+    assert (record.won, record.offline, record.spawned_at.seq) == (False, False, 7)
+    with psycopg.connect(pg_dsn) as conn:
+        rows = conn.execute(
+            "SELECT spawn_seq FROM agentcap.spawns WHERE run_id = %s", (run_id,)
+        ).fetchall()
+    assert rows == [(7,)]

@@ -5,8 +5,11 @@ reached, spawns are registered in a small SQLite file in the queue directory
 (``spawns.sqlite3``) that every process using the directory shares, with the same rule: the
 first registration of a child wins, a later one (a retry of the child in another process of the
 host) gets the first one's spawn event and sequence, records nothing, and its child starts above
-that sequence. The file also keeps every spawn the host's processes registered in PostgreSQL
-(written through), so a retry during an outage finds those too.
+that sequence. A spawn is registered in the file first, also while PostgreSQL answers, and then
+in PostgreSQL (the spawn the file holds, which may be another process's): so the file holds every
+spawn the host's processes registered, a retry during an outage finds those too, and a process of
+the host that reaches PostgreSQL never overrules one that registered the child in the file a
+moment before, while it could not.
 
 A spawn registered in the file only (``registered = 0``) is registered in PostgreSQL:
 
@@ -24,6 +27,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Final
 
@@ -149,8 +153,8 @@ class HostSpawnStore:
         return SpawnClaim(*row[:9]), bool(row[9])
 
     def claim(self, claim: SpawnClaim) -> tuple[SpawnClaim, bool]:
-        """Insert-or-get ``claim`` as not registered in PostgreSQL: the claim the file holds for
-        the child, and whether it is this one."""
+        """Insert-or-get ``claim`` (as not registered in PostgreSQL yet): the claim the file
+        holds for the child, and whether it is this one."""
         with self._lock:
             conn = self._connection()
             conn.execute("BEGIN IMMEDIATE")
@@ -227,18 +231,23 @@ class HostAwareSpawnRegistry:
         return record
 
     def register(self, claim: SpawnClaim) -> SpawnRecord:
+        # The host's file first: a process of the host that registered the child there while it
+        # could not reach PostgreSQL (even a moment ago) has a spawn that counts, and may already
+        # run the child under it.
         try:
-            record = self._remote.register(claim)
+            held, mine = self._store.claim(claim)
+        except (sqlite3.Error, OSError) as exc:
+            self._store_failed(exc)
+            return self._remote.register(claim)
+        try:
+            record = self._remote.register(held)
         except Exception as exc:
-            try:
-                held, won = self._store.claim(claim)
-            except (sqlite3.Error, OSError) as store_exc:
-                self._store_failed(store_exc)
-                raise exc from None
             self._remote_failed(exc)
-            return record_of(held, won=won, offline=True)
+            return record_of(held, won=mine, offline=True)
         self._answered()
-        self._keep(claim.run_id, claim.child_agent_id, record, claim.key)
+        self._keep(claim.run_id, claim.child_agent_id, record, held.key)
+        if not mine:
+            return replace(record, won=False)
         return record
 
     def _held(
