@@ -103,3 +103,21 @@ def test_a_process_that_reaches_postgres_takes_the_spawn_another_registered_offl
             "SELECT spawn_seq FROM agentcap.spawns WHERE run_id = %s", (run_id,)
         ).fetchall()
     assert rows == [(7,)]
+
+
+def test_a_spawn_the_file_copied_from_postgres_does_not_outlive_the_database(pg_dsn, tmp_path):
+    """A spawn the file holds as registered in PostgreSQL, which PostgreSQL no longer holds (the
+    database emptied or created again), is not handed out: the new spawn is registered."""
+    run_id = f"host-spawns-{uuid.uuid4().hex[:10]}"
+    store = HostSpawnStore(tmp_path / "spawns.sqlite3")
+    store.registered(_claim(run_id, 7))
+    database = Database(pg_dsn)
+    try:
+        registry = HostAwareSpawnRegistry(PostgresSpawnRegistry(database), store, faults=FaultLog())
+        assert registry.find(run_id, "parent/w") is None
+        record = registry.register(_claim(run_id, 9))
+    finally:
+        database.close()
+    assert (record.won, record.spawned_at.seq) == (True, 9)
+    held = store.find(run_id, "parent/w")
+    assert held is not None and (held[0].spawn_seq, held[1]) == (9, True)

@@ -152,9 +152,9 @@ class HostSpawnStore:
             return None
         return SpawnClaim(*row[:9]), bool(row[9])
 
-    def claim(self, claim: SpawnClaim) -> tuple[SpawnClaim, bool]:
+    def claim(self, claim: SpawnClaim) -> tuple[SpawnClaim, bool, bool]:
         """Insert-or-get ``claim`` (as not registered in PostgreSQL yet): the claim the file
-        holds for the child, and whether it is this one."""
+        holds for the child, whether it is this one, and whether it is registered there."""
         with self._lock:
             conn = self._connection()
             conn.execute("BEGIN IMMEDIATE")
@@ -165,18 +165,17 @@ class HostSpawnStore:
                     (*claim, time.time()),
                 )
                 row = conn.execute(
-                    f"SELECT {_COLUMNS} FROM spawns WHERE run_id = ? AND child_agent_id = ?",
+                    f"SELECT {_COLUMNS}, registered FROM spawns "
+                    "WHERE run_id = ? AND child_agent_id = ?",
                     (claim.run_id, claim.child_agent_id),
                 ).fetchone()
                 conn.execute("COMMIT")
             except BaseException:
                 conn.execute("ROLLBACK")
                 raise
-        held = SpawnClaim(*row)
-        return held, (held.spawn_event_id, held.spawn_seq) == (
-            claim.spawn_event_id,
-            claim.spawn_seq,
-        )
+        held = SpawnClaim(*row[:9])
+        mine = (held.spawn_event_id, held.spawn_seq) == (claim.spawn_event_id, claim.spawn_seq)
+        return held, mine, bool(row[9])
 
     def registered(self, claim: SpawnClaim) -> None:
         """Keep ``claim`` as the child's spawn registered in PostgreSQL (it replaces whatever
@@ -235,18 +234,21 @@ class HostAwareSpawnRegistry:
         # could not reach PostgreSQL (even a moment ago) has a spawn that counts, and may already
         # run the child under it.
         try:
-            held, mine = self._store.claim(claim)
+            held, mine, registered = self._store.claim(claim)
         except (sqlite3.Error, OSError) as exc:
             self._store_failed(exc)
             return self._remote.register(claim)
         try:
-            record = self._remote.register(held)
+            # A spawn the file knows from PostgreSQL is only a copy: PostgreSQL decides (its
+            # lookup just missed it when the database was emptied or created again since).
+            sent = claim if registered else held
+            record = self._remote.register(sent)
         except Exception as exc:
             self._remote_failed(exc)
             return record_of(held, won=mine, offline=True)
         self._answered()
-        self._keep(claim.run_id, claim.child_agent_id, record, held.key)
-        if not mine:
+        self._keep(claim.run_id, claim.child_agent_id, record, sent.key)
+        if not mine and not registered:
             return replace(record, won=False)
         return record
 

@@ -650,12 +650,12 @@ class PostgresSpanExporter(SpanExporter):
         with self._stats_lock:
             self._stats.spawns_superseded += len(lost)
         records = part.records
-        kept = Part(
+        rebuilt = self._part(
             part.writer,
             [s for i, s in enumerate(part.spans) if i not in lost],
             None if records is None else [r for i, r in enumerate(records) if i not in lost],
+            part.direct,
         )
-        rebuilt = self._part(kept.writer, kept.spans, kept.records, part.direct)
         rebuilt.spawns_registered = True
         if rebuilt.error is not None:
             raise rebuilt.error
