@@ -505,8 +505,9 @@ def configure(
       :func:`otel_agentcap.instrumentation.instrument_installed`: the anthropic SDK's causal
       links); ``False`` leaves instrumentation to the caller.
 
-    Spawns are registered in the database when they happen, so a spawn retried in any process
-    gets the same child and spawn event; ``PostgresMemory`` uses this database by default; a run id
+    Spawns are registered in the database when they happen (while it is down, in this host's
+    ``spawns.sqlite3`` in the queue directory, and in the database when their events are
+    delivered), so a spawn retried in any process gets the same child and spawn event; ``PostgresMemory`` uses this database by default; a run id
     is claimed in the database when its run opens (``run(run_id)`` on a stored run needs
     ``resume=True`` or a carried context, see ``otel_agentcap.capture.runs``). The handle owns
     all of it: its ``shutdown()`` closes the tool ledger and the database and restores what these
