@@ -37,6 +37,9 @@ def _resolved_tracer() -> Tracer:
 
 
 _escape = json.encoder.encode_basestring_ascii
+json_ascii = _escape
+"""A str as a JSON string with every non-ASCII character escaped (how ``outcome_record`` writes the
+idempotency key)."""
 json_string = json.encoder.encode_basestring
 """A str as a JSON string, as ``jsonsafe.dumps`` writes it (for ids, which are valid UTF-8 without
 NUL; see ``model.validate_id``)."""
@@ -206,6 +209,19 @@ def finish_span(
     except Exception:
         _logger.exception("agentcap: could not record %s", stamp.event_type)
     end_span(span, error)
+
+
+def finish_span_with(span: Span, attributes: dict[str, AttributeValue], event_type: str) -> None:
+    """:func:`finish_span` given the closing attributes already built (the outcome record and any
+    content), for a closing event without links and a span ending without error. Never raises."""
+    try:
+        add_attributes(span, attributes)
+    except Exception:
+        _logger.exception("agentcap: could not record %s", event_type)
+    try:
+        span.end()
+    except Exception:
+        _logger.exception("agentcap: could not end span")
 
 
 def add_links(span: Span, links: Sequence[Link]) -> None:

@@ -46,11 +46,18 @@ from otel_agentcap.capture.ledger import (
     tool_ledger,
 )
 from otel_agentcap.capture.values import private_copy
-from otel_agentcap.context import AgentContext, current_agent
+from otel_agentcap.context import AgentContext, ambient_causal_parents, current_agent
 from otel_agentcap.errors import ToolOutcomeUnknown
 from otel_agentcap.forks import call_in_child_after_fork
-from otel_agentcap.model import EventRef, EventType, event_id_for, from_fields, validate_id
-from otel_agentcap.pipeline.stamping import stamp
+from otel_agentcap.model import (
+    EventRef,
+    EventType,
+    event_id_for,
+    event_id_in,
+    from_fields,
+    validate_id,
+)
+from otel_agentcap.pipeline.stamping import Stamp, stamp
 from otel_agentcap.runs import lifetimes
 
 P = ParamSpec("P")
@@ -928,13 +935,37 @@ class Tool(Generic[P, R]):
             if attempt != 1:
                 key = f"{key}\x1fattempt{attempt}"
                 head_extra = f'{head_extra},"attempt":{attempt}'
-        start = stamp(
-            ctx, EventType.TOOL_INVOCATION, key=None if key is None else f"{key}:invocation"
-        )
-        call_id = invocation_id if invocation_id is not None else f"seq-{start.seq}"
+        if ambient_causal_parents():
+            start = stamp(
+                ctx, EventType.TOOL_INVOCATION, key=None if key is None else f"{key}:invocation"
+            )
+            seq = start.seq
+            span_attributes = start.attributes()
+            links = start.links
+            invocation = start.ref
+        else:
+            # stamp() and Stamp.attributes() inlined for the common case, an invocation without
+            # causal parents: the same sequence, id and attributes, in the same order.
+            seq = ctx.clock.tick()
+            agent_id = ctx.agent_id
+            idempotency_key = f"seq:{seq}" if key is None else f"{key}:invocation"
+            event_id = event_id_in(ctx.event_id_prefix, idempotency_key)
+            span_attributes = {
+                attr.RUN_ID: ctx.run_id,
+                attr.AGENT_ID: agent_id,
+                attr.GEN_AI_AGENT_ID: agent_id,
+                attr.GEN_AI_AGENT_NAME: ctx.name,
+                attr.EVENT_ID: event_id,
+                attr.EVENT_TYPE: EventType.TOOL_INVOCATION,
+                attr.EVENT_SEQ: seq,
+            }
+            if key is not None:  # never "seq:{seq}", which the stamp leaves out
+                span_attributes[attr.EVENT_IDEMPOTENCY_KEY] = idempotency_key
+            links = ()
+            invocation = _new_ref((event_id, seq, agent_id, None))
+        call_id = invocation_id if invocation_id is not None else f"seq-{seq}"
         # The invocation id is escaped once and used in both payloads.
         head = f"{self._payload_prefix}{tel.json_string(call_id)}{head_extra}"
-        span_attributes = start.attributes()
         recorded = (
             arguments
             if len(arguments) <= jsonsafe.DEFAULT_MAX_PAYLOAD_CHARS
@@ -945,8 +976,7 @@ class Tool(Generic[P, R]):
             span_attributes[attr.GEN_AI_TOOL_CALL_ARGUMENTS] = recorded
         span_attributes.update(self._span_attributes)
         span_attributes[attr.GEN_AI_TOOL_CALL_ID] = call_id
-        span = tel.start_span(self._span_name, span_attributes, start.links)
-        invocation = start.ref
+        span = tel.start_span(self._span_name, span_attributes, links)
         if entry is not None:
             entry.invocation_event = invocation
         finisher = _new_finisher(
@@ -1047,24 +1077,50 @@ class _Finisher(NamedTuple):
     arguments: str
 
     def succeeded(self, result: Any) -> None:
-        done = stamp(
-            self.ctx,
-            EventType.TOOL_RESULT,
-            key=None if self.key is None else f"{self.key}:result",
-            parents=(self.invocation,),
-            link=False,
-        )
-        encoded = jsonsafe.dumps(result)
-        payload = tel.Encoded(tel.tool_payload_encoded(self.payload_head, "result", encoded))
-        if tel.content.enabled:
-            tel.finish_span(self.span, done, payload, None, {attr.GEN_AI_TOOL_CALL_RESULT: encoded})
+        ctx = self.ctx
+        key = self.key
+        invocation = self.invocation
+        span = self.span
+        done: Stamp | None = None
+        if ambient_causal_parents():
+            done = stamp(
+                ctx,
+                EventType.TOOL_RESULT,
+                key=None if key is None else f"{key}:result",
+                parents=(invocation,),
+                link=False,
+            )
+            seq = done.seq
+            event_id = done.event_id
+            idempotency_key = done.idempotency_key
         else:
-            tel.finish_span(self.span, done, payload)
+            # stamp(parents=(invocation,), link=False) and tel.outcome_record inlined for the
+            # common case, no other causal parents: the same sequence, id and record.
+            seq = ctx.clock.tick(invocation.seq)
+            idempotency_key = f"seq:{seq}" if key is None else f"{key}:result"
+            event_id = event_id_in(ctx.event_id_prefix, idempotency_key)
+        encoded = jsonsafe.dumps(result)
+        payload = f'{self.payload_head},"result":{encoded}}}'  # tel.tool_payload_encoded
+        if done is not None:
+            record = tel.outcome_record(done, tel.Encoded(payload))
+        else:
+            record = (
+                f'{{"id":"{event_id}","type":"tool_result","seq":{seq},'
+                f'"key":{tel.json_ascii(idempotency_key)},'
+                f'"parents":["{invocation.event_id}"],"payload":{payload}}}'
+            )
+        if tel.content.enabled:
+            tel.finish_span_with(
+                span, {attr.OUTCOME: record, attr.GEN_AI_TOOL_CALL_RESULT: encoded}, "tool_result"
+            )
+        else:
+            tel.finish_span_with(span, {attr.OUTCOME: record}, "tool_result")
         entry = self.entry
         if entry is None:
             return
         entry.result = private_copy(result)
-        entry.result_event = done.ref_on(self.span.get_span_context())
+        agent_id = ctx.agent_id
+        entry.result_event = _new_ref((event_id, seq, agent_id, span.get_span_context()))
         call = entry.ledger_call
         if call is not None:
             try:
@@ -1079,7 +1135,9 @@ class _Finisher(NamedTuple):
                     exc_info=True,
                 )
                 encoded, codec = JSON_CODEC.encode(result), JSON_CODEC.name
-            _complete(call, entry, done.ref, True, encoded, None, codec)
+            _complete(
+                call, entry, _new_ref((event_id, seq, agent_id, None)), True, encoded, None, codec
+            )
         assert self.registry_key is not None
         invocations.complete(self.registry_key, entry)
 
@@ -1152,6 +1210,7 @@ def _complete(
 
 
 _new_finisher = from_fields(_Finisher)
+_new_ref = from_fields(EventRef)
 
 
 @overload
