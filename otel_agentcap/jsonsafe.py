@@ -248,6 +248,8 @@ _py_encode_sorted = json.JSONEncoder(
 #: key can duplicate another key of its dict. Other text may match too (a list of strings that
 #: start with a digit); that only costs the check below.
 _MAYBE_NON_STR_KEY: Final = re.compile(r'[{,]"(?:-?[0-9I]|NaN|true"|false"|null")')
+#: The key types of a dict whose keys need no scan of its text (see dumps).
+_STR_ONLY: Final = frozenset({str})
 
 
 def _encode(value: Any, sort_keys: bool = False) -> str:
@@ -297,13 +299,35 @@ def dumps(
     try:
         # Fast path: most payloads are plain JSON; json.dumps in C plus a scan of its output is
         # far cheaper than walking the value in Python. Anything else takes the general path.
-        text = _encode(value, sort_keys)
-        if not sort_keys and _MAYBE_NON_STR_KEY.search(text) is not None:
-            # json writes the keys 0 and "0" of one dict both as "0": duplicate keys, of which
-            # jsonb keeps one. Sorting the keys of a dict that mixes str keys with other keys
-            # raises TypeError (and no two keys of other types read the same): such values take
-            # the general path, which keeps every pair. (The sorted text itself is not used.)
-            _encode(value, sort_keys=True)
+        # (_encode, _jsonb_safe and truncate inlined for the common case: this runs twice for
+        # every captured tool call.)
+        if sort_keys or _c_encoder is None:
+            text = _encode(value, sort_keys)
+        else:
+            text = "".join(_c_encoder(value, 0))
+        if not sort_keys:
+            # Only a dict's key can be a non-str key. When the text has no "{" but the value's own
+            # (a dict, not a subclass, whose keys are all str) or none at all, no key can be one,
+            # and the text needs no scan.
+            if text.find("{", 1) >= 0:
+                scan = True
+            elif text[:1] == "{":
+                scan = type(value) is not dict or not _STR_ONLY.issuperset(map(type, value))
+            else:
+                scan = False
+            if scan and _MAYBE_NON_STR_KEY.search(text) is not None:
+                # json writes the keys 0 and "0" of one dict both as "0": duplicate keys, of which
+                # jsonb keeps one. Sorting the keys of a dict that mixes str keys with other keys
+                # raises TypeError (and no two keys of other types read the same): such values
+                # take the general path, which keeps every pair. (The sorted text is not used.)
+                _encode(value, sort_keys=True)
+        if (
+            text.isascii()
+            and len(text) <= max_chars
+            and "\\u0000" not in text
+            and '"$agentcap.' not in text
+        ):
+            return text
         fast = _jsonb_safe(text)
     except (TypeError, ValueError, RecursionError):
         fast = False
