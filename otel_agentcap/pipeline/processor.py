@@ -131,6 +131,11 @@ class AgentCapSpanProcessor(SpanProcessor):
 
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
         try:
+            # The first test of _stamp, inlined: a capture-API span (every captured tool call's)
+            # is stamped already.
+            inner = getattr(getattr(span, "_attributes", None), "_dict", None)
+            if type(inner) is dict and (attr.EVENT_ID in inner or attr.RUN_ROOT in inner):
+                return
             self._stamp(span, parent_context)
         except Exception:
             _logger.exception("agentcap: could not stamp span %s", getattr(span, "name", "?"))
@@ -239,6 +244,10 @@ class AgentCapSpanProcessor(SpanProcessor):
 
     def on_end(self, span: ReadableSpan) -> None:
         try:
+            # The first test of _remember, inlined: only model calls are indexed.
+            inner = getattr(getattr(span, "_attributes", None), "_dict", None)
+            if type(inner) is dict and inner.get(attr.EVENT_TYPE) != _MODEL_CALL:
+                return
             self._remember(span)
         except Exception:
             _logger.exception("agentcap: could not index span %s", getattr(span, "name", "?"))
