@@ -70,7 +70,24 @@ def private_copy(value: Any) -> Any:
     cls = type(value)
     if cls in _IMMUTABLE:
         return value
-    if cls is dict or cls is list or cls is tuple:
+    if cls is dict and len(value) <= _PLAIN_BUDGET:
+        # _copy_plain's first level, inlined for the usual tool result: a dict, whose containers
+        # (copied by _copy_plain) start the memo and the budget.
+        try:
+            out: dict[Any, Any] = {}
+            memo: dict[int, Any] | None = None
+            budget = [_PLAIN_BUDGET - len(value)]
+            immutable = _IMMUTABLE
+            for key, item in value.items():
+                if type(item) not in immutable:
+                    if memo is None:
+                        memo = {id(value): out}
+                    item = _copy_plain(item, budget, 1, memo)
+                out[key] = item
+            return out
+        except (_NotPlain, RecursionError):
+            pass
+    elif cls is dict or cls is list or cls is tuple:
         try:
             return _copy_plain(value, [_PLAIN_BUDGET], 0, {})
         except (_NotPlain, RecursionError):
