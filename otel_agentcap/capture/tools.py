@@ -715,7 +715,8 @@ class Tool(Generic[P, R]):
     def _arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         names = self._positional_names
         if len(args) <= len(names):
-            fast = dict(zip(names, args, strict=False))
+            # zip's default (not strict): strict=False costs a keyword argument on every call.
+            fast = dict(zip(names, args))  # noqa: B905
             if not kwargs:
                 return fast
             # Plain parameters by keyword, none of them also given by position.
@@ -738,7 +739,8 @@ class Tool(Generic[P, R]):
         if ctx is None:
             # Outside any agent nothing is captured and nothing is deduplicated.
             return self.fn(*args, **kwargs)
-        ctx.check_active()
+        if ctx.cancelled_reason is not None or ctx.deadline is not None:
+            ctx.check_active()  # raises when cancelled or past the deadline
         # The input as JSON: with the tool, the identity of the call (compared in canonical form)
         # and, cut to the payload limit, its recorded arguments.
         arguments = jsonsafe.dumps(self._arguments(args, kwargs), _UNBOUNDED)
