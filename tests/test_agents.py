@@ -888,3 +888,33 @@ def test_executions_entered_one_after_another_in_carried_contexts_are_not_kept_a
         gc.collect()
         assert last  # the last carried context is alive, and with it the last execution
         assert [ref() is None for ref in refs[:-1]] == [True] * 5
+
+
+def test_a_tool_call_replayed_inside_a_timed_out_execution_is_refused():
+    """A nested agent of a timed-out execution that repeats a tool call gets AgentCancelled, not
+    the recorded result: a replay acts for the execution too (it hands the agent an outcome)."""
+    go = threading.Event()
+    outcome: list[object] = []
+
+    @oa.tool
+    def lookup(x: int) -> int:
+        return x * 2
+
+    def body() -> None:
+        with oa.agent("inner"):
+            outcome.append(lookup.invoke("call-1", 1))
+            go.wait(10)
+            try:
+                outcome.append(lookup.invoke("call-1", 1))
+            except oa.AgentCancelled as exc:
+                outcome.append(exc)
+
+    with oa.run(_run_id()):
+        with pytest.raises(oa.AgentTimeoutError):
+            _root("outer").run(body, timeout=0.05)
+        go.set()
+        for thread in threading.enumerate():  # the worker, if it got to run at all
+            if thread.name == "agent-outer":
+                thread.join(10)
+    # On a machine too slow to make the first call within the timeout, it was refused instead.
+    assert outcome[-1:] == [] or isinstance(outcome[-1], oa.AgentCancelled)

@@ -739,8 +739,9 @@ class Tool(Generic[P, R]):
         if ctx is None:
             # Outside any agent nothing is captured and nothing is deduplicated.
             return self.fn(*args, **kwargs)
-        if ctx.cancelled_reason is not None or ctx.deadline is not None:
-            ctx.check_active()  # raises when cancelled or past the deadline
+        if ctx.cancelled_reason is not None or ctx.deadline is not None or ctx.enclosing:
+            # Raises when this execution, or one it runs inside, failed or timed out.
+            ctx.check_active()
         # The input as JSON: with the tool, the identity of the call (compared in canonical form)
         # and, cut to the payload limit, its recorded arguments.
         arguments = jsonsafe.dumps(self._arguments(args, kwargs), _UNBOUNDED)
