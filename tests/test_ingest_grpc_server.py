@@ -105,6 +105,23 @@ def test_grpc_refuses_what_is_too_large_or_not_a_request(pg_dsn):
     assert len(gzip.compress(b"\0" * 1024)) < 1024  # the bomb above is small on the wire
 
 
+def test_grpc_refuses_a_request_of_more_spans_than_the_limit_for_good(pg_dsn):
+    """A request of more spans than ``max_spans`` fails RESOURCE_EXHAUSTED without a RetryInfo
+    (so OTLP senders do not retry it) and stores nothing."""
+    spans, _ = captured("run-grpc-max-spans")
+    limits = IngestLimits(max_spans=len(spans) - 1)
+    with (
+        OtlpIngestServer(pg_dsn, port=0, grpc_port=0, limits=limits) as server,
+        pytest.raises(grpc.RpcError) as info,
+    ):
+        _call(server.grpc_endpoint or "", request_bytes(spans))
+    assert info.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert f"more than {len(spans) - 1} spans" in (info.value.details() or "")
+    trailing = dict(info.value.trailing_metadata() or ())
+    assert "grpc-status-details-bin" not in trailing
+    assert count(pg_dsn, EVENTS, "run-grpc-max-spans") == 0
+
+
 def test_grpc_asks_to_retry_with_retry_info_when_the_database_is_down():
     """With PostgreSQL down the call fails UNAVAILABLE with a google.rpc.RetryInfo detail."""
     spans, _ = captured("run-grpc-down")

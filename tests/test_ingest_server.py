@@ -294,6 +294,31 @@ def test_bodies_over_the_limit_are_413(pg_dsn):
         assert answer.startswith(b"HTTP/1.1 413")
 
 
+def test_a_request_of_more_spans_than_the_limit_is_413_and_stores_nothing(pg_dsn):
+    """A request of more spans than ``max_spans`` (protobuf or OTLP/JSON) is refused whole with
+    413 and a google.rpc.Status saying so, before any span is stored; one of exactly the limit
+    is stored."""
+    from google.rpc import status_pb2
+
+    spans, expected = captured("run-max-spans")
+    data = request_bytes(spans)
+    as_json = _json_request(spans)
+    limits = IngestLimits(max_spans=len(spans) - 1)
+    with OtlpIngestServer(pg_dsn, port=0, limits=limits) as server:
+        status, _, body = post(server.endpoint, data)
+        assert status == 413
+        assert f"more than {len(spans) - 1} spans" in status_pb2.Status.FromString(body).message
+        status, _, body = post(
+            server.endpoint, as_json, headers={"Content-Type": "application/json"}
+        )
+        assert status == 413 and b"more than" in body
+        assert server.stats().rejected_requests == 2
+    assert count(pg_dsn, EVENTS, "run-max-spans") == 0
+    with OtlpIngestServer(pg_dsn, port=0, limits=IngestLimits(max_spans=len(spans))) as server:
+        assert post(server.endpoint, data)[0] == 200
+    assert count(pg_dsn, EVENTS, "run-max-spans") == expected
+
+
 def test_unsupported_requests_get_status_bodies(server):
     """Another content type or encoding is 415, another path 404, GET 405, each with a
     google.rpc.Status body."""

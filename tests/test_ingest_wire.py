@@ -13,7 +13,13 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1 import trace_pb2
 
-from otel_agentcap.ingest import DecodeError, decode_json, decode_protobuf, spans_from_otlp
+from otel_agentcap.ingest import (
+    DecodeError,
+    TooManySpans,
+    decode_json,
+    decode_protobuf,
+    spans_from_otlp,
+)
 
 values = st.one_of(
     st.text(max_size=20).map(lambda s: AnyValue(string_value=s)),
@@ -235,7 +241,7 @@ def test_the_index_of_a_request_of_tiny_spans_is_smaller_than_the_request(shape)
         body = _delimited(1, _delimited(2, span)) * n
     tracemalloc.start()
     try:
-        decoded = decode_protobuf(body)
+        decoded = decode_protobuf(body, max_spans=n)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
@@ -268,3 +274,35 @@ def test_span_events_the_log_does_not_read_are_not_kept():
     assert reason is None and span is not None
     assert [event.name for event in span.events] == ["agentcap.tool_result"]
     assert held < len(body), f"{held} bytes held for a body of {len(body)}"
+
+
+@pytest.mark.parametrize("shape", ["spans", "scopes", "resources", "unknown fields"])
+def test_a_request_of_more_entries_than_the_limit_is_refused_whole(shape):
+    """A request of more than ``max_spans`` spans, or of as many scopes, resources or unknown
+    fields around them (two bytes each: millions fit in a few MiB, and each costs CPU to walk),
+    raises TooManySpans from decode_protobuf, before any span is given; the walk stops at the
+    limit. A request of exactly the limit is decoded."""
+    span = _delimited(2, b"")
+    limit = 1_000
+
+    def body(n: int) -> bytes:
+        if shape == "spans":
+            return _delimited(1, _delimited(2, span * n))
+        if shape == "scopes":
+            return _delimited(1, _delimited(2, span) * n)
+        if shape == "resources":
+            return _delimited(1, _delimited(2, span)) * n
+        return _delimited(1, _delimited(2, span) + b"\x18\x00" * n)
+
+    with pytest.raises(TooManySpans, match="more than 1000 spans"):
+        decode_protobuf(body(10 * limit), max_spans=limit)
+    if shape == "spans":
+        assert decode_protobuf(body(limit), max_spans=limit).count == limit
+
+
+def test_a_json_request_of_more_spans_than_the_limit_is_refused_whole():
+    """decode_json raises TooManySpans for more than ``max_spans`` spans."""
+    body = json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [{}] * 11}]}]}).encode()
+    with pytest.raises(TooManySpans):
+        decode_json(body, max_spans=10)
+    assert decode_json(body, max_spans=11).count == 11

@@ -649,6 +649,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         limits = IngestLimits(
             max_body_bytes=int(args.max_body_mib * 1024 * 1024),
             max_concurrent_requests=args.max_concurrent,
+            max_spans=args.max_spans,
             idle_timeout=args.idle_timeout,
         )
     except ValueError as exc:
@@ -922,6 +923,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=arguments.positive_number,
         default=64,
         help="largest request, after decompression",
+    )
+    ingest.add_argument(
+        "--max-spans",
+        type=arguments.integer(1),
+        default=100_000,
+        help="most spans in one request (more: 413, or RESOURCE_EXHAUSTED on gRPC)",
     )
     ingest.add_argument(
         "--max-concurrent",

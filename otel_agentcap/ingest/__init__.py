@@ -27,7 +27,7 @@ from otel_agentcap.ingest.otlp import (
 )
 from otel_agentcap.ingest.server import OtlpIngestServer, serve
 from otel_agentcap.ingest.service import IngestStats, Outcome
-from otel_agentcap.ingest.wire import DecodeError, decode_json, decode_protobuf
+from otel_agentcap.ingest.wire import DecodeError, TooManySpans, decode_json, decode_protobuf
 from otel_agentcap.tokens import Authenticator, Principal, TokenConfigError
 
 __all__ = [
@@ -47,6 +47,7 @@ __all__ = [
     "Principal",
     "TlsConfig",
     "TokenConfigError",
+    "TooManySpans",
     "decode_attributes",
     "decode_json",
     "decode_protobuf",

@@ -35,6 +35,10 @@ class IngestLimits:
     """
 
     max_body_bytes: int = 64 * MiB
+    #: Spans one request may hold (and resources, scopes and other entries around them): what
+    #: a request costs in CPU grows with its entries, two bytes each at least, not with its
+    #: size. A request of more is refused whole (413; gRPC RESOURCE_EXHAUSTED, not retried).
+    max_spans: int = 100_000
     #: OTLP/JSON is parsed whole (about 8 times its size in memory): a smaller limit.
     max_json_body_bytes: int = 16 * MiB
     max_concurrent_requests: int = 4
@@ -58,7 +62,12 @@ class IngestLimits:
     retry_after: int = 5
 
     def __post_init__(self) -> None:
-        for name in ("max_body_bytes", "max_json_body_bytes", "max_concurrent_requests"):
+        for name in (
+            "max_body_bytes",
+            "max_json_body_bytes",
+            "max_concurrent_requests",
+            "max_spans",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
         for name in ("queue_timeout", "idle_timeout", "read_timeout", "body_timeout"):

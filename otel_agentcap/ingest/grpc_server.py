@@ -6,7 +6,8 @@ as the OTLP specification defines them: OK with an ``ExportTraceServiceResponse`
 ``partial_success`` holds the rejected spans and why; ``UNAVAILABLE`` with a ``RetryInfo`` when the
 event log is unavailable (retried); ``INVALID_ARGUMENT`` for a request that is not an OTLP trace
 request, ``UNAUTHENTICATED`` for a missing or wrong bearer token (``authorization`` metadata),
-``RESOURCE_EXHAUSTED`` (from grpcio) for a message over the limit, also after decompression.
+``RESOURCE_EXHAUSTED`` (from grpcio) for a message over the limit, also after decompression, and
+(without ``RetryInfo``, so not retried) for a request of more than ``max_spans`` spans.
 
 Limits: a call reads its message only once it holds one of ``max_concurrent_requests``
 processing slots (the method is served as client-streaming, so grpcio does not read the message
@@ -39,7 +40,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 
 from otel_agentcap.ingest.config import IngestLimits, TlsConfig
 from otel_agentcap.ingest.service import IngestService, RetryLater
-from otel_agentcap.ingest.wire import DecodeError, decode_protobuf
+from otel_agentcap.ingest.wire import DecodeError, TooManySpans, decode_protobuf
 from otel_agentcap.tokens import Authenticator, Principal
 
 _logger = logging.getLogger(__name__)
@@ -183,7 +184,11 @@ class GrpcReceiver:
             service.count(rejected_requests=1)
             self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, "no request message")
         try:
-            outcome = service.process(decode_protobuf(request), principal)
+            outcome = service.process(decode_protobuf(request, self._limits.max_spans), principal)
+        except TooManySpans as exc:
+            # Without RetryInfo: OTLP senders do not retry it (it cannot succeed as it is).
+            service.count(rejected_requests=1)
+            self._abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
         except DecodeError as exc:
             service.count(rejected_requests=1)
             self._abort(

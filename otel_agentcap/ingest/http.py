@@ -7,8 +7,9 @@ specification defines them:
 - 200 with an ``ExportTraceServiceResponse`` (protobuf or JSON, as the request): every span was
   accepted; ``partial_success`` holds the number of spans rejected and why, if any were;
 - 400 a body that is not an OTLP trace request (or a gzip body cut short); 401 a missing or wrong
-  bearer token; 408 a body that did not arrive in time; 413 a body over the limit; 415 another
-  content type or encoding: not retried by OTLP senders;
+  bearer token; 408 a body that did not arrive in time; 413 a body over the limit, or a request
+  of more than ``max_spans`` spans; 415 another content type or encoding: not retried by OTLP
+  senders;
 - 503 with ``Retry-After``: the event log is unavailable, or the server is saturated: retried.
 
 Error bodies are a ``google.rpc.Status``. The body is read only once a processing slot is free,
@@ -38,7 +39,13 @@ from starlette.routing import Route
 from otel_agentcap.ingest.body import BodyError, BodyReader
 from otel_agentcap.ingest.config import IngestLimits
 from otel_agentcap.ingest.service import IngestService, Outcome, RetryLater
-from otel_agentcap.ingest.wire import DecodedRequest, DecodeError, decode_json, decode_protobuf
+from otel_agentcap.ingest.wire import (
+    DecodedRequest,
+    DecodeError,
+    TooManySpans,
+    decode_json,
+    decode_protobuf,
+)
 from otel_agentcap.tokens import Authenticator, Principal
 
 _logger = logging.getLogger(__name__)
@@ -106,7 +113,11 @@ def build_app(
         # The body comes in a list it is taken out of: a worker thread keeps the arguments of
         # its last call until its next one, and must not keep the body alive that long.
         body = holder.pop()
-        decoded: DecodedRequest = decode_json(body) if json_body else decode_protobuf(body)
+        decoded: DecodedRequest = (
+            decode_json(body, limits.max_spans)
+            if json_body
+            else decode_protobuf(body, limits.max_spans)
+        )
         del body
         return service.process(decoded, principal)
 
@@ -182,6 +193,11 @@ def build_app(
                 return Response(status_code=HTTPStatus.BAD_REQUEST)  # nobody left to read it
             try:
                 outcome = await anyio.to_thread.run_sync(process, [body], json_body, principal)
+            except TooManySpans as exc:
+                service.count(rejected_requests=1)
+                return error_response(
+                    HTTPStatus.REQUEST_ENTITY_TOO_LARGE, str(exc), json_body=json_body
+                )
             except DecodeError as exc:
                 service.count(rejected_requests=1)
                 return error_response(

@@ -140,7 +140,7 @@ class OtlpIngestServer:
         database is unavailable; see :meth:`process` for the rejected spans."""
         if isinstance(data, ExportTraceServiceRequest):
             data = data.SerializeToString()
-        return self.process(decode_protobuf(data)).result
+        return self.process(decode_protobuf(data, self.limits.max_spans)).result
 
     # -- serving
 

@@ -38,6 +38,24 @@ class DecodeError(ValueError):
     """The request is not an OTLP trace request (its framing, or its JSON, is broken)."""
 
 
+class TooManySpans(DecodeError):
+    """The request holds more spans (or more resources, scopes and other entries around them)
+    than one request may: refused whole, before any span is stored. Retrying it cannot help
+    (HTTP 413; gRPC ``RESOURCE_EXHAUSTED`` without ``RetryInfo``)."""
+
+
+#: Spans one request may hold unless the caller says otherwise (``IngestLimits.max_spans``).
+DEFAULT_MAX_SPANS: Final = 100_000
+
+
+def _too_many(max_spans: int) -> TooManySpans:
+    return TooManySpans(
+        f"the request holds more than {max_spans} spans (or more than {max_spans} resources, "
+        "scopes and other entries); send smaller requests (a collector's batch processor: "
+        f"send_batch_max_size of at most {max_spans})"
+    )
+
+
 # --- protobuf wire format ---------------------------------------------------------------------
 
 _MAX_VARINT_BYTES: Final = 10
@@ -138,32 +156,49 @@ def _scope_of(message: InstrumentationScope) -> OtlpScope:
     return OtlpScope(message.name, message.version or None)
 
 
-def _checked(buf: Buffer) -> int:
+def _checked(buf: Buffer, max_spans: int) -> int:
     """The number of spans of the request in ``buf``; raises ``DecodeError`` when its framing,
-    a resource or a scope is broken. Nothing is kept: a request of many tiny spans or scopes
-    costs no index (``decode_protobuf`` walks the request again as it gives the spans)."""
+    a resource or a scope is broken, ``TooManySpans`` once it holds more than ``max_spans``
+    spans or more than ``max_spans`` other entries (the walk stops there: what a request costs
+    to check is bounded by the limit, not by how many two-byte entries its body can hold).
+    Nothing is kept: a request of many tiny spans or scopes costs no index (``decode_protobuf``
+    walks the request again as it gives the spans)."""
     count = 0
+    others = 0
     for number, wire_type, start, end in _fields(buf, 0, len(buf)):
+        others += 1
+        if others > max_spans:
+            raise _too_many(max_spans)
         if number != 1 or not _message_field(number, wire_type, "resource_spans"):
             continue
         for n2, w2, s2, e2 in _fields(buf, start, end):
+            others += 1
+            if others > max_spans:
+                raise _too_many(max_spans)
             if n2 == 1:
                 _message_field(n2, w2, "resource")
             elif n2 == 2 and _message_field(n2, w2, "scope_spans"):
                 for n3, w3, _, _ in _fields(buf, s2, e2):
                     if n3 == 2 and _message_field(n3, w3, "span"):
                         count += 1
-                    elif n3 == 1:
-                        _message_field(n3, w3, "scope")
+                        if count > max_spans:
+                            raise _too_many(max_spans)
+                    else:
+                        others += 1
+                        if others > max_spans:
+                            raise _too_many(max_spans)
+                        if n3 == 1:
+                            _message_field(n3, w3, "scope")
                 _merged(InstrumentationScope, buf, s2, e2)
         _merged(Resource, buf, start, end)
     return count
 
 
-def decode_protobuf(buf: Buffer) -> DecodedRequest:
+def decode_protobuf(buf: Buffer, max_spans: int = DEFAULT_MAX_SPANS) -> DecodedRequest:
     """A binary ``ExportTraceServiceRequest``; raises ``DecodeError`` when its framing, a
-    resource or a scope is broken (all checked before any span is returned)."""
-    count = _checked(buf)
+    resource or a scope is broken (all checked before any span is returned), ``TooManySpans``
+    when it holds more than ``max_spans`` spans (or other entries)."""
+    count = _checked(buf, max_spans)
 
     def items() -> Iterator[Item]:
         # The framing was checked whole: walked again, it holds.
@@ -261,9 +296,10 @@ def _json_message(obj: Mapping[str, Any], name: str, message_type: Any) -> Any:
         raise DecodeError(f"{name} does not parse: {exc}") from exc
 
 
-def decode_json(text: Buffer) -> DecodedRequest:
+def decode_json(text: Buffer, max_spans: int = DEFAULT_MAX_SPANS) -> DecodedRequest:
     """An OTLP/JSON ``ExportTraceServiceRequest``; raises ``DecodeError`` when it is not JSON or
-    not shaped like one (a span that does not parse is rejected alone)."""
+    not shaped like one (a span that does not parse is rejected alone), ``TooManySpans`` when it
+    holds more than ``max_spans`` spans (or resources and scopes)."""
     try:
         root = json.loads(bytes(text))
     except (ValueError, RecursionError) as exc:
@@ -283,6 +319,8 @@ def decode_json(text: Buffer) -> DecodedRequest:
             spans = _json_list(scope_spans, "spans", "spans")
             entries.append((resource, scope, spans))
             count += len(spans)
+            if count > max_spans or len(entries) > max_spans:
+                raise _too_many(max_spans)
     del root
 
     def items() -> Iterator[Item]:
