@@ -241,7 +241,7 @@ def test_the_index_of_a_request_of_tiny_spans_is_smaller_than_the_request(shape)
         body = _delimited(1, _delimited(2, span)) * n
     tracemalloc.start()
     try:
-        decoded = decode_protobuf(body, max_spans=n)
+        decoded = decode_protobuf(body, max_spans=3 * n)  # resources, scopes: up to 2 * n entries
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
