@@ -15,11 +15,13 @@ from opentelemetry.proto.trace.v1 import trace_pb2
 
 from otel_agentcap.ingest import (
     DecodeError,
+    RequestTooLarge,
     TooManySpans,
     decode_json,
     decode_protobuf,
     spans_from_otlp,
 )
+from otel_agentcap.ingest.wire import json_memory_bound
 
 values = st.one_of(
     st.text(max_size=20).map(lambda s: AnyValue(string_value=s)),
@@ -306,3 +308,67 @@ def test_a_json_request_of_more_spans_than_the_limit_is_refused_whole():
     with pytest.raises(TooManySpans):
         decode_json(body, max_spans=10)
     assert decode_json(body, max_spans=11).count == 11
+
+
+def _json_filler(unit: bytes, size: int) -> bytes:
+    """An OTLP/JSON request of about ``size`` bytes, of ``unit`` repeated in an unknown field."""
+    head, tail = b'{"resourceSpans":[{"scopeSpans":[{"spans":[],"x":[', b"]}]}]}"
+    return head + b",".join([unit] * (size // (len(unit) + 1))) + tail
+
+
+_DENSE_JSON = {
+    "empty objects": b"{}",
+    "one-key objects": b'{"":0}',
+    "nested objects": b'{"":{"":{"":{}}}}',
+    "deeply nested objects": b'{"":' * 500 + b"0" + b"}" * 500,
+    "empty arrays": b"[]",
+    "deeply nested arrays": b"[" * 500 + b"]" * 500,
+    "short strings": b'"ab"',
+    "strings outside Latin-1": '"\U0001f600\U0001f600"'.encode(),
+    "negative ints": b"-7",
+    "floats in objects": b'{"a":1e5,"b":1e5,"c":1e5}',
+    "wide objects": b"{" + b",".join(b'"%d":%d' % (i, 1000 + i) for i in range(20_000)) + b"}",
+}
+
+
+@pytest.mark.parametrize("shape", sorted(_DENSE_JSON))
+def test_the_json_memory_bound_holds_and_refuses_dense_requests(shape):
+    """What decoding an OTLP/JSON request allocates at its peak (tracemalloc, 2 MiB of JSON of
+    each dense shape: 13 to 45 times its size) stays under json_memory_bound, which is known
+    before parsing; decode_json with a max_memory under that bound refuses the request
+    (RequestTooLarge) before parsing it."""
+    import tracemalloc
+
+    body = bytearray(_json_filler(_DENSE_JSON[shape], 2 * 1024 * 1024))
+    bound = json_memory_bound(body)
+    tracemalloc.start()
+    try:
+        before, _ = tracemalloc.get_traced_memory()
+        for _ in decode_json(body).items():
+            pass
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak - before <= bound, f"{peak - before} bytes allocated, bound {bound}"
+    with pytest.raises(RequestTooLarge, match="could take"):
+        decode_json(body, max_memory=bound - 1)
+    assert decode_json(body, max_memory=bound).count == 0
+
+
+def test_ordinary_json_spans_are_bounded_near_what_they_take():
+    """For ordinary OTLP/JSON spans the bound is at most 20 times the body (they take about 6),
+    so the ingest's default (2 x the 64 MiB protobuf limit) takes such requests up to 6 MiB."""
+    span = {
+        "traceId": "0102030405060708090a0b0c0d0e0f10",
+        "spanId": "0102030405060708",
+        "name": "model_call",
+        "kind": 1,
+        "startTimeUnixNano": "1700000000000000000",
+        "endTimeUnixNano": "1700000001000000000",
+        "attributes": [
+            {"key": f"agentcap.attribute.{i}", "value": {"stringValue": "x" * 40}}
+            for i in range(20)
+        ],
+    }
+    body = json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [span] * 2000}]}]}).encode()
+    assert json_memory_bound(body) <= 20 * len(body)

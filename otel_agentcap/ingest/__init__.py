@@ -27,7 +27,13 @@ from otel_agentcap.ingest.otlp import (
 )
 from otel_agentcap.ingest.server import OtlpIngestServer, serve
 from otel_agentcap.ingest.service import IngestStats, Outcome
-from otel_agentcap.ingest.wire import DecodeError, TooManySpans, decode_json, decode_protobuf
+from otel_agentcap.ingest.wire import (
+    DecodeError,
+    RequestTooLarge,
+    TooManySpans,
+    decode_json,
+    decode_protobuf,
+)
 from otel_agentcap.tokens import Authenticator, Principal, TokenConfigError
 
 __all__ = [
@@ -45,6 +51,7 @@ __all__ = [
     "OtlpSpanEvent",
     "Outcome",
     "Principal",
+    "RequestTooLarge",
     "TlsConfig",
     "TokenConfigError",
     "TooManySpans",

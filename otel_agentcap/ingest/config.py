@@ -27,11 +27,13 @@ class IngestLimits:
     """Bounds on what one ingest process accepts and holds.
 
     Memory: a request holds at most its body (``max_body_bytes`` after decompression, OTLP/JSON
-    ``max_json_body_bytes``) plus one chunk of mapped spans, and at most
+    ``max_json_body_bytes``) plus one chunk of mapped spans (an OTLP/JSON request also its
+    decoded form, at most ``max_json_memory``: ``2 x max_body_bytes``), and at most
     ``max_concurrent_requests`` requests per transport are read and processed at once; others
     wait up to ``queue_timeout`` seconds without their bodies being read, then get 503
     (``Retry-After``). So the ingest holds about ``2 x max_concurrent_requests x max_body_bytes``
-    at most (HTTP and gRPC), whatever the number of connections.
+    at most per transport (HTTP and gRPC), whatever the number of connections and the shape of
+    the requests.
     """
 
     max_body_bytes: int = 64 * MiB
@@ -39,7 +41,8 @@ class IngestLimits:
     #: a request costs in CPU grows with its entries, two bytes each at least, not with its
     #: size. A request of more is refused whole (413; gRPC RESOURCE_EXHAUSTED, not retried).
     max_spans: int = 100_000
-    #: OTLP/JSON is parsed whole (about 8 times its size in memory): a smaller limit.
+    #: OTLP/JSON is parsed whole, into Python objects: 6 times its size for ordinary spans, up to
+    #: 45 times for dense shapes (see ``max_json_memory``). A smaller limit.
     max_json_body_bytes: int = 16 * MiB
     max_concurrent_requests: int = 4
     queue_timeout: float = 10.0
@@ -73,6 +76,14 @@ class IngestLimits:
         for name in ("queue_timeout", "idle_timeout", "read_timeout", "body_timeout"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
+
+    @property
+    def max_json_memory(self) -> int:
+        """What the decoded form of one OTLP/JSON request may take, bounded from above before it
+        is parsed (``wire.json_memory_bound``): ``2 x max_body_bytes``, what a protobuf request
+        holds at most. A body that could take more is refused (413): ordinary spans up to about
+        ``max_body_bytes / 8`` of JSON pass, dense shapes (arrays of tiny objects, nesting) less."""
+        return 2 * self.max_body_bytes
 
     @property
     def connections(self) -> ConnectionLimits:

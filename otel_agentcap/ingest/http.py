@@ -42,7 +42,7 @@ from otel_agentcap.ingest.service import IngestService, Outcome, RetryLater
 from otel_agentcap.ingest.wire import (
     DecodedRequest,
     DecodeError,
-    TooManySpans,
+    RequestTooLarge,
     decode_json,
     decode_protobuf,
 )
@@ -114,7 +114,7 @@ def build_app(
         # its last call until its next one, and must not keep the body alive that long.
         body = holder.pop()
         decoded: DecodedRequest = (
-            decode_json(body, limits.max_spans)
+            decode_json(body, limits.max_spans, limits.max_json_memory)
             if json_body
             else decode_protobuf(body, limits.max_spans)
         )
@@ -193,7 +193,7 @@ def build_app(
                 return Response(status_code=HTTPStatus.BAD_REQUEST)  # nobody left to read it
             try:
                 outcome = await anyio.to_thread.run_sync(process, [body], json_body, principal)
-            except TooManySpans as exc:
+            except RequestTooLarge as exc:
                 service.count(rejected_requests=1)
                 return error_response(
                     HTTPStatus.REQUEST_ENTITY_TOO_LARGE, str(exc), json_body=json_body
