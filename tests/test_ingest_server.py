@@ -637,8 +637,8 @@ def test_concurrent_large_requests_stay_within_the_memory_bound(pg_dsn):
         grown = _status_mib(proc.pid, "VmHWM") - before
     finally:
         proc.terminate()
-        # More than the 30 s of graceful shutdown: under load, a sender still pushing its body
-        # when it is answered 503 can keep its connection until then (see the CHANGELOG).
+        # More than the 30 s of graceful shutdown: under load (requests answered 503 while their
+        # senders still pushed their bodies), one connection was seen to last until then.
         proc.wait(60)
     # 503: waited past the queue timeout (a loaded machine), for a plain request or a bomb alike.
     plain_statuses, bomb_statuses = statuses[0::2], statuses[1::2]

@@ -253,8 +253,8 @@ def test_the_index_of_a_request_of_tiny_spans_is_smaller_than_the_request(shape)
 
 
 def test_span_events_the_log_does_not_read_are_not_kept():
-    """A stamped span with 100,000 span events of other instrumentations (two bytes each on the
-    wire) is decoded without keeping them (the mapping reads only agentcap's own span events):
+    """A stamped span with 60,000 span events of other instrumentations (two bytes each on the
+    wire; under the 65,536 elements a span may hold) is decoded without keeping them (the mapping reads only agentcap's own span events):
     the decoded spans of a chunk cannot hold a hundred times the request's size. agentcap's
     span events are kept."""
     import tracemalloc
@@ -265,7 +265,7 @@ def test_span_events_the_log_does_not_read_are_not_kept():
         attributes=[KeyValue(key="agentcap.event.id", value=AnyValue(string_value="x"))],
         events=[trace_pb2.Span.Event(name="agentcap.tool_result", time_unix_nano=5)],
     ).SerializeToString()
-    n = 100_000
+    n = 60_000
     body = _delimited(1, _delimited(2, _delimited(2, stamped + _delimited(11, b"") * n)))
     tracemalloc.start()
     try:
@@ -275,7 +275,8 @@ def test_span_events_the_log_does_not_read_are_not_kept():
         tracemalloc.stop()
     assert reason is None and span is not None
     assert [event.name for event in span.events] == ["agentcap.tool_result"]
-    assert held < len(body), f"{held} bytes held for a body of {len(body)}"
+    # Kept, the events would take about 100 bytes each: 50 times the body.
+    assert held < 2 * len(body), f"{held} bytes held for a body of {len(body)}"
 
 
 @pytest.mark.parametrize("shape", ["spans", "scopes", "resources", "unknown fields"])
@@ -372,3 +373,28 @@ def test_ordinary_json_spans_are_bounded_near_what_they_take():
     }
     body = json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [span] * 2000}]}]}).encode()
     assert json_memory_bound(body) <= 20 * len(body)
+
+
+def test_a_span_of_too_many_attributes_or_values_is_rejected_alone_unparsed():
+    """A large span (over 64 KiB) of more than 65,536 attributes, events, links and values in
+    all (empty attributes, or one attribute of an array of empty values: two bytes each, where
+    each parsed costs about 56) is rejected alone without being parsed; a large span of one long
+    value and a small one beside them are decoded."""
+    stamp = KeyValue(key="agentcap.event.id", value=AnyValue(string_value="x")).SerializeToString()
+
+    def span(extra: bytes) -> bytes:
+        ids = b"\x0a\x10" + b"\1" * 16 + b"\x12\x08" + b"\1" * 8
+        return _delimited(2, ids + _delimited(9, stamp) + extra)
+
+    many = 70_000
+    attributes = _delimited(9, b"") * many
+    array = _delimited(9, _delimited(1, b"k") + _delimited(2, _delimited(5, b"\x0a\x00" * many)))
+    long_value = _delimited(9, _delimited(1, b"k") + _delimited(2, _delimited(1, b"v" * 200_000)))
+    body = _delimited(
+        1, _delimited(2, span(attributes) + span(array) + span(long_value) + span(b""))
+    )
+    items = list(decode_protobuf(body).items())
+    assert [reason is None for _, reason in items] == [False, False, True, True]
+    assert "more than 65536 attributes, events, links and values" in str(items[0][1])
+    assert "more than 65536" in str(items[1][1])
+    assert items[2][0] is not None and len(items[2][0].attributes["k"]) == 200_000
