@@ -608,6 +608,7 @@ def test_a_jaeger_url_that_is_not_a_web_address_is_a_usage_error(args: tuple[str
         (("ingest", "--grpc-port", "-1"), "--grpc-port"),
         (("ingest", "--max-body-mib", "nan"), "--max-body-mib"),
         (("ingest", "--max-concurrent", "0"), "--max-concurrent"),
+        (("ingest", "--max-spans", "0"), "--max-spans"),
         (("ingest", "--idle-timeout", "inf"), "--idle-timeout"),
         (("ui", "--port", "99999"), "--port"),
         (("queue", "drain", "--timeout", "-1"), "--timeout"),
