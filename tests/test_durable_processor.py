@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.trace import SpanProcessor
@@ -60,11 +61,13 @@ def durable(tmp_path) -> Iterator[Callable[..., DurableSpanProcessor]]:
         _forward.installed = True  # type: ignore[attr-defined]
     made: list[DurableSpanProcessor] = []
 
-    def make(**settings: object) -> DurableSpanProcessor:
-        exporter = PostgresSpanExporter(UNREACHABLE, writers=1)
+    def make(
+        dsn: str = UNREACHABLE, directory: Path | None = None, **settings: object
+    ) -> DurableSpanProcessor:
+        exporter = PostgresSpanExporter(dsn, writers=1)
         processor = DurableSpanProcessor(
             exporter,
-            QueueDirectory(tmp_path, UNREACHABLE),
+            QueueDirectory(directory or tmp_path, dsn),
             QueueSettings(**settings),  # type: ignore[arg-type]
         )
         _forward.target = processor
@@ -231,6 +234,48 @@ def test_an_agents_start_is_queued_when_it_starts_and_sent_once(durable, tmp_pat
     assert not [e for e in _map(running, raw_payloads=True).spans if e.name == agent_end.name]
     (envelope,) = [e for e in _map(ended, raw_payloads=True).spans if e.name == agent_end.name]
     assert envelope.end_time > envelope.start_time
+
+
+@pytest.mark.storage
+def test_an_agents_start_kept_in_memory_is_stored_once(durable, pg_dsn, tmp_path):
+    """With the queue in memory (its directory cannot be created) an agent's start is queued
+    once: the log stores each event once and sees no duplicate."""
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    processor = durable(dsn=pg_dsn, directory=blocker / "queue")
+    with ac.run("r-memory"), ac.agent("a"):
+        ac.Memory("m")["k"] = 1
+    assert processor.flush(30)
+    assert processor.stats()["spans_in_memory"] > 0
+    with psycopg.connect(pg_dsn) as conn:
+        stored = conn.execute(
+            "SELECT event_type, count(*) FROM agentcap.events WHERE run_id = 'r-memory'"
+            " GROUP BY event_type ORDER BY event_type"
+        ).fetchall()
+    assert stored == [("agent_end", 1), ("agent_start", 1), ("memory_write", 1)]
+    assert processor.exporter.stats().duplicates == 0
+
+
+def test_an_agent_that_ends_once_the_disk_is_back_carries_its_start_kept_in_memory(
+    durable, tmp_path
+):
+    """An agent whose start record went to memory (the disk refused it) and is not stored yet,
+    and whose end goes to the disk once it is back: the end record carries agent_start itself,
+    since the memory record dies with the process and the disk record does not."""
+    blocker = tmp_path / "queue"
+    blocker.write_text("not a directory")
+    processor = durable(directory=blocker)  # the database is unreachable: nothing is stored
+    with ac.run("r"), ac.agent("a"):
+        assert processor.stats()["spans_in_memory"] == 1
+        blocker.unlink()
+        processor.queue._disk_retry_at = 0.0  # the disk is tried again now, not in 5 s
+    ended = [decode_span(r) for r in _records(blocker)]
+    (agent,) = [s for s in ended if s.attributes.get("agentcap.event.type") == "agent_start"]
+    assert agent.end_time is not None and not agent.own_event_queued
+    assert sorted(e.event_type for e in _map([agent], raw_payloads=True).events) == [
+        "agent_end",
+        "agent_start",
+    ]
 
 
 def test_shutdown_keeps_to_its_timeout_and_reports_what_it_left(durable, tmp_path, caplog):

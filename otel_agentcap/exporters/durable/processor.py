@@ -115,7 +115,9 @@ class DurableSpanProcessor(SpanProcessor):
         self.faults = faults if faults is not None else exporter.faults
         self._closed = False
         self._close_lock = threading.Lock()
-        self._started: dict[int, None] = {}
+        #: span id -> where an agent execution's start record went: 0 on disk, else the
+        #: ordinal of the memory record (``MemorySource.put``).
+        self._started: dict[int, int] = {}
         self._started_lock = threading.Lock()
         self.report: ShutdownReport | None = None
         self._start()
@@ -187,10 +189,12 @@ class DurableSpanProcessor(SpanProcessor):
                 return
             payload = encode_span(span, attributes)
             # The span is still running: its record (a snapshot) stands for it, not the span.
-            if self.queue.put(payload, 1, payload) == "disk":
+            ordinal: list[int] = []
+            placed = self.queue.put(payload, 1, payload, ordinal=ordinal)
+            if placed is not None:
                 with self._started_lock:
                     started = self._started
-                    started[span.get_span_context().span_id] = None
+                    started[span.get_span_context().span_id] = ordinal[0] if ordinal else 0
                     if len(started) > _MAX_STARTED:
                         del started[next(iter(started))]
         except Exception:
@@ -201,21 +205,31 @@ class DurableSpanProcessor(SpanProcessor):
             attributes = attributes_of(span)
             if _EVENT_ID not in attributes and attributes.get(_RUN_ROOT) is not True:
                 return  # nothing of it goes to the event log
-            flags = 0
+            events = 1 + (_OUTCOME in attributes)
+            started: int | None = None
             if self._started and attributes.get(_EVENT_TYPE) == _AGENT_START:
                 context = span.context
-                with self._started_lock:
-                    if context is not None and context.span_id in self._started:
-                        del self._started[context.span_id]
-                        flags = OWN_EVENT_QUEUED
-            payload = encode_span(span, attributes, flags=flags)
-            self.queue.put(
-                payload,
-                1 + (_OUTCOME in attributes) - (flags & OWN_EVENT_QUEUED),
-                # Delivery takes the ended span from memory rather than reading it back; a
-                # flagged record is taken as its record, which carries the flag.
-                payload if flags else span,
-            )
+                if context is not None:
+                    with self._started_lock:
+                        started = self._started.pop(context.span_id, None)
+            if started is None:
+                # Delivery takes the ended span from memory rather than reading it back.
+                self.queue.put(encode_span(span, attributes), events, span)
+                return
+            # Its start record was queued: this record says so (a flagged record is taken as
+            # its record, which carries the flag), and delivery leaves its own event out.
+            payload = encode_span(span, attributes, flags=OWN_EVENT_QUEUED)
+            if started == 0 or self.queue.memory.acked >= started:
+                # On disk, or kept in memory and stored already.
+                self.queue.put(payload, events - 1, payload)
+            else:
+                # Kept in memory and not stored yet: this record says so when it goes to memory
+                # too (behind the start record, which is delivered first or kept with it at
+                # shutdown); on disk it carries the event itself, as the start record dies with
+                # the process and the disk record does not.
+                self.queue.put(
+                    payload, events - 1, payload, on_disk=(encode_span(span, attributes), span)
+                )
         except Exception:
             _logger.exception("agentcap: could not queue span %r", getattr(span, "name", "?"))
             with contextlib.suppress(Exception):

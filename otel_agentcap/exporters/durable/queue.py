@@ -188,11 +188,13 @@ class MemorySource(Source):
     def __len__(self) -> int:
         return len(self._records)
 
-    def put(self, record: bytes) -> None:
+    def put(self, record: bytes) -> int:
+        """Keep ``record``; its ordinal (the record is stored once ``acked`` reaches it)."""
         with self._lock:
             self._records.append(record)
             self.bytes += len(record)
             self.put_count += 1
+            return self.put_count
 
     def read(self, max_records: int, max_bytes: int) -> Chunk | None:
         with self._lock:
@@ -398,11 +400,23 @@ class DiskQueue:
         own = self.own.log.size if self.own is not None else 0
         return own + self.adopted_bytes + self.memory.bytes
 
-    def put(self, payload: bytes, events: int = 1, memo: object = None) -> Placed:
+    def put(
+        self,
+        payload: bytes,
+        events: int = 1,
+        memo: object = None,
+        *,
+        on_disk: tuple[bytes, object] | None = None,
+        ordinal: list[int] | None = None,
+    ) -> Placed:
         """Queue one record (see the module doc): where it went (``"disk"`` or ``"memory"``),
         or None when it was dropped (and counted). ``memo`` stands for the record in memory
-        (see ``OwnSource``)."""
+        (see ``OwnSource``). ``on_disk``: another record (and its memo) to append instead when
+        the record goes to the disk rather than to memory. ``ordinal``: a list the memory
+        record's ordinal is appended to when the record goes to memory (see
+        ``MemorySource.put``)."""
         frame = encode_frame(payload)
+        disk_frame = encode_frame(on_disk[0]) if on_disk is not None else frame
         if not self._accepting:
             self._drop(events, CLOSED_CONDITION, "dropping spans that end after shutdown()")
             return None
@@ -415,7 +429,7 @@ class DiskQueue:
                 f"{self.max_bytes:,} bytes (max_queue_bytes)",
             )
             return None
-        size = len(frame)
+        size = max(len(frame), len(disk_frame))
         # Room is taken before the write and checked under one lock, so threads that put at
         # once cannot together go past the bound.
         if not self._reserve(size) and not self._wait_for_room(size):
@@ -424,8 +438,10 @@ class DiskQueue:
             )
             return None
         room = [size]
+        if on_disk is not None:
+            frame, memo = disk_frame, on_disk[1]
         try:
-            return self._place(frame, payload, events, memo, room)
+            return self._place(frame, payload, events, memo, room, ordinal)
         finally:
             self._release(room)
 
@@ -445,7 +461,13 @@ class DiskQueue:
             room[0] = 0
 
     def _place(
-        self, frame: bytes, payload: bytes, events: int, memo: object, room: list[int]
+        self,
+        frame: bytes,
+        payload: bytes,
+        events: int,
+        memo: object,
+        room: list[int],
+        ordinal: list[int] | None = None,
     ) -> Placed:
         """Append ``frame`` to the own log, else keep ``payload`` in memory (``room`` taken)."""
         own = self.own
@@ -468,7 +490,7 @@ class DiskQueue:
                 if self.own is None and time.monotonic() >= self._disk_retry_at:
                     self._open_own()
             if self.own is not None:
-                return self._place(frame, payload, events, memo, room)
+                return self._place(frame, payload, events, memo, room, ordinal)
         if len(self.memory) >= self.memory_limit:
             self._drop(
                 events,
@@ -476,7 +498,9 @@ class DiskQueue:
                 self._full(f"the disk queue is unusable and memory holds {self.memory_limit:,}"),
             )
             return None
-        self.memory.put(payload)
+        placed_at = self.memory.put(payload)
+        if ordinal is not None:
+            ordinal.append(placed_at)
         self._release(room)  # the memory counts it now
         if self.on_append is not None:
             self.on_append()

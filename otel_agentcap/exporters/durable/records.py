@@ -41,7 +41,10 @@ A span whose own event is complete when it starts and that may stay open for lon
 execution's ``invoke_agent`` span, whose event is ``agent_start``) is queued twice: when it
 starts (``end_time`` null, no closing event), so a process that dies while the agent runs still
 delivers ``agent_start``; and when it ends, with flag 1, which tells delivery not to send its own
-event again (:attr:`StoredSpan.own_event_queued`).
+event again (:attr:`StoredSpan.own_event_queued`). When the start record went to memory (the disk
+refused it), the end record has the flag too, unless it goes to the disk while the start record
+is still waiting in memory: then it carries the event itself (a crash would lose the memory
+record, not the disk one).
 """
 
 from __future__ import annotations
