@@ -141,6 +141,36 @@ def test_bad_dsn_and_server_down_are_one_line(dsn, expected):
     assert "Traceback" not in result.stderr
 
 
+_LOCKED = (
+    "otel-agentcap: gave up after {} s waiting for a lock another session holds on the event "
+    "log (a migration or other DDL?); try again later, or wait longer with --lock-timeout"
+)
+
+
+@pytest.mark.storage
+def test_read_commands_give_up_waiting_for_a_lock_with_one_line(pg_dsn, tmp_path):
+    """runs, show, event and export give up after --lock-timeout seconds (10 by default) while
+    another session holds a lock on the log's tables (a migration, DDL): one line, exit 1."""
+    event_id = "00000000-0000-4000-8000-000000000000"
+    commands = [
+        ("runs",),
+        ("show", "r"),
+        ("event", "r", event_id),
+        ("export", "r", "--format", "otlp-json", "-o", str(tmp_path / "r.json")),
+        ("export", "r", "--format", "html", "-o", str(tmp_path / "r.html")),
+    ]
+    with psycopg.connect(pg_dsn) as holder:
+        holder.execute("LOCK TABLE agentcap.runs, agentcap.events IN ACCESS EXCLUSIVE MODE")
+        for command in commands:
+            result = _cli(*command, "--dsn", pg_dsn, "--lock-timeout", "0.2")
+            assert result.returncode == 1, command
+            assert result.stderr.strip().splitlines() == [_LOCKED.format("0.2")], command
+        result = _cli("runs", "--dsn", pg_dsn)
+        assert result.returncode == 1
+        assert result.stderr.strip().splitlines() == [_LOCKED.format("10")]
+    assert not list(tmp_path.iterdir())
+
+
 @pytest.mark.storage
 def test_export_html_writes_one_self_contained_file(pg_dsn, tmp_path):
     """export --format html writes the run's page to stdout or a file; an unknown run is one

@@ -295,6 +295,21 @@ def test_a_connection_the_server_closed_while_idle_is_not_a_503(pg_dsn):
 
 
 @pytest.mark.storage
+def test_a_locked_log_is_503_saying_so(pg_dsn):
+    """A request whose query waits for a lock another session holds on the log (a migration,
+    DDL) answers 503 after the view's lock_timeout, saying why, and the next one, once the lock
+    is gone, is answered."""
+    with ViewerServer(ViewerConfig(dsn=pg_dsn, lock_timeout=0.2)) as running:
+        with psycopg.connect(pg_dsn) as holder:
+            holder.execute("LOCK TABLE agentcap.runs, agentcap.events IN ACCESS EXCLUSIVE MODE")
+            for path in ("/api/runs", "/api/run?run=r"):
+                status, _, body = _get(f"{running.url}{path}")
+                assert status == 503, path
+                assert "another session holds a lock on it" in body["error"], path
+        assert _get(f"{running.url}/api/runs")[0] == 200
+
+
+@pytest.mark.storage
 def test_sessions_are_read_only(pg_dsn):
     """The view's database sessions refuse every write."""
     with psycopg.connect(pg_dsn, autocommit=True) as conn:

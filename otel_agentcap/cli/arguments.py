@@ -36,6 +36,17 @@ def positive_number(text: str) -> float:
     return value
 
 
+def seconds_or_zero(text: str) -> float:
+    """A finite number of seconds, 0 or more (0: no limit, where an option says so)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number of 0 or more, not {text}")
+    return value
+
+
 def utf8(value: str) -> str:
     """Text that can be sent to PostgreSQL or written out: an argument holding bytes that are not
     UTF-8 (which Python keeps as lone surrogates) is a usage error rather than a traceback."""

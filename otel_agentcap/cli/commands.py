@@ -35,6 +35,7 @@ from otel_agentcap.exporters.postgres.database import ENV_DSN, resolve_dsn
 from otel_agentcap.exporters.postgres.errors import (
     AgentCapStorageError,
     EventNotFound,
+    LockWaitTimeout,
     RunNotFound,
     SchemaNotReady,
 )
@@ -120,13 +121,27 @@ def _dsn(args: argparse.Namespace) -> str:
     return dsn
 
 
-def _connect(dsn: str) -> psycopg.Connection[Any]:
+def _connect(dsn: str, *, lock_timeout: float | None = None) -> psycopg.Connection[Any]:
+    """A connection to ``dsn``; with ``lock_timeout`` its queries give up after waiting that many
+    seconds for a lock another session holds (see ``store.limit_lock_waits``)."""
     try:
-        return psycopg.connect(dsn, connect_timeout=5)
+        conn = psycopg.connect(dsn, connect_timeout=5)
     except psycopg.ProgrammingError as exc:
         raise CliError(f"invalid DSN: {first_line(exc, dsn)}") from None
     except psycopg.OperationalError as exc:
         raise CliError(f"cannot connect to PostgreSQL: {first_line(exc, dsn)}") from None
+    if lock_timeout is not None:
+        try:
+            store.limit_lock_waits(conn, lock_timeout)
+        except BaseException:
+            conn.close()
+            raise
+    return conn
+
+
+def _reader(args: argparse.Namespace) -> psycopg.Connection[Any]:
+    """The connection of a read command: it waits at most ``--lock-timeout`` seconds for a lock."""
+    return _connect(_dsn(args), lock_timeout=args.lock_timeout)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -204,7 +219,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
-    with _connect(_dsn(args)) as conn:
+    with _reader(args) as conn:
         runs = store.list_runs(conn, limit=args.limit)
     if args.json:
         _print_json([asdict(r) for r in runs])
@@ -229,7 +244,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    with _connect(_dsn(args)) as conn:
+    with _reader(args) as conn:
         try:
             events = store.run_events(conn, args.run_id)
             agents = store.run_agents(conn, args.run_id)
@@ -415,7 +430,7 @@ def _event_line(event: Any, indent: str = "  ") -> Any:
 
 
 def cmd_event(args: argparse.Namespace) -> int:
-    with _connect(_dsn(args)) as conn:
+    with _reader(args) as conn:
         try:
             found = store.event(conn, args.run_id, args.event_id)
             parents = store.event_parents(conn, args.run_id, args.event_id)
@@ -693,9 +708,16 @@ def cmd_ui(args: argparse.Namespace) -> int:
     authenticator = _tokens(args, UI_TOKENS_ENV)
     tls = _tls(args)
     dsn = _dsn(args)
-    with _connect(dsn) as conn:  # a bad DSN is a one-line error here, before serving
+    # A bad DSN is a one-line error here, before serving; so is a lock held too long.
+    with _connect(dsn, lock_timeout=args.lock_timeout) as conn:
         migrate(conn)
-    config = ViewerConfig(dsn=dsn, authenticator=authenticator, jaeger_url=args.jaeger_url, tls=tls)
+    config = ViewerConfig(
+        dsn=dsn,
+        authenticator=authenticator,
+        jaeger_url=args.jaeger_url,
+        tls=tls,
+        lock_timeout=args.lock_timeout,
+    )
     try:
         server = ViewerServer(config, args.host, args.port)
     except TokenConfigError as exc:
@@ -745,7 +767,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     writer = EXPORT_FORMATS[args.format]
     if args.output == "-" and args.format in BINARY_FORMATS and sys.stdout.isatty():
         raise CliError(f"{args.format} is binary: write it to a file with -o FILE, or redirect")
-    with _connect(_dsn(args)) as conn:
+    with _reader(args) as conn:
         try:
             data = writer(args, conn)
         except RunNotFound:
@@ -860,6 +882,17 @@ def cmd_queue(args: argparse.Namespace) -> int:
     return 0 if drained else 1
 
 
+def _lock_timeout_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--lock-timeout",
+        type=arguments.seconds_or_zero,
+        default=store.READ_LOCK_TIMEOUT,
+        metavar="SECONDS",
+        help="give up after waiting this long for a lock another session holds on the log "
+        f"(a migration, other DDL); 0: no limit (default: {store.READ_LOCK_TIMEOUT:g})",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="otel-agentcap",
@@ -883,6 +916,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     runs = sub.add_parser("runs", parents=[common], help="list recorded runs")
     runs.add_argument("--limit", type=arguments.integer(1), default=50)
+    _lock_timeout_option(runs)
     runs.set_defaults(func=cmd_runs)
 
     show = sub.add_parser(
@@ -897,6 +931,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also print model-call message content (recorded only when content capture was on)",
     )
+    _lock_timeout_option(show)
     show.set_defaults(func=cmd_show)
 
     load = sub.add_parser(
@@ -953,6 +988,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=arguments.web_address,
         help="base address of a Jaeger UI, to link events to their spans",
     )
+    _lock_timeout_option(ui)
     ui.set_defaults(func=cmd_ui)
 
     export = sub.add_parser(
@@ -972,6 +1008,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=arguments.web_address,
         help="html: base address of a Jaeger UI, to link events to their spans",
     )
+    _lock_timeout_option(export)
     export.set_defaults(func=cmd_export)
 
     queue = sub.add_parser(
@@ -994,6 +1031,7 @@ def build_parser() -> argparse.ArgumentParser:
     event.add_argument(
         "--past", action="store_true", help="also every event that happened before it"
     )
+    _lock_timeout_option(event)
     event.set_defaults(func=cmd_event)
 
     db = sub.add_parser(
@@ -1071,6 +1109,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _stdout_closed()
     except CliError as exc:
         print(f"otel-agentcap: {_shown(exc)}", file=sys.stderr)
+        return 1
+    except (LockWaitTimeout, psycopg.errors.LockNotAvailable):
+        waited = getattr(args, "lock_timeout", None)
+        after = f" after {waited:g} s" if waited else ""
+        longer = ", or wait longer with --lock-timeout" if waited else ""
+        print(
+            f"otel-agentcap: gave up{after} waiting for a lock another session holds on the "
+            f"event log (a migration or other DDL?); try again later{longer}",
+            file=sys.stderr,
+        )
         return 1
     except (SchemaNotReady, psycopg.errors.UndefinedTable) as exc:
         if isinstance(exc, SchemaNotReady) or "agentcap." in str(exc):

@@ -39,7 +39,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from otel_agentcap.exporters.postgres import store
 from otel_agentcap.exporters.postgres.connection import check_not_closed_by_server
-from otel_agentcap.exporters.postgres.errors import AgentCapStorageError, RunNotFound
+from otel_agentcap.exporters.postgres.errors import (
+    AgentCapStorageError,
+    LockWaitTimeout,
+    RunNotFound,
+)
 from otel_agentcap.serving import TlsConfig
 from otel_agentcap.tokens import ANONYMOUS, Authenticator, Principal, RunScope, session_value
 
@@ -48,6 +52,10 @@ from . import documents
 _log = logging.getLogger(__name__)
 
 COOKIE: Final = "agentcap_session"
+_LOCKED: Final = (
+    "the event log is unavailable: another session holds a lock on it (a migration or other "
+    "DDL?); try again later"
+)
 STATEMENT_TIMEOUT_MS: Final = 30_000
 LOOPBACK_HOSTS: Final = frozenset({"localhost", "127.0.0.1", "::1"})
 #: The largest body ``/login`` reads: a form with one token (at most 512 characters) is far
@@ -82,6 +90,10 @@ class ViewerConfig:
     pool_size: int = 4
     #: How long a request waits for a database connection before answering 503.
     connect_timeout: float = 10.0
+    #: How long a query waits for a lock another session holds on a table of the log (a
+    #: migration, other DDL) before the request answers 503 saying so; 0: up to the statement
+    #: timeout (30 s).
+    lock_timeout: float = store.READ_LOCK_TIMEOUT
 
 
 def static_text(name: str) -> str:
@@ -229,7 +241,7 @@ def create_app(config: ViewerConfig) -> Starlette:
         open=False,
         name="agentcap-ui",
         kwargs={"autocommit": True},
-        configure=_configure_connection,
+        configure=lambda conn: _configure_connection(conn, config.lock_timeout),
         reconnect_timeout=0,
         # One the server closed while idle (idle_session_timeout, a restart) is replaced before
         # a request uses it, instead of answering 503 (no round trip).
@@ -251,6 +263,9 @@ def create_app(config: ViewerConfig) -> Starlette:
                 return _error(400, str(exc))
             except LookupError as exc:  # RunNotFound is one
                 return _error(404, str(exc))
+            except (LockWaitTimeout, psycopg.errors.LockNotAvailable):
+                _log.warning("the event log is locked: %s", _LOCKED)
+                return _error(503, _LOCKED)
             except (PoolTimeout, AgentCapStorageError, psycopg.OperationalError) as exc:
                 _log.warning("the event log is unavailable: %s", exc)
                 return _error(503, f"the event log is unavailable: {exc}")
@@ -403,6 +418,9 @@ async def _small_body(request: Request, limit: int) -> bytes | None:
     return body
 
 
-def _configure_connection(conn: psycopg.Connection[Any]) -> None:
+def _configure_connection(
+    conn: psycopg.Connection[Any], lock_timeout: float = store.READ_LOCK_TIMEOUT
+) -> None:
     conn.execute(b"SET default_transaction_read_only = on")
     conn.execute(f"SET statement_timeout = {STATEMENT_TIMEOUT_MS}".encode())
+    store.limit_lock_waits(conn, lock_timeout)

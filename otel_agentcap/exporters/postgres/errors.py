@@ -22,6 +22,14 @@ class ConnectionFailed(AgentCapStorageError):
     retryable = True
 
 
+class LockWaitTimeout(AgentCapStorageError):
+    """A query waited for a lock that another session held on a table of the log (a migration,
+    other DDL, an explicit ``LOCK TABLE``) longer than the session's ``lock_timeout``, and gave
+    up (see ``store.limit_lock_waits``)."""
+
+    retryable = True
+
+
 class MigrationError(AgentCapStorageError):
     """Applying the schema migrations failed; the database is left at its previous version."""
 

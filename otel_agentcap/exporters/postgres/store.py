@@ -18,7 +18,12 @@ from psycopg.rows import class_row
 
 from otel_agentcap.model import AgentRecord, Event
 
-from .errors import ConnectionFailed, EventNotFound, RunNotFound, SchemaNotReady
+from .errors import ConnectionFailed, EventNotFound, LockWaitTimeout, RunNotFound, SchemaNotReady
+
+#: How long the read commands (``otel-agentcap runs``, ``show``, ``event``, ``export``) and the web
+#: view wait for a lock another session holds on a table of the log (a migration, other DDL)
+#: before they give up, in seconds (``--lock-timeout``).
+READ_LOCK_TIMEOUT: Final = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,9 +149,21 @@ def run_start(conn: psycopg.Connection[Any], run_id: str) -> datetime:
     return start
 
 
+def limit_lock_waits(conn: psycopg.Connection[Any], seconds: float) -> None:
+    """Make the queries of ``conn`` give up (``psycopg.errors.LockNotAvailable``, which the
+    queries here raise as ``LockWaitTimeout``) when they wait longer than ``seconds`` for a lock
+    another session holds; 0 waits without limit. The setting outlives the transaction."""
+    milliseconds = max(1, round(seconds * 1000)) if seconds > 0 else 0
+    conn.execute(f"SET lock_timeout = {milliseconds}".encode())
+    if not conn.autocommit:
+        conn.commit()
+
+
 def _guard(exc: psycopg.Error) -> Exception:
     if isinstance(exc, psycopg.errors.UndefinedTable):
         return SchemaNotReady(f"agentcap schema missing, run migrate(): {exc}")
+    if isinstance(exc, psycopg.errors.LockNotAvailable):
+        return LockWaitTimeout(f"another session holds a lock on the event log: {exc}")
     if isinstance(exc, psycopg.OperationalError):
         return ConnectionFailed(str(exc))
     return exc
