@@ -444,6 +444,16 @@ def raw_or_loads(text: str, *, too_deep: Literal["keep", "raise"] = "keep") -> A
     return RawJson(text)
 
 
+def gives_marker(text: str) -> bool:
+    """Whether :func:`loads` (``too_deep="keep"``) gives ``text`` back as its
+    ``$agentcap.unparsed`` marker: text that is not JSON, or nested too deeply."""
+    try:
+        json.loads(text)
+    except (ValueError, TypeError, RecursionError):
+        return True
+    return False
+
+
 def loads(text: str | None, *, too_deep: Literal["keep", "raise"] = "keep") -> Any:
     """Parse a payload attribute; text that is not JSON (e.g. cut by an attribute length limit),
     or JSON nested deeper than the parser recurses, comes back as ``{"$agentcap.unparsed":

@@ -262,3 +262,7 @@ class Batch(NamedTuple):
     #: Spans left out because their records could not be read or were refused (see
     #: ``mapping.batch_from_spans``): each span's position among those mapped, and why.
     rejected: tuple[tuple[int, str], ...] = ()
+    #: Runs whose declared attributes (``agentcap.run.attributes``) are not a JSON object (not
+    #: JSON, cut by a length limit say, or a list, a string, a number): kept whole as
+    #: ``{"$agentcap.unparsed": text}``, never dropped, and listed here to be counted.
+    unparsed_attributes: tuple[str, ...] = ()

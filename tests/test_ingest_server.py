@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import gzip
 import json
+import logging
 import socket
 import threading
 import time
@@ -17,6 +18,7 @@ import psycopg
 import pytest
 from google.protobuf import json_format
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.sdk.trace import ReadableSpan
 from otlp_support import (
     captured,
     count,
@@ -361,6 +363,64 @@ def test_otlp_json_is_stored_like_protobuf(pg_dsn, server):
     answer = json.loads(body)
     assert answer["partialSuccess"]["rejectedSpans"] in ("1", 1)
     assert count(pg_dsn, EVENTS, "run-json") == expected
+
+
+def _replaced(span: ReadableSpan, **values: object) -> ReadableSpan:
+    """``span`` with the attributes ``values`` (names with dots) set, every other one kept."""
+    return ReadableSpan(
+        name=span.name,
+        context=span.context,
+        parent=span.parent,
+        attributes={**(span.attributes or {}), **values},
+        start_time=span.start_time,
+        end_time=span.end_time,
+        instrumentation_scope=span.instrumentation_scope,
+    )
+
+
+def test_values_that_are_not_json_objects_are_kept_in_markers_counted_and_logged(
+    pg_dsn, server, caplog
+):
+    """Declared run attributes that are not a JSON object (a list) and an event payload that is
+    not JSON are stored as ``$agentcap.unparsed`` markers holding their text, as import stores
+    them, and counted and logged: never dropped in silence."""
+    spans, expected = captured("run-marked")
+    declared = '[1, "two"]'
+    cut = '{"op": "set", "ke'
+    sent = [
+        _replaced(
+            s,
+            **(
+                {attr.RUN_ATTRIBUTES: declared}
+                if attr.RUN_ATTRIBUTES in (s.attributes or {})
+                else {}
+            ),
+            **({attr.EVENT_PAYLOAD: cut} if s.name == "memory_write" else {}),
+        )
+        for s in spans
+    ]
+    assert sum(attr.RUN_ATTRIBUTES in (s.attributes or {}) for s in sent) >= 2
+    with caplog.at_level(logging.WARNING):
+        status, _, body = post(server.endpoint, request_bytes(sent))
+    assert status == 200 and partial_success(body) == (0, "")
+    assert count(pg_dsn, EVENTS, "run-marked") == expected
+    with psycopg.connect(pg_dsn) as conn:
+        (attributes,) = conn.execute(
+            "SELECT attributes FROM agentcap.runs WHERE run_id = 'run-marked'"
+        ).fetchone()
+        payloads = [
+            row[0]
+            for row in conn.execute(
+                "SELECT payload FROM agentcap.events WHERE run_id = 'run-marked'"
+                " AND event_type = 'memory_write'"
+            )
+        ]
+    assert attributes == {"$agentcap.unparsed": declared}
+    assert {"$agentcap.unparsed": cut} in payloads
+    stats = server.stats()
+    assert (stats.unparsed_attributes, stats.unparsed_payloads) == (1, 1)
+    assert "'run-marked' are not a JSON object" in caplog.text
+    assert "1 payload(s) are not JSON" in caplog.text
 
 
 def test_idle_and_slow_connections_are_closed(pg_dsn):

@@ -853,16 +853,63 @@ def test_import_stores_an_agentcap_pb_payload_that_is_not_json_as_a_marker(
     assert b"2 payloads not JSON" in again.stdout, again.stdout.decode()
 
 
+def test_import_of_otlp_json_keeps_and_counts_markers_as_agentcap_pb_does(
+    pg_dsn, pg_empty_dsn, tmp_path
+):
+    """An OTLP/JSON file whose declared run attributes are not a JSON object, and one of whose
+    payloads is not JSON, is stored with ``$agentcap.unparsed`` markers holding their text (the
+    attributes were dropped for ``{}``), counted (--json, the summary) and warned about, as an
+    agentcap-pb file is."""
+    run_id, document = _demo_otlp(pg_dsn, tmp_path)
+    declared, cut = '[1, "two"]', '{"cut": "by a li'
+    spans = [
+        span
+        for resource in document["resourceSpans"]
+        for scope in resource["scopeSpans"]
+        for span in scope["spans"]
+    ]
+    (root,) = [s for s in spans if any(a["key"] == "agentcap.run.root" for a in s["attributes"])]
+    root["attributes"].append(
+        {"key": "agentcap.run.attributes", "value": {"stringValue": declared}}
+    )
+    payload = next(
+        a
+        for s in spans
+        for a in s["attributes"]
+        if a["key"] == "agentcap.event.payload" and "memory_write" in s["name"]
+    )
+    payload["value"] = {"stringValue": cut}
+    edited = tmp_path / "edited.json"
+    edited.write_text(json.dumps(document))
+    done = _cli("import", str(edited), "--dsn", pg_empty_dsn, "--json")
+    assert done.returncode == 0, done.stderr.decode()
+    result = json.loads(done.stdout)
+    assert (result["unparsed_attributes"], result["unparsed_payloads"]) == (1, 1)
+    assert result["rejected"] == 0
+    assert b"not a JSON object" in done.stderr and b"not JSON" in done.stderr
+    with psycopg.connect(pg_empty_dsn) as conn:
+        (attributes,) = conn.execute(
+            "SELECT attributes FROM agentcap.runs WHERE run_id = %s", (run_id,)
+        ).fetchone()
+        marked = conn.execute(
+            "SELECT count(*) FROM agentcap.events WHERE run_id = %s AND payload = %s::jsonb",
+            (run_id, json.dumps({"$agentcap.unparsed": cut})),
+        ).fetchone()[0]
+    assert attributes == {"$agentcap.unparsed": declared}
+    assert marked == 1
+    assert _event_count(pg_empty_dsn) == _event_count(pg_dsn)
+
+
 def test_import_keeps_agentcap_pb_run_attributes_that_are_not_an_object_in_a_marker(
     pg_dsn, pg_empty_dsn, tmp_path
 ):
-    """agentcap-pb run attributes that are JSON but not an object (a list, a string, a number)
-    are stored as ``{"$agentcap.unparsed": text}`` holding their exact text, counted (--json,
-    the summary) and warned about: never replaced by ``{}`` in silence."""
+    """agentcap-pb run attributes that are not a JSON object (a list, a string, a number, text
+    that is not JSON) are stored as ``{"$agentcap.unparsed": text}`` holding their exact text,
+    counted (--json, the summary) and warned about: never replaced by ``{}`` in silence."""
     run_id = _demo(pg_dsn)
     whole = tmp_path / "run.pb"
     _export(pg_dsn, run_id, "agentcap-pb", whole)
-    for number, text in enumerate(['[1, "two"]', '"a text"', "42"]):
+    for number, text in enumerate(['[1, "two"]', '"a text"', "42", '{"cut": "by a li']):
         stored_id = f"attributes-{number}"
         target = _edited_pb(
             whole,

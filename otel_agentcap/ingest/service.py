@@ -27,6 +27,7 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 from otel_agentcap import attributes as attr
+from otel_agentcap import jsonsafe
 from otel_agentcap.exporters.postgres.database import Database, instrumentation_suppressed
 from otel_agentcap.exporters.postgres.errors import (
     AgentCapStorageError,
@@ -68,6 +69,13 @@ class IngestStats:
     spans_rejected: int = 0
     #: Closing events whose record was cut before its identity (see ``Batch.unreadable``).
     events_unreadable: int = 0
+    #: Run attribute declarations (``agentcap.run.attributes``) that are not a JSON object:
+    #: stored as ``{"$agentcap.unparsed": text}``, their exact text, as ``import`` stores them;
+    #: counted once per run and chunk of a request (each logged).
+    unparsed_attributes: int = 0
+    #: Event payloads that are not JSON (cut by a length limit, say): stored as
+    #: ``{"$agentcap.unparsed": text}`` markers, as ``import`` stores them (and counts them).
+    unparsed_payloads: int = 0
     rejected_requests: int = 0
     """Answered 4xx: undecodable, too large, unsupported, unauthorized."""
     unauthorized_requests: int = 0
@@ -280,6 +288,13 @@ class IngestService:
             outcome.reject(reason)
         if batch.unreadable:
             self.count(events_unreadable=batch.unreadable)
+        if batch.unparsed_attributes:
+            self.count(unparsed_attributes=len(batch.unparsed_attributes))
+            _logger.warning(
+                "agentcap ingest: the attributes declared for run(s) %s are not a JSON object; "
+                'stored as {"$agentcap.unparsed": text}, their exact text',
+                ", ".join(repr(run_id[:200]) for run_id in batch.unparsed_attributes[:5]),
+            )
         if batch.rejected:
             rejected = {index for index, _ in batch.rejected}
             spans = [s for i, s in enumerate(spans) if i not in rejected]
@@ -332,7 +347,20 @@ class IngestService:
             except InvalidPayload:
                 # A payload that is not the JSON it claims (cut by a length limit): map again
                 # with every payload parsed and made safe.
-                return self._writer.write(batch_from_spans(spans, check=check), validated=True)
+                result = self._writer.write(batch_from_spans(spans, check=check), validated=True)
+        marked = sum(
+            1
+            for e in batch.events
+            if isinstance(e.payload, jsonsafe.RawJson) and jsonsafe.gives_marker(e.payload)
+        )
+        if marked:
+            self.count(unparsed_payloads=marked)
+            _logger.warning(
+                "agentcap ingest: %d payload(s) are not JSON; stored as "
+                '{"$agentcap.unparsed": text} markers',
+                marked,
+            )
+        return result
 
 
 def _first_line(exc: BaseException) -> str:

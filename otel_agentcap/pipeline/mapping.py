@@ -13,6 +13,7 @@ storage keeps as a conflict.
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 import threading
@@ -508,14 +509,27 @@ _new_span_record = from_fields(SpanRecord)
 
 def declared_run_attributes(attributes: Mapping[str, AttributeValue]) -> dict[str, Any] | None:
     """The attributes ``run(run_id, **attributes)`` declared, from a span that carries them
-    (the spans of the run's agent executions); None when the span declares none, or a value
-    that is not a JSON object (cut by a length limit, say)."""
+    (the spans of the run's agent executions); None when the span declares none. A value that
+    is not a JSON object (not JSON, cut by a length limit say, or JSON of another kind) is kept
+    whole as ``{"$agentcap.unparsed": text}``, as an import of a file keeps it."""
+    return _declared(attributes)[0]
+
+
+def _declared(
+    attributes: Mapping[str, AttributeValue],
+) -> tuple[jsonsafe.EncodedObject | None, bool]:
+    """``declared_run_attributes``, and whether the value was kept in a marker."""
     declared = attributes.get(attr.RUN_ATTRIBUTES)
     if not isinstance(declared, str):
-        return None
+        return None, False
     # Encoded already (by capture): stored as it is, not encoded again.
-    parsed = jsonsafe.loads(declared)
-    return jsonsafe.EncodedObject(parsed) if isinstance(parsed, dict) else None
+    try:
+        parsed = json.loads(declared)
+    except (ValueError, RecursionError):
+        return jsonsafe.EncodedObject(jsonsafe.loads(declared)), True  # its marker
+    if not isinstance(parsed, dict):
+        return jsonsafe.EncodedObject({"$agentcap.unparsed": declared}), True
+    return jsonsafe.EncodedObject(parsed), False
 
 
 def _span_agents(attributes: Mapping[str, AttributeValue]) -> tuple[AgentRecord, ...]:
@@ -539,13 +553,14 @@ def _root_span(
     roots: dict[str, tuple[str, str]],
     envelopes: list[SpanRecord],
     declarations: dict[str, list[dict[str, Any]]],
+    unparsed: dict[str, None],
 ) -> str | None:
     """Take a run's root span (``ac.run``: no event of its own): its envelope, the run's root
     span ids and start, and the attributes it declares; or why it is rejected."""
     try:
         run_id = _text(attributes.get(attr.RUN_ID), attr.RUN_ID)
-        declared = (
-            declared_run_attributes(attributes) if attr.RUN_ATTRIBUTES in attributes else None
+        declared, wrapped = (
+            _declared(attributes) if attr.RUN_ATTRIBUTES in attributes else (None, False)
         )
         reason = None if check is None else check(span, (), (), declared, run_id)
         envelope = span_record(span, run_id) if reason is None else None
@@ -564,6 +579,8 @@ def _root_span(
         runs_declared = declarations.setdefault(run_id, [])
         if declared not in runs_declared:
             runs_declared.append(declared)
+        if wrapped:
+            unparsed[run_id] = None
     return None
 
 
@@ -586,13 +603,14 @@ def batch_from_spans(
     roots: dict[str, tuple[str, str]] = {}
     envelopes: list[SpanRecord] = []
     rejected: list[tuple[int, str]] = []
+    unparsed: dict[str, None] = {}
     lost = [0]
     for index, span in enumerate(spans):
         attributes = attributes_of(span)  # read only, never copied: the spans have ended
         if attr.EVENT_ID not in attributes:
             if attributes.get(attr.RUN_ROOT) is True:
                 reason = _root_span(
-                    span, attributes, check, started, roots, envelopes, declarations
+                    span, attributes, check, started, roots, envelopes, declarations, unparsed
                 )
                 if reason is not None:
                     rejected.append((index, reason))
@@ -600,8 +618,8 @@ def batch_from_spans(
         try:
             span_events = _events(span, attributes, raw_payloads, lost)
             records = _span_agents(attributes)
-            declared = (
-                declared_run_attributes(attributes) if attr.RUN_ATTRIBUTES in attributes else None
+            declared, wrapped = (
+                _declared(attributes) if attr.RUN_ATTRIBUTES in attributes else (None, False)
             )
             reason = None if check is None else check(span, span_events, records, declared, None)
         except SpanRejected as exc:
@@ -650,9 +668,12 @@ def batch_from_spans(
         for record in records:
             agents[record] = None
         if declared is not None:
-            runs_declared = declarations.setdefault(str(attributes[attr.RUN_ID]), [])
+            declaring = str(attributes[attr.RUN_ID])
+            runs_declared = declarations.setdefault(declaring, [])
             if declared not in runs_declared:
                 runs_declared.append(declared)
+            if wrapped:
+                unparsed[declaring] = None
     superseded, kept = calls.set_aside()
     runs: list[RunRecord] = []
     for run_id, at in started.items():
@@ -671,4 +692,5 @@ def batch_from_spans(
         lost[0],
         tuple(envelopes),
         tuple(rejected),
+        tuple(unparsed),
     )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
@@ -26,7 +27,7 @@ from otel_agentcap.exporters.postgres.errors import (
     DataRejected,
     InvalidPayload,
 )
-from otel_agentcap.exporters.postgres.exporter import log_rejected_spans, write_spans
+from otel_agentcap.exporters.postgres.exporter import log_rejected_spans
 from otel_agentcap.exporters.postgres.partitions import ensure_partitions
 from otel_agentcap.exporters.postgres.rows import DEFAULT_MAX_PAYLOAD_CHARS, payload_dumps
 from otel_agentcap.exporters.postgres.writer import EventWriter, WriteResult
@@ -63,11 +64,11 @@ class ImportResult:
     expired: int = 0
     """Events of runs the log no longer keeps (started before its retention watermark)."""
     unparsed_attributes: int = 0
-    """Runs of an agentcap-pb file whose attributes are JSON but not an object (a list, say):
-    stored as ``{"$agentcap.unparsed": text}``, their exact text, not dropped."""
+    """Runs whose attributes in the file are not a JSON object (not JSON, or a list, a string,
+    a number): stored as ``{"$agentcap.unparsed": text}``, their exact text, not dropped."""
     unparsed_payloads: int = 0
-    """Payloads of an agentcap-pb file (events and conflict rows) that are not JSON, stored as
-    ``{"$agentcap.unparsed": text}`` markers, as the OTLP ingest stores them."""
+    """Payloads of the file (events, and conflict rows of agentcap-pb) that are not JSON, stored
+    as ``{"$agentcap.unparsed": text}`` markers, as the OTLP ingest stores them."""
 
     def add(self, result: WriteResult) -> None:
         self.events_inserted += result.inserted
@@ -221,11 +222,14 @@ def valid_conflicts(snapshot: RunSnapshot) -> tuple[RunSnapshot, int]:
 
 
 def wrapped_attributes(text: str) -> bool:
-    """Whether :func:`run_attributes` keeps ``text`` in a marker: JSON that is not an object."""
+    """Whether :func:`run_attributes` keeps ``text`` in a marker: text that is not JSON, or JSON
+    that is not an object."""
     try:
         return not isinstance(json.loads(text), dict)
-    except (ValueError, RecursionError):
-        return False  # not JSON: a marker of jsonsafe.loads; nested too deeply: an error
+    except RecursionError:
+        return False  # nested too deeply: an error, not a marker
+    except ValueError:
+        return True  # not JSON: a marker of jsonsafe.loads
 
 
 def run_attributes(text: str) -> jsonsafe.EncodedObject:
@@ -431,6 +435,33 @@ def _import_snapshots(
         _count_unparsed(result, run_id, unparsed)
 
 
+def _count_wrapped_attributes(result: ImportResult, run_id: str) -> None:
+    result.unparsed_attributes += 1
+    _log.warning(
+        "agentcap: the attributes of run %r are not a JSON object; stored "
+        'as {"$agentcap.unparsed": text}, their exact text',
+        run_id,
+    )
+
+
+def _write_otlp(writer: EventWriter, spans: list[Any], batch: Batch, result: ImportResult) -> None:
+    """Store the batch of an OTLP file, as ``write_spans`` does; payloads that are not JSON
+    (stored as markers) are counted, as for an agentcap-pb file."""
+    try:
+        result.add(writer.write(batch))
+    except InvalidPayload:
+        # A payload that is not the JSON it claims: write the batch again with every payload
+        # parsed and made safe (text that is not JSON as its marker).
+        result.add(writer.write(batch_from_spans(spans)))
+        marked = Counter(
+            e.run_id
+            for e in batch.events
+            if isinstance(e.payload, jsonsafe.RawJson) and jsonsafe.gives_marker(e.payload)
+        )
+        for run_id, count in marked.items():
+            _count_unparsed(result, run_id, count)
+
+
 def _count_unparsed(result: ImportResult, run_id: str, count: int) -> None:
     result.unparsed_payloads += count
     if count:
@@ -542,12 +573,7 @@ def import_file(database: Database, data: bytes) -> ImportResult:
                     snapshot, spans_left_out = valid_spans(snapshot)
                     snapshot, conflicts_left_out = valid_conflicts(snapshot)
                     if wrapped_attributes(snapshot.run.attributes_json):
-                        result.unparsed_attributes += 1
-                        _log.warning(
-                            "agentcap: the attributes of run %r are not a JSON object; stored "
-                            'as {"$agentcap.unparsed": text}, their exact text',
-                            snapshot.run.run_id,
-                        )
+                        _count_wrapped_attributes(result, snapshot.run.run_id)
                     result.rejected += spans_left_out + conflicts_left_out
                     snapshots.append(snapshot)
                 planned = [(s, _readable_batches(s)) for s in snapshots]
@@ -559,8 +585,10 @@ def import_file(database: Database, data: bytes) -> ImportResult:
                 if batch.rejected:
                     log_rejected_spans(batch.rejected)
                 result.runs.extend(dict.fromkeys(r.run_id for r in batch.runs))
-                if batch.events or batch.agents or batch.runs:
-                    result.add(write_spans(database, writer, spans, batch))
+                for run_id in batch.unparsed_attributes:
+                    _count_wrapped_attributes(result, run_id)
+                if batch.events or batch.agents or batch.spans:
+                    _write_otlp(writer, spans, batch, result)
     finally:
         writer.close()
     return result
