@@ -619,6 +619,90 @@ def test_an_unreachable_ledger_runs_the_call_in_process(pg_dsn):
 
 
 @pytest.mark.fault
+def test_a_locked_ledger_row_makes_the_call_wait_not_run_again(ledger, pg_dsn):
+    """Another session holding a lock on a call's ledger row (SELECT ... FOR UPDATE, for longer
+    than the database's statement timeout) is not an outage: the retry waits for it (counted,
+    one warning) instead of running the body without the ledger, then replays the outcome."""
+    calls: list[int] = []
+
+    @ac.tool
+    def work(n: int) -> int:
+        calls.append(n)
+        return n + 1
+
+    run_id = _run_id()
+    with ac.run(run_id, resume=True), ac.agent("a"):
+        assert work.invoke("w", 1) == 2
+    holder = psycopg.connect(pg_dsn)
+    holder.execute("SELECT * FROM agentcap.tool_ledger WHERE run_id = %s FOR UPDATE", (run_id,))
+    done = threading.Event()
+
+    def release() -> None:
+        # Holds the lock past the statement timeout (2 s): until the retry has given up waiting
+        # for it twice, or ran the body (the defect), or the test ends.
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not done.is_set():
+            if getattr(ledger.stats(), "lock_waits", 0) >= 2 or len(calls) > 1:
+                break
+            time.sleep(0.01)
+        holder.rollback()
+
+    releaser = threading.Thread(target=release)
+    releaser.start()
+    try:
+        with ac.run(run_id, resume=True), ac.agent("a"):
+            assert work.invoke("w", 1) == 2
+    finally:
+        done.set()
+        releaser.join()
+        holder.close()
+    assert calls == [1]
+    stats = ledger.stats()
+    assert stats.lock_waits >= 2 and stats.unavailable == 0 and stats.replays == 1
+
+
+@pytest.mark.fault
+def test_an_outcome_that_meets_a_locked_row_is_written_later_and_starts_no_cool_down(
+    ledger, pg_dsn
+):
+    """An outcome whose ledger row another session holds locked is kept and written once the
+    lock is gone, and the process's next call still claims in the ledger (a lock is not an
+    outage: no cool-down that would run calls without it)."""
+    holder = psycopg.connect(pg_dsn)
+
+    @ac.tool
+    def locking(n: int) -> int:
+        holder.execute(
+            "SELECT 1 FROM agentcap.tool_ledger WHERE invocation_id = 'locked' FOR UPDATE"
+        )
+        return n
+
+    @ac.tool
+    def other(n: int) -> int:
+        return n
+
+    run_id = _run_id()
+    try:
+        with ac.run(run_id, resume=True), ac.agent("a"):
+            assert locking.invoke("locked", 1) == 1
+            assert other.invoke("free", 2) == 2
+        stats = ledger.stats()
+        assert stats.unavailable == 0 and stats.lock_waits >= 1 and stats.claims == 2
+        assert ledger.running_claims() == 1  # the locked outcome waits
+    finally:
+        holder.rollback()
+        holder.close()
+    deadline = time.monotonic() + 30
+    while ledger.running_claims() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert ledger.running_claims() == 0
+    assert ledger.stats().completions_deferred == 1
+    assert _rows(
+        pg_dsn, "SELECT status FROM agentcap.tool_ledger WHERE run_id = %s ORDER BY 1", run_id
+    ) == [("succeeded",), ("succeeded",)]
+
+
+@pytest.mark.fault
 def test_an_outcome_that_cannot_be_written_is_written_later(ledger, pg_dsn, monkeypatch):
     """If the database fails when the outcome is recorded, the ledger keeps it, keeps the claim's
     lease alive and writes it once the database answers again: a retry elsewhere then replays it

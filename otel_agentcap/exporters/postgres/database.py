@@ -192,6 +192,12 @@ class Database:
         return pool
 
     @property
+    def quick_timeout(self) -> float:
+        """Seconds after which a statement of :meth:`quick_connection` or :meth:`coordination`
+        is cancelled."""
+        return self._quick_timeout
+
+    @property
     def _statement_timeout_ms(self) -> int:
         return max(1, int(self._quick_timeout * 1000))
 

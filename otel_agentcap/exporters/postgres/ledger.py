@@ -16,6 +16,15 @@ body runs, an ``UPDATE`` with the outcome after it.
   body again.
 * When the ledger cannot be reached at claim time, the call runs with in-process exactly-once
   only (logged once per change, counted in ``stats()``), unless ``on_unavailable="raise"``.
+* A lock is not an outage. The ledger's statements wait at most ``LOCK_WAIT`` seconds (0.25 s,
+  below the database's statement timeout) for a lock another session holds on the call's row or
+  on the table (``SELECT ... FOR UPDATE`` in an open transaction, a claim whose commit is slow,
+  a migration). A claim that gives up answers ``running``: the caller polls again with backoff,
+  as for another process's live claim, and never runs the body without the ledger for it (one
+  warning per call, counted in ``stats().lock_waits``; an agent's timeout still ends the wait).
+  An outcome that meets a lock is written later, as when the server is down; a renewal that
+  meets one is tried again at the next interval. None of these starts the cool-down that a
+  server that is down or hung starts.
 * Every statement commits durably (the server's ``synchronous_commit``): a claim is on disk before
   the body runs. That costs two commits (WAL flushes) per protected call. ``durable=False`` commits
   the ledger's statements without waiting for the flush (``SET LOCAL synchronous_commit TO off``,
@@ -49,6 +58,8 @@ from otel_agentcap.exporters.postgres.database import Database
 _logger = logging.getLogger(__name__)
 
 DEFAULT_LEASE: Final = 30.0
+#: The longest a ledger statement waits for a lock another session holds (see the module doc).
+LOCK_WAIT: Final = 0.25
 
 _CLAIM: Final = b"SELECT * FROM agentcap.tool_claim(%s, %s, %s, %s, %s, %s, %s, %s)"
 
@@ -114,6 +125,9 @@ class LedgerStats:
     #: Statements sent (each one round trip).
     round_trips: int = 0
     unavailable: int = 0
+    #: Statements that gave up waiting for a lock another session held (a claim then polls
+    #: again; see the module doc).
+    lock_waits: int = 0
 
 
 def _owner_id() -> str:
@@ -156,6 +170,8 @@ class PostgresToolLedger:
         # Running claims of this process: key -> attempt. Plain dict operations (atomic under
         # the GIL); the renewing thread reads a snapshot.
         self._running: dict[tuple[str, str, str, str], int] = {}
+        # Calls waiting for a lock on their row (warned about once each), bounded.
+        self._lock_waiting: dict[tuple[str, str, str, str], None] = {}
         self._pending: list[_Completion] = []
         self._pending_lock = threading.Lock()
         self._stats = LedgerStats()
@@ -184,12 +200,21 @@ class PostgresToolLedger:
         try:
             with self._database.coordination(self._timeout) as conn:
                 self._count("round_trips")
-                row = self._execute(conn, _CLAIM, params).fetchone()
+                try:
+                    row = self._execute(conn, _CLAIM, params, lock_wait=True).fetchone()
+                except psycopg.errors.LockNotAvailable:
+                    row = None  # caught here: a lock is not an outage (no cool-down)
         except Exception as exc:
             self._count("unavailable")
             if self._on_unavailable == "raise":
                 raise ToolLedgerUnavailable(f"the tool ledger is unavailable: {exc}") from exc
             raise
+        key = _key(call)
+        if row is None:
+            self._waits_for_lock(call, key)
+            return LedgerClaim("running", 0, 0)
+        if self._lock_waiting:
+            self._lock_waiting.pop(key, None)
         assert row is not None
         state, attempt, ordinal, codec, result, error, result_event_id, result_event_seq = row
         if state == "claimed":
@@ -334,16 +359,48 @@ class PostgresToolLedger:
     # ----------------------------------------------------------------- internals
 
     def _execute(
-        self, conn: psycopg.Connection[Any], query: bytes, params: tuple[Any, ...]
+        self,
+        conn: psycopg.Connection[Any],
+        query: bytes,
+        params: tuple[Any, ...],
+        *,
+        lock_wait: bool = False,
     ) -> psycopg.Cursor[Any]:
         """Run one statement (one round trip); without ``durable``, in a transaction whose commit
-        does not wait for the WAL flush."""
-        if self.durable:
+        does not wait for the WAL flush; with ``lock_wait``, waiting at most ``LOCK_WAIT`` seconds
+        for a lock (``psycopg.errors.LockNotAvailable`` then)."""
+        settings = b""
+        if not self.durable:
+            settings += b"SET LOCAL synchronous_commit TO off; "
+        if lock_wait:
+            settings += b"SET LOCAL lock_timeout = %d; " % self._lock_wait_ms
+        if not settings:
             return conn.execute(query, params)
         cursor = ClientCursor(conn)
-        cursor.execute(b"SET LOCAL synchronous_commit TO off; " + query, params)
-        cursor.nextset()
+        cursor.execute(settings + query, params)
+        for _ in range(settings.count(b";")):
+            cursor.nextset()  # past the result of each SET, to the statement's
         return cursor
+
+    @property
+    def _lock_wait_ms(self) -> int:
+        """``LOCK_WAIT`` in milliseconds, below the database's statement timeout."""
+        return max(1, min(int(LOCK_WAIT * 1000), int(self._database.quick_timeout * 500)))
+
+    def _waits_for_lock(self, call: LedgerCall, key: tuple[str, str, str, str]) -> None:
+        self._count("lock_waits")
+        if key in self._lock_waiting:
+            return
+        if len(self._lock_waiting) >= 1024:
+            self._lock_waiting.clear()
+        self._lock_waiting[key] = None
+        _logger.warning(
+            "agentcap: invocation %s of %s waits: another session holds a lock on its row of "
+            "agentcap.tool_ledger (or on the table); it runs or replays once the lock is gone, "
+            "never without the ledger",
+            call.invocation_id,
+            call.tool,
+        )
 
     def _write_completion(self, completion: _Completion) -> bool:
         """Write one outcome; False if the server could not be reached (kept for later)."""
@@ -352,7 +409,12 @@ class PostgresToolLedger:
         try:
             with self._database.coordination(self._timeout) as conn:
                 self._count("round_trips")
-                updated = self._execute(conn, _COMPLETE, completion.params).rowcount
+                try:
+                    cursor = self._execute(conn, _COMPLETE, completion.params, lock_wait=True)
+                except psycopg.errors.LockNotAvailable:
+                    self._count("lock_waits")
+                    return False  # kept, written later (a lock is not an outage: no cool-down)
+                updated = cursor.rowcount
         except psycopg.Error as exc:
             # The statement itself failed (not the connection): retrying cannot help.
             _logger.error(
@@ -413,7 +475,11 @@ class PostgresToolLedger:
         columns = [list(column) for column in zip(*running, strict=True)]
         with self._database.coordination(self._timeout) as conn:
             self._count("round_trips")
-            self._execute(conn, _RENEW, (self.lease, *columns, self.owner))
+            try:
+                self._execute(conn, _RENEW, (self.lease, *columns, self.owner), lock_wait=True)
+            except psycopg.errors.LockNotAvailable:
+                self._count("lock_waits")
+                return  # tried again at the next interval (no cool-down)
         self._count("renewals")
 
     def _flush_pending(self) -> None:
