@@ -703,6 +703,34 @@ def test_an_outcome_that_meets_a_locked_row_is_written_later_and_starts_no_cool_
 
 
 @pytest.mark.fault
+def test_a_release_that_meets_a_locked_row_starts_no_cool_down(ledger, pg_dsn):
+    """A call interrupted in its body whose ledger row another session holds locked is left to
+    its lease (one warning), and the process's next call still claims in the ledger."""
+    holder = psycopg.connect(pg_dsn)
+
+    @ac.tool
+    def interrupted() -> None:
+        holder.execute("SELECT 1 FROM agentcap.tool_ledger WHERE invocation_id = 'stop' FOR UPDATE")
+        raise KeyboardInterrupt
+
+    @ac.tool
+    def other(n: int) -> int:
+        return n
+
+    try:
+        with ac.run(_run_id(), resume=True), ac.agent("a"):
+            with pytest.raises(KeyboardInterrupt):
+                interrupted.invoke("stop")
+            assert other.invoke("free", 2) == 2
+    finally:
+        holder.rollback()
+        holder.close()
+    stats = ledger.stats()
+    assert stats.unavailable == 0 and stats.lock_waits >= 1 and stats.claims == 2
+    assert stats.releases == 0
+
+
+@pytest.mark.fault
 def test_an_outcome_that_cannot_be_written_is_written_later(ledger, pg_dsn, monkeypatch):
     """If the database fails when the outcome is recorded, the ledger keeps it, keeps the claim's
     lease alive and writes it once the database answers again: a retry elsewhere then replays it

@@ -23,8 +23,9 @@ body runs, an ``UPDATE`` with the outcome after it.
   as for another process's live claim, and never runs the body without the ledger for it (one
   warning per call, counted in ``stats().lock_waits``; an agent's timeout still ends the wait).
   An outcome that meets a lock is written later, as when the server is down; a renewal that
-  meets one is tried again at the next interval. None of these starts the cool-down that a
-  server that is down or hung starts.
+  meets one is tried again at the next interval; a release (of an interrupted call) that meets
+  one leaves the claim to its lease. None of these starts the cool-down that a server that is
+  down or hung starts.
 * Every statement commits durably (the server's ``synchronous_commit``): a claim is on disk before
   the body runs. That costs two commits (WAL flushes) per protected call. ``durable=False`` commits
   the ledger's statements without waiting for the flush (``SET LOCAL synchronous_commit TO off``,
@@ -98,6 +99,10 @@ FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[]) AS k(run_id, agent_i
 WHERE l.run_id = k.run_id AND l.agent_id = k.agent_id AND l.invocation_id = k.invocation_id
   AND l.call_digest = k.call_digest AND l.owner = %s AND l.status = 'running'
 """
+
+
+class _Locked(Exception):
+    """A ledger statement gave up waiting for a lock another session held."""
 
 
 class ToolLedgerUnavailable(AgentCapError):
@@ -276,18 +281,26 @@ class PostgresToolLedger:
         try:
             with self._database.coordination(self._timeout) as conn:
                 self._count("round_trips")
-                self._execute(
-                    conn,
-                    _RELEASE,
-                    (
-                        call.run_id,
-                        call.agent_id,
-                        call.invocation_id,
-                        call.digest,
-                        self.owner,
-                        attempt,
-                    ),
-                )
+                try:
+                    self._execute(
+                        conn,
+                        _RELEASE,
+                        (
+                            call.run_id,
+                            call.agent_id,
+                            call.invocation_id,
+                            call.digest,
+                            self.owner,
+                            attempt,
+                        ),
+                        lock_wait=True,
+                    )
+                    locked = False
+                except psycopg.errors.LockNotAvailable:
+                    locked = True  # caught here: a lock is not an outage (no cool-down)
+            if locked:
+                self._count("lock_waits")
+                raise _Locked("another session holds a lock on its row")
             self._count("releases")
         except Exception:
             # Not released: the lease runs out instead and the call is taken over then.
@@ -311,8 +324,19 @@ class PostgresToolLedger:
         try:
             with self._database.coordination(self._timeout) as conn:
                 self._count("round_trips")
-                row = conn.execute(_UNCLAIM, (*names, call.digest, self.owner, attempt)).fetchone()
-                removed = bool(row and row[0])
+                try:
+                    row = self._execute(
+                        conn, _UNCLAIM, (*names, call.digest, self.owner, attempt), lock_wait=True
+                    ).fetchone()
+                except psycopg.errors.LockNotAvailable:
+                    row = None
+                    locked = True  # caught here: a lock is not an outage (no cool-down)
+                else:
+                    locked = False
+            if locked:
+                self._count("lock_waits")
+                raise _Locked("another session holds a lock on its row")
+            removed = bool(row and row[0])
         except Exception as exc:
             removed = False
             _logger.warning(
