@@ -172,6 +172,17 @@ def test_read_commands_give_up_waiting_for_a_lock_with_one_line(pg_dsn, tmp_path
 
 
 @pytest.mark.storage
+def test_ui_gives_up_on_a_locked_schema_at_start_with_one_line(pg_dsn):
+    """ui checks the schema before serving: while another session holds a lock on it (a
+    migration), it gives up after --lock-timeout seconds with the same one line, exit 1."""
+    with psycopg.connect(pg_dsn) as holder:
+        holder.execute("LOCK TABLE agentcap.schema_version IN ACCESS EXCLUSIVE MODE")
+        result = _cli("ui", "--dsn", pg_dsn, "--port", "0", "--lock-timeout", "0.2")
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [_LOCKED.format("0.2")]
+
+
+@pytest.mark.storage
 def test_export_html_writes_one_self_contained_file(pg_dsn, tmp_path):
     """export --format html writes the run's page to stdout or a file; an unknown run is one
     line and exit 1."""

@@ -1098,6 +1098,19 @@ _NO_SCHEMA = (
 )
 
 
+def _gave_up_on_a_lock(args: argparse.Namespace) -> int:
+    """The one line of a command that waited ``--lock-timeout`` seconds for a lock."""
+    waited = getattr(args, "lock_timeout", None)
+    after = f" after {waited:g} s" if waited else ""
+    longer = ", or wait longer with --lock-timeout" if waited else ""
+    print(
+        f"otel-agentcap: gave up{after} waiting for a lock another session holds on the "
+        f"event log (a migration or other DDL?); try again later{longer}",
+        file=sys.stderr,
+    )
+    return 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func
@@ -1111,15 +1124,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"otel-agentcap: {_shown(exc)}", file=sys.stderr)
         return 1
     except (LockWaitTimeout, psycopg.errors.LockNotAvailable):
-        waited = getattr(args, "lock_timeout", None)
-        after = f" after {waited:g} s" if waited else ""
-        longer = ", or wait longer with --lock-timeout" if waited else ""
-        print(
-            f"otel-agentcap: gave up{after} waiting for a lock another session holds on the "
-            f"event log (a migration or other DDL?); try again later{longer}",
-            file=sys.stderr,
-        )
-        return 1
+        return _gave_up_on_a_lock(args)
     except (SchemaNotReady, psycopg.errors.UndefinedTable) as exc:
         if isinstance(exc, SchemaNotReady) or "agentcap." in str(exc):
             print(f"otel-agentcap: {_NO_SCHEMA}", file=sys.stderr)
@@ -1127,6 +1132,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"otel-agentcap: database error: {_shown(first_line(exc))}", file=sys.stderr)
         return 1
     except AgentCapStorageError as exc:
+        if isinstance(exc.__cause__, psycopg.errors.LockNotAvailable):  # migrate() wraps it
+            return _gave_up_on_a_lock(args)
         print(f"otel-agentcap: {_shown(first_line(exc))}", file=sys.stderr)
         return 1
     except psycopg.Error as exc:
