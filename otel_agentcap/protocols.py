@@ -85,7 +85,7 @@ class LedgerClaim(NamedTuple):
     """The answer to :meth:`ToolLedger.claim`.
 
     ``state`` is ``claimed`` (the caller runs the body, as ``attempt``), ``running`` (another
-    process holds a live claim: ask again later), ``succeeded`` / ``failed`` (the recorded outcome:
+    process holds a live claim, or another session a lock on the call's record: ask again later), ``succeeded`` / ``failed`` (the recorded outcome:
     ``result`` in the ``codec``'s encoding, or ``error`` as :func:`encode_error` wrote it), or
     ``unknown`` (the claim's holder died and the tool's policy is at most once). ``ordinal`` is 0
     for the first call recorded under the invocation id and k > 0 for the k-th call that reused the
