@@ -348,6 +348,7 @@ class IngestService:
                 # A payload that is not the JSON it claims (cut by a length limit): map again
                 # with every payload parsed and made safe.
                 result = self._writer.write(batch_from_spans(spans, check=check), validated=True)
+        # Only here (payloads are not parsed on the common path): the markers it stored.
         marked = sum(
             1
             for e in batch.events
