@@ -27,24 +27,17 @@ from __future__ import annotations
 import logging
 import secrets
 import sqlite3
-import threading
 import time
-from pathlib import Path
 from typing import Final
 
+from otel_agentcap.exporters.durable.host_file import HostFile
 from otel_agentcap.exporters.faults import FaultLog
-from otel_agentcap.forks import call_in_child_after_fork
 from otel_agentcap.protocols import SequenceSource
 
 _logger = logging.getLogger(__name__)
-#: What a forked child inherited and must neither use nor close (it is the parent's).
-_left_in_parent: list[object] = []
-
 #: The largest random distance between the last block a host knew of and its first offline one.
 MAX_OFFLINE_JUMP: Final = 2**30
 SEQUENCES_CONDITION: Final = "sequence blocks"
-#: Rows of agents not touched for this long are forgotten (their runs are long over).
-RETENTION_S: Final = 30 * 24 * 3600.0
 
 _SCHEMA: Final = """
 CREATE TABLE IF NOT EXISTS floors (
@@ -62,7 +55,7 @@ class RemoteFailed(Exception):
     """The remote source failed; the store handed out an offline block instead."""
 
 
-class HostSequenceStore:
+class HostSequenceStore(HostFile):
     """The SQLite file of this host's sequence floors (thread-safe; processes share it through
     SQLite's own locking).
 
@@ -71,40 +64,9 @@ class HostSequenceStore:
     process of the host are serialised and none can slip between another's read and write.
     """
 
-    def __init__(self, path: Path, *, busy_timeout: float = 10.0) -> None:
-        self.path = path
-        self._lock = threading.Lock()
-        self._busy_timeout = busy_timeout
-        self._conn: sqlite3.Connection | None = None
-        call_in_child_after_fork(self._after_fork_in_child)
-
-    def _after_fork_in_child(self) -> None:
-        """SQLite connections must not cross a fork: the child opens its own (the parent's is
-        left alone, never closed here)."""
-        if self._conn is not None:
-            _left_in_parent.append(self._conn)
-        self._conn = None
-        self._lock = threading.Lock()
-
-    def _connection(self) -> sqlite3.Connection:
-        if self._conn is None:
-            self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            conn = sqlite3.connect(
-                self.path,
-                timeout=self._busy_timeout,
-                isolation_level=None,
-                check_same_thread=False,
-            )
-            try:
-                conn.execute("PRAGMA journal_mode=WAL")
-                conn.execute("PRAGMA synchronous=FULL")
-                conn.execute(_SCHEMA)
-                conn.execute("DELETE FROM floors WHERE updated < ?", (time.time() - RETENTION_S,))
-            except sqlite3.Error:
-                conn.close()
-                raise
-            self._conn = conn
-        return self._conn
+    TABLE = "floors"
+    SCHEMA = _SCHEMA
+    SYNCHRONOUS = "FULL"
 
     def floor(self, run_id: str, agent_id: str) -> int:
         """The end of the highest block this host was given for the agent (0 if none)."""
@@ -169,12 +131,6 @@ class HostSequenceStore:
                 conn.execute("ROLLBACK")
                 raise
         return start, failure
-
-    def close(self) -> None:
-        with self._lock:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
 
 
 class HostAwareSequenceSource:

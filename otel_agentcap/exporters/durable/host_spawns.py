@@ -25,24 +25,17 @@ recorded twice, and the delivery that registers second leaves its event out (see
 from __future__ import annotations
 
 import sqlite3
-import threading
 import time
 from dataclasses import replace
-from pathlib import Path
 from typing import Final
 
+from otel_agentcap.exporters.durable.host_file import HostFile
 from otel_agentcap.exporters.faults import FaultLog
 from otel_agentcap.exporters.postgres.recovery import span_context_of
-from otel_agentcap.forks import call_in_child_after_fork
 from otel_agentcap.model import EventRef
 from otel_agentcap.protocols import SpawnClaim, SpawnRecord, SpawnRegistry
 
-#: What a forked child inherited and must neither use nor close (it is the parent's).
-_left_in_parent: list[object] = []
-
 SPAWNS_CONDITION: Final = "spawn registry"
-#: Rows of spawns not touched for this long are forgotten (their runs are long over).
-RETENTION_S: Final = 30 * 24 * 3600.0
 
 _SCHEMA: Final = """
 CREATE TABLE IF NOT EXISTS spawns (
@@ -98,43 +91,14 @@ def claim_of(run_id: str, child_agent_id: str, record: SpawnRecord, key: str | N
     )
 
 
-class HostSpawnStore:
+class HostSpawnStore(HostFile):
     """The SQLite file of this host's spawns (thread-safe; processes share it through SQLite's
     own locking). Commits are not synced to disk one by one (``synchronous=NORMAL``): they
     survive the end of a process, which is what the processes coordinate over."""
 
-    def __init__(self, path: Path, *, busy_timeout: float = 10.0) -> None:
-        self.path = path
-        self._lock = threading.Lock()
-        self._busy_timeout = busy_timeout
-        self._conn: sqlite3.Connection | None = None
-        call_in_child_after_fork(self._after_fork_in_child)
-
-    def _after_fork_in_child(self) -> None:
-        if self._conn is not None:
-            _left_in_parent.append(self._conn)
-        self._conn = None
-        self._lock = threading.Lock()
-
-    def _connection(self) -> sqlite3.Connection:
-        if self._conn is None:
-            self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            conn = sqlite3.connect(
-                self.path,
-                timeout=self._busy_timeout,
-                isolation_level=None,
-                check_same_thread=False,
-            )
-            try:
-                conn.execute("PRAGMA journal_mode=WAL")
-                conn.execute("PRAGMA synchronous=NORMAL")
-                conn.execute(_SCHEMA)
-                conn.execute("DELETE FROM spawns WHERE updated < ?", (time.time() - RETENTION_S,))
-            except sqlite3.Error:
-                conn.close()
-                raise
-            self._conn = conn
-        return self._conn
+    TABLE = "spawns"
+    SCHEMA = _SCHEMA
+    SYNCHRONOUS = "NORMAL"
 
     def find(self, run_id: str, child_agent_id: str) -> tuple[SpawnClaim, bool] | None:
         """The child's spawn as the file holds it, and whether it is registered in PostgreSQL."""
@@ -190,12 +154,6 @@ class HostSpawnStore:
                 "span_id = excluded.span_id, registered = 1, updated = excluded.updated",
                 (*claim, time.time()),
             )
-
-    def close(self) -> None:
-        with self._lock:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
 
 
 class HostAwareSpawnRegistry:
