@@ -422,7 +422,7 @@ def test_every_statement_of_show_and_event_reads_only_the_runs_partitions(
         params,
     )
     recording = _Recording(conn)
-    monkeypatch.setattr(commands, "_connect", lambda dsn: recording)
+    monkeypatch.setattr(commands, "_connect", lambda dsn, lock_timeout=None: recording)
     name, *flags = command.split()
     argv = [name, RUN, *([str(params["event"])] if name == "event" else []), *flags]
     args = commands.build_parser().parse_args([*argv, "--dsn", "unused"])
