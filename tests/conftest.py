@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 
@@ -37,7 +39,10 @@ collect_ignore = [name for name, needed in _NEEDS_ANTHROPIC.items() if needed > 
 # The durable queue of everything configure() sets up in tests (and in the processes tests
 # start, which inherit the environment) lives in a directory of this session, not in the
 # user's state directory.
-os.environ.setdefault("AGENTCAP_QUEUE_DIR", tempfile.mkdtemp(prefix="agentcap-test-queue-"))
+# Made (and removed at exit) only by the process that starts the session.
+if "AGENTCAP_QUEUE_DIR" not in os.environ:
+    os.environ["AGENTCAP_QUEUE_DIR"] = tempfile.mkdtemp(prefix="agentcap-test-queue-")
+    atexit.register(shutil.rmtree, os.environ["AGENTCAP_QUEUE_DIR"], ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -56,6 +57,7 @@ def restartable_server() -> Iterator[Server]:
         yield Server(data_dir, embedded.start(data_dir, database="postgres"))
     finally:
         embedded.destroy(data_dir)
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def start_worker(
