@@ -22,6 +22,7 @@ LAYERS: tuple[tuple[tuple[str, ...], ...], ...] = (
             "errors",
             "forks",
             "jsonsafe",
+            "lazy_exports",
             "model",
             "private_parts",
             "protocols",
