@@ -8,7 +8,9 @@ import os
 import resource
 import subprocess
 import sys
-from dataclasses import replace
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -16,11 +18,13 @@ from typing import Any
 import psycopg
 import pytest
 from opentelemetry import trace
+from psycopg import sql
 
 import otel_agentcap as ac
 from otel_agentcap import jsonsafe
-from otel_agentcap.exporters.postgres import PostgresSpanExporter
+from otel_agentcap.exporters.postgres import PostgresSpanExporter, embedded
 from otel_agentcap.exporters.postgres.database import Database
+from otel_agentcap.exporters.postgres.migrate import migrate
 from otel_agentcap.exporters.postgres.writer import EventWriter
 from otel_agentcap.model import EVENT_TYPES, Batch, Event, RunRecord, SpanRecord, event_id_for
 from otel_agentcap.testing import capture_events
@@ -54,6 +58,52 @@ def _demo(dsn: str) -> str:
     return str(json.loads(done.stdout)["run_id"])
 
 
+@dataclass(frozen=True)
+class DemoLog:
+    """A database of this test's own that holds one demo run."""
+
+    dsn: str
+    run_id: str
+
+
+@pytest.fixture(scope="module")
+def _demo_template(pg_server_dsn: str) -> Iterator[tuple[str, str]]:
+    """A database the demo ran in once for the module: (its name, the run id). Most tests here
+    start from a demo run; running the demo for each cost the module a quarter of its time."""
+    name = f"agentcap_demo_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg_server_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    try:
+        dsn = embedded.dsn_for(pg_server_dsn, name)
+        migrate(dsn)
+        yield name, _demo(dsn)
+    finally:
+        with psycopg.connect(pg_server_dsn, autocommit=True) as conn:
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
+
+
+@pytest.fixture()
+def demo_log(pg_server_dsn: str, _demo_template: tuple[str, str]) -> Iterator[DemoLog]:
+    """A new database copied from the module's demo database (CREATE DATABASE ... TEMPLATE)."""
+    template, run_id = _demo_template
+    name = f"agentcap_test_{uuid.uuid4().hex[:16]}"
+    with psycopg.connect(pg_server_dsn, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+                sql.Identifier(name), sql.Identifier(template)
+            )
+        )
+    try:
+        yield DemoLog(embedded.dsn_for(pg_server_dsn, name), run_id)
+    finally:
+        with psycopg.connect(pg_server_dsn, autocommit=True) as conn:
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
+
+
 def _rows(dsn: str, run_id: str) -> dict[str, list[tuple[Any, ...]]]:
     queries = {
         "events": "SELECT event_id, agent_id, logical_seq, wall_time, event_type, causal_parent_ids,"
@@ -74,10 +124,10 @@ def _rows(dsn: str, run_id: str) -> dict[str, list[tuple[Any, ...]]]:
 
 
 @pytest.mark.parametrize("fmt", ["agentcap-pb", "otlp-json"])
-def test_demo_round_trip_is_byte_identical(pg_dsn, pg_empty_dsn, tmp_path, fmt):
+def test_demo_round_trip_is_byte_identical(demo_log, pg_empty_dsn, tmp_path, fmt):
     """Export the demo run, import it into an empty database, export again: the same bytes, the
     same rows, and the same Jaeger view."""
-    run_id = _demo(pg_dsn)
+    pg_dsn, run_id = demo_log.dsn, demo_log.run_id
     first = _export(pg_dsn, run_id, fmt, tmp_path / "first")
     result = _import(pg_empty_dsn, tmp_path / "first")
     assert result["runs"] == [run_id]
@@ -93,12 +143,12 @@ def test_demo_round_trip_is_byte_identical(pg_dsn, pg_empty_dsn, tmp_path, fmt):
     assert jaeger[0] == jaeger[1]
 
 
-def test_otlp_json_lines_import_as_the_whole_file_does(pg_dsn, pg_empty_dsn, tmp_path):
+def test_otlp_json_lines_import_as_the_whole_file_does(demo_log, pg_empty_dsn, tmp_path):
     """The demo's OTLP/JSON export written as JSON Lines, three spans a request, one request a
     line (as the OpenTelemetry Collector's file exporter writes), imports to the same rows as
     the file it came from; a line that is not JSON is a one-line error naming the line, and a
     document cut short keeps its own error."""
-    run_id = _demo(pg_dsn)
+    pg_dsn, run_id = demo_log.dsn, demo_log.run_id
     whole = json.loads(_export(pg_dsn, run_id, "otlp-json", tmp_path / "whole.json"))
     lines = []
     for resource_spans in whole["resourceSpans"]:
@@ -127,9 +177,9 @@ def test_otlp_json_lines_import_as_the_whole_file_does(pg_dsn, pg_empty_dsn, tmp
     assert b"not OTLP/JSON: " in done.stderr and b"JSON Lines" not in done.stderr
 
 
-def test_import_twice_stores_nothing_twice(pg_dsn, pg_empty_dsn, tmp_path):
+def test_import_twice_stores_nothing_twice(demo_log, pg_empty_dsn, tmp_path):
     """A second import of the same file counts every event as a duplicate and changes no row."""
-    run_id = _demo(pg_dsn)
+    pg_dsn, run_id = demo_log.dsn, demo_log.run_id
     path = tmp_path / "run.pb"
     _export(pg_dsn, run_id, "agentcap-pb", path)
     first = _import(pg_empty_dsn, path)
@@ -318,10 +368,10 @@ def test_export_and_import_report_bad_input_in_one_line(pg_dsn, tmp_path):
     assert b"cannot import" in done.stderr
 
 
-def test_import_names_what_is_wrong_with_a_file(pg_dsn, tmp_path):
+def test_import_names_what_is_wrong_with_a_file(demo_log, tmp_path):
     """A file cut short, an empty file and JSON nested past what can be read are one-line errors
     that say so (not tracebacks, not a guess at another format, not an import of nothing)."""
-    run_id = _demo(pg_dsn)
+    pg_dsn, run_id = demo_log.dsn, demo_log.run_id
     whole = _export(pg_dsn, run_id, "agentcap-pb", tmp_path / "run.pb")
     nested = '{"resourceSpans": ' + "[" * 100_000 + "]" * 100_000 + "}"
     cases = {
@@ -340,11 +390,11 @@ def test_import_names_what_is_wrong_with_a_file(pg_dsn, tmp_path):
         assert message in done.stderr.decode(), (name, done.stderr.decode())
 
 
-def test_import_counts_and_fails_on_records_it_leaves_out(pg_dsn, pg_empty_dsn, tmp_path):
+def test_import_counts_and_fails_on_records_it_leaves_out(demo_log, pg_empty_dsn, tmp_path):
     """Records of a file that break a validation rule (here: event ids that are not the ids of
     their run, agent and key, after the run id was edited) are left out, counted in the summary
     and in --json, and the import exits 1; what is valid is still stored."""
-    run_id = _demo(pg_dsn)
+    pg_dsn, run_id = demo_log.dsn, demo_log.run_id
     text = _export(pg_dsn, run_id, "otlp-json", tmp_path / "run.json").decode()
     edited = tmp_path / "edited.json"
     edited.write_text(text.replace(run_id, "edited-run"))
@@ -360,9 +410,9 @@ def test_import_counts_and_fails_on_records_it_leaves_out(pg_dsn, pg_empty_dsn, 
     assert _import(pg_empty_dsn, tmp_path / "run.json")["rejected"] == 0
 
 
-def _demo_otlp(dsn: str, tmp_path: Path) -> tuple[str, dict[str, Any]]:
-    run_id = _demo(dsn)
-    return run_id, json.loads(_export(dsn, run_id, "otlp-json", tmp_path / "run.json"))
+def _demo_otlp(demo: DemoLog, tmp_path: Path) -> tuple[str, dict[str, Any]]:
+    path = tmp_path / "run.json"
+    return demo.run_id, json.loads(_export(demo.dsn, demo.run_id, "otlp-json", path))
 
 
 def _import_error(dsn: str, path: Path) -> str:
@@ -380,12 +430,12 @@ def _event_count(dsn: str) -> int:
 
 
 def test_import_of_otlp_json_with_values_of_the_wrong_shape_is_one_line(
-    pg_dsn, pg_empty_dsn, tmp_path
+    demo_log, pg_empty_dsn, tmp_path
 ):
     """OTLP/JSON whose objects or lists hold values of another type (a number for a resource,
     a string for a scope, a list for a status, numbers for span events) is a one-line error and
     stores nothing."""
-    _, whole = _demo_otlp(pg_dsn, tmp_path)
+    _, whole = _demo_otlp(demo_log, tmp_path)
 
     def span(d: dict[str, Any]) -> dict[str, Any]:
         return d["resourceSpans"][0]["scopeSpans"][0]["spans"][0]
@@ -406,10 +456,10 @@ def test_import_of_otlp_json_with_values_of_the_wrong_shape_is_one_line(
     assert _event_count(pg_empty_dsn) == 0
 
 
-def test_import_refuses_json_that_is_not_otlp(pg_dsn, pg_empty_dsn, tmp_path):
+def test_import_refuses_json_that_is_not_otlp(demo_log, pg_empty_dsn, tmp_path):
     """A JSON document with no resourceSpans (the run's Jaeger JSON, an empty object, another
     tool's JSON) is a one-line error saying so, not an import of nothing with status 0."""
-    run_id = _demo(pg_dsn)
+    pg_dsn, run_id = demo_log.dsn, demo_log.run_id
     jaeger = tmp_path / "jaeger.json"
     _export(pg_dsn, run_id, "jaeger-json", jaeger)
     assert "Jaeger JSON" in _import_error(pg_empty_dsn, jaeger)
@@ -428,13 +478,13 @@ def _edited_pb(source: Path, target: Path, edit: Any) -> Path:
 
 
 def test_import_refuses_agentcap_pb_rows_of_a_run_it_has_no_record_of(
-    pg_dsn, pg_empty_dsn, tmp_path
+    demo_log, pg_empty_dsn, tmp_path
 ):
     """An agentcap-pb file whose events, agents, spans or conflicts name a run the file holds no
     run record of (a run record renamed by hand, one event moved to another run) is a one-line
     error naming that run, and stores nothing: no run made up from the events, no other rows
     dropped in silence."""
-    run_id = _demo(pg_dsn)
+    pg_dsn, run_id = demo_log.dsn, demo_log.run_id
     whole = tmp_path / "run.pb"
     _export(pg_dsn, run_id, "agentcap-pb", whole)
     (snapshot,) = agentcap_pb.loads(whole.read_bytes())
@@ -467,10 +517,10 @@ def test_import_refuses_agentcap_pb_rows_of_a_run_it_has_no_record_of(
             assert conn.execute("SELECT count(*) FROM agentcap.runs").fetchone()[0] == 0, name
 
 
-def test_import_of_agentcap_pb_json_nested_too_deeply_is_one_line(pg_dsn, pg_empty_dsn, tmp_path):
+def test_import_of_agentcap_pb_json_nested_too_deeply_is_one_line(demo_log, pg_empty_dsn, tmp_path):
     """agentcap-pb run attributes or a payload nested deeper than can be read is a one-line error
     that says so and stores nothing, also when the run is the second of the file."""
-    run_id = _demo(pg_dsn)
+    pg_dsn, run_id = demo_log.dsn, demo_log.run_id
     whole = tmp_path / "run.pb"
     _export(pg_dsn, run_id, "agentcap-pb", whole)
     deep = '{"a":' * 100_000 + "1" + "}" * 100_000
@@ -587,11 +637,11 @@ def test_import_summary_shows_control_characters_of_run_ids_as_escapes(
     assert "r\\x1b]0;title\\x07\\x1b[31mred\\nfake line \\u202e" in summary, summary
 
 
-def test_import_of_otlp_json_times_outside_64_bits_is_one_line(pg_dsn, pg_empty_dsn, tmp_path):
+def test_import_of_otlp_json_times_outside_64_bits_is_one_line(demo_log, pg_empty_dsn, tmp_path):
     """OTLP/JSON span or span event times that are no 64-bit count of nanoseconds (Infinity,
     1e400, 10**30, a negative number) are a one-line 'malformed OTLP/JSON' error that stores
     nothing, not a traceback nor spans left out one by one."""
-    _, whole = _demo_otlp(pg_dsn, tmp_path)
+    _, whole = _demo_otlp(demo_log, tmp_path)
     text = json.dumps(whole)
     spans = [s for r in whole["resourceSpans"] for ss in r["scopeSpans"] for s in ss["spans"]]
     first_start = spans[0]["startTimeUnixNano"]
@@ -613,11 +663,11 @@ def test_import_of_otlp_json_times_outside_64_bits_is_one_line(pg_dsn, pg_empty_
     assert _event_count(pg_empty_dsn) == 0
 
 
-def test_import_refuses_agentcap_pb_cut_between_two_messages(pg_dsn, pg_empty_dsn, tmp_path):
+def test_import_refuses_agentcap_pb_cut_between_two_messages(demo_log, pg_empty_dsn, tmp_path):
     """An agentcap-pb file cut short exactly after one of its messages (its framing alone cannot
     show it) is the one-line 'truncated' error and stores nothing; so is a second run of a
     concatenated file cut so; whole files, concatenated or not, import."""
-    run_id = _demo(pg_dsn)
+    pg_dsn, run_id = demo_log.dsn, demo_log.run_id
     whole = _export(pg_dsn, run_id, "agentcap-pb", tmp_path / "run.pb")
     ends = []
     position = 0
@@ -658,10 +708,11 @@ def test_import_of_an_endless_file_runs_out_of_memory_in_one_line(pg_dsn):
     assert stderr == "otel-agentcap: cannot read /dev/zero: out of memory\n", stderr
 
 
-def test_otlp_json_with_a_byte_order_mark_imports(pg_dsn, pg_empty_dsn, tmp_path):
+def test_otlp_json_with_a_byte_order_mark_imports(demo_log, pg_empty_dsn, tmp_path):
     """OTLP/JSON saved with a UTF-8 byte order mark (as some Windows editors save it), one
     document or JSON Lines, imports as the file without it does."""
-    run_id, whole = _demo_otlp(pg_dsn, tmp_path)
+    pg_dsn = demo_log.dsn
+    run_id, whole = _demo_otlp(demo_log, tmp_path)
     marked = tmp_path / "marked.json"
     marked.write_bytes(b"\xef\xbb\xbf" + (tmp_path / "run.json").read_bytes())
     result = _import(pg_empty_dsn, marked)
@@ -673,13 +724,13 @@ def test_otlp_json_with_a_byte_order_mark_imports(pg_dsn, pg_empty_dsn, tmp_path
 
 
 def test_import_leaves_out_agentcap_pb_span_envelopes_no_trace_can_hold(
-    pg_dsn, pg_empty_dsn, tmp_path
+    demo_log, pg_empty_dsn, tmp_path
 ):
     """agentcap-pb span envelopes whose ids are not lower-case hex trace and span ids, or whose
     kind or status code OpenTelemetry does not have, are left out with a warning, counted as
     rejected (status 1), and the rest is stored: stored, they made an otlp-json export that
     import refuses ('zz' as a parent span id) or that exports again to other bytes (kind 99)."""
-    run_id = _demo(pg_dsn)
+    pg_dsn, run_id = demo_log.dsn, demo_log.run_id
     whole = tmp_path / "run.pb"
     _export(pg_dsn, run_id, "agentcap-pb", whole)
     edits = {
@@ -755,13 +806,13 @@ def test_trace_exports_leave_out_events_whose_ids_no_trace_can_hold(pg_dsn, pg_e
 
 
 def test_import_leaves_out_agentcap_pb_conflict_rows_the_log_cannot_hold(
-    pg_dsn, pg_empty_dsn, tmp_path
+    demo_log, pg_empty_dsn, tmp_path
 ):
     """agentcap-pb conflict rows with a reason the log does not know or ids that are not UUIDs
     are left out with a warning and counted as rejected (status 1), before anything is written:
     the run is stored in full and the valid conflict row with it, where they made the write of
     the conflicts fail after the run was stored."""
-    run_id = _demo(pg_dsn)
+    pg_dsn, run_id = demo_log.dsn, demo_log.run_id
     whole = tmp_path / "run.pb"
     _export(pg_dsn, run_id, "agentcap-pb", whole)
     (snapshot,) = agentcap_pb.loads(whole.read_bytes())
@@ -807,12 +858,12 @@ def test_the_conflict_reasons_import_admits_are_the_logs(pg_dsn):
 
 
 def test_import_stores_an_agentcap_pb_payload_that_is_not_json_as_a_marker(
-    pg_dsn, pg_empty_dsn, tmp_path
+    demo_log, pg_empty_dsn, tmp_path
 ):
     """An agentcap-pb event payload (or conflict row payload) that is not JSON is stored as an
     ``$agentcap.unparsed`` marker holding its text, as the OTLP ingest stores it, and the rest of
     the batch is stored; the import counts it (--json, the summary) and warns, status 0."""
-    run_id = _demo(pg_dsn)
+    pg_dsn, run_id = demo_log.dsn, demo_log.run_id
     whole = tmp_path / "run.pb"
     _export(pg_dsn, run_id, "agentcap-pb", whole)
     (snapshot,) = agentcap_pb.loads(whole.read_bytes())
@@ -854,13 +905,14 @@ def test_import_stores_an_agentcap_pb_payload_that_is_not_json_as_a_marker(
 
 
 def test_import_of_otlp_json_keeps_and_counts_markers_as_agentcap_pb_does(
-    pg_dsn, pg_empty_dsn, tmp_path
+    demo_log, pg_empty_dsn, tmp_path
 ):
     """An OTLP/JSON file whose declared run attributes are not a JSON object, and one of whose
     payloads is not JSON, is stored with ``$agentcap.unparsed`` markers holding their text (the
     attributes were dropped for ``{}``), counted (--json, the summary) and warned about, as an
     agentcap-pb file is."""
-    run_id, document = _demo_otlp(pg_dsn, tmp_path)
+    pg_dsn = demo_log.dsn
+    run_id, document = _demo_otlp(demo_log, tmp_path)
     declared, cut = '[1, "two"]', '{"cut": "by a li'
     spans = [
         span
@@ -901,12 +953,12 @@ def test_import_of_otlp_json_keeps_and_counts_markers_as_agentcap_pb_does(
 
 
 def test_import_keeps_agentcap_pb_run_attributes_that_are_not_an_object_in_a_marker(
-    pg_dsn, pg_empty_dsn, tmp_path
+    demo_log, pg_empty_dsn, tmp_path
 ):
     """agentcap-pb run attributes that are not a JSON object (a list, a string, a number, text
     that is not JSON) are stored as ``{"$agentcap.unparsed": text}`` holding their exact text,
     counted (--json, the summary) and warned about: never replaced by ``{}`` in silence."""
-    run_id = _demo(pg_dsn)
+    pg_dsn, run_id = demo_log.dsn, demo_log.run_id
     whole = tmp_path / "run.pb"
     _export(pg_dsn, run_id, "agentcap-pb", whole)
     for number, text in enumerate(['[1, "two"]', '"a text"', "42", '{"cut": "by a li']):
