@@ -714,15 +714,24 @@ class Tool(Generic[P, R]):
 
     def _arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         names = self._positional_names
-        if len(args) <= len(names):
-            # zip's default (not strict): strict=False costs a keyword argument on every call.
-            fast = dict(zip(names, args))  # noqa: B905
+        given = len(args)
+        if given <= len(names):
+            # One or two arguments (most calls) as a display: dict(zip()) costs twice as much.
+            if given == 1:
+                fast = {names[0]: args[0]}
+            elif given == 2:
+                fast = {names[0]: args[0], names[1]: args[1]}
+            else:
+                # zip's default (not strict): strict=False costs a keyword argument on every call.
+                fast = dict(zip(names, args))  # noqa: B905
             if not kwargs:
                 return fast
-            # Plain parameters by keyword, none of them also given by position.
-            if kwargs.keys() <= self._positional_set and kwargs.keys().isdisjoint(fast):
+            # Plain parameters by keyword, none of them also given by position (the names are
+            # distinct, so the dict grew by every keyword argument exactly when none was).
+            if self._positional_set.issuperset(kwargs):
                 fast.update(kwargs)
-                return fast
+                if len(fast) == given + len(kwargs):
+                    return fast
         try:
             return dict(self.signature.bind_partial(*args, **kwargs).arguments)
         except TypeError:
