@@ -299,12 +299,35 @@ def dumps(
     try:
         # Fast path: most payloads are plain JSON; json.dumps in C plus a scan of its output is
         # far cheaper than walking the value in Python. Anything else takes the general path.
-        # (_encode, _jsonb_safe and truncate inlined for the common case: this runs twice for
-        # every captured tool call.)
         if sort_keys or _c_encoder is None:
             text = _encode(value, sort_keys)
         else:
             text = "".join(_c_encoder(value, 0))
+    except (TypeError, ValueError, RecursionError):
+        return _general(value, max_chars, sort_keys)
+    return _checked(value, text, max_chars, sort_keys)
+
+
+def dumps_plain(value: Any, max_chars: int = DEFAULT_MAX_PAYLOAD_CHARS) -> tuple[str, bool]:
+    """:func:`dumps` (keys in their order), and whether json's own encoder took ``value`` as it
+    is. Then ``value`` holds nothing but dicts, lists, tuples, str, int, float, True, False and
+    None, or instances of their subclasses (json's encoder refuses anything else, and a float
+    that JSON cannot hold)."""
+    if _c_encoder is None:
+        return dumps(value, max_chars), False
+    try:
+        text = "".join(_c_encoder(value, 0))
+    except (TypeError, ValueError, RecursionError):
+        return _general(value, max_chars, False), False
+    return _checked(value, text, max_chars, False), True
+
+
+def _checked(value: Any, text: str, max_chars: int, sort_keys: bool) -> str:
+    """:func:`dumps` given ``text``, what json's encoder wrote for ``value``: the text when jsonb
+    can hold it as it is (cut to ``max_chars``), else the general path's."""
+    try:
+        # (_jsonb_safe and truncate inlined for the common case: this runs twice for every
+        # captured tool call.)
         if not sort_keys:
             # Only a dict's key can be a non-str key. When the text has no "{" but the value's own
             # (a dict, not a subclass, whose keys are all str) or none at all, no key can be one,
@@ -331,9 +354,15 @@ def dumps(
         fast = _jsonb_safe(text)
     except (TypeError, ValueError, RecursionError):
         fast = False
+    if fast:
+        return truncate(text, max_chars)
+    return _general(value, max_chars, sort_keys)
+
+
+def _general(value: Any, max_chars: int, sort_keys: bool) -> str:
+    """:func:`dumps` by the general path: the value converted by :func:`to_jsonable` first."""
     try:
-        if not fast:
-            text = _encode(to_jsonable(value), sort_keys)
+        text = _encode(to_jsonable(value), sort_keys)
     except Exception as exc:  # recursion limits and the like: keep a record rather than nothing
         text = json.dumps({"$agentcap.error": f"{type(exc).__name__}: could not encode payload"})
     return truncate(text, max_chars)

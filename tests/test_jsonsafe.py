@@ -9,6 +9,7 @@ import enum
 import json
 import math
 import uuid
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -412,3 +413,23 @@ def test_keys_of_every_type_encode_as_the_general_path(value):
         jsonsafe.to_jsonable(value), ensure_ascii=False, allow_nan=False, separators=(",", ":")
     )
     assert jsonsafe.dumps(value, max_chars=10**9) == expected
+
+
+def test_dumps_plain_writes_what_dumps_writes_and_says_whether_json_took_the_value() -> None:
+    """dumps_plain gives dumps' text, and True exactly when json's own encoder took the value as
+    it is (JSON's types or their subclasses, finite floats)."""
+
+    class Name(str):
+        pass
+
+    cases: list[tuple[Any, bool]] = [
+        ({"a": [1, 2.5, None, True], "t": (1, "x")}, True),
+        ([Name("n"), {1: "a", "1": "b"}], True),
+        ({"big": "x" * 300}, True),
+        ({"raw": b"xy"}, False),
+        ([float("nan")], False),
+        ({1, 2}, False),
+        ({"$agentcap.x": 1}, True),
+    ]
+    for value, plain in cases:
+        assert jsonsafe.dumps_plain(value, 100) == (jsonsafe.dumps(value, 100), plain)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import functools
 import gc
 import pickle
@@ -572,6 +573,34 @@ def test_a_replayed_result_is_the_callers_own():
         replayed["items"].append(3)
         assert make.invoke("m") == {"items": [1]}
     assert captured.of_type("tool_result")[0].payload["result"] == {"items": [1]}
+
+
+def test_replayed_results_keep_their_types() -> None:
+    """A replayed result is equal to the first, with the same types throughout: plain data,
+    values json cannot hold, and subclasses of plain types alike."""
+
+    class Name(str):
+        pass
+
+    results: dict[str, Any] = {
+        "plain": {"a": [1, 2.5, None, True], "t": (1, [2])},
+        "bytes": {"raw": bytearray(b"xy"), "set": {1}},
+        "subclass": [Name("n"), {"k": Name("v")}],
+        "non-str keys": {1: "a", "1": "b"},
+    }
+
+    @oa.tool
+    def make(kind: str) -> Any:
+        return copy.deepcopy(results[kind])
+
+    with oa.run(_run_id()), oa.agent("alpha"):
+        for kind, expected in results.items():
+            make.invoke(kind, kind)
+            replayed = make.invoke(kind, kind)
+            assert replayed == expected
+            assert repr(replayed) == repr(expected)  # a tuple stays a tuple
+        assert type(make.invoke("bytes", "bytes")["raw"]) is bytearray
+        assert type(make.invoke("subclass", "subclass")[1]["k"]) is Name
 
 
 def _sync_wrapper(fn: Any) -> Any:

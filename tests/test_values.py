@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import otel_agentcap as ac
-from otel_agentcap.capture.values import private_copy
+from otel_agentcap.capture.values import frozen, private_copy, thawed
 
 
 def _containers(value: Any) -> list[Any]:
@@ -56,6 +56,70 @@ def test_a_private_copy_shares_what_the_original_shares_and_nothing_with_it(
         for j in range(i):
             assert (mine[i] is mine[j]) == (expected[i] is expected[j])
     assert copied == value
+
+
+_plain = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=5),
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.tuples(inner, inner)
+        | st.dictionaries(st.text(max_size=3) | st.integers(), inner, max_size=3)
+    ),
+    max_leaves=12,
+)
+
+
+def _types(value: Any) -> list[Any]:
+    """The type of every item of ``value``, dict keys included, in visiting order."""
+    found: list[Any] = [type(value)]
+    if isinstance(value, dict):
+        for key, item in value.items():
+            found += [type(key), *_types(item)]
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            found += _types(item)
+    return found
+
+
+@given(value=_plain, shared=st.lists(st.integers(), max_size=2))
+def test_a_frozen_value_thaws_into_new_copies_of_the_same_plain_data(
+    value: Any, shared: list[int]
+) -> None:
+    """Plain data (what json's encoder takes) frozen and thawed comes back equal, with the same
+    types and key order, sharing what it shared, and holding no container of the original."""
+    whole = {"value": value, "a": shared, "b": shared}
+    kept = frozen(whole)
+    assert kept is not None
+    first, second = thawed(kept), thawed(kept)
+    assert first == whole == second and first is not second
+    assert list(first) == list(whole) and _types(first) == _types(whole)
+    assert first["a"] is first["b"] and first["a"] is not shared
+    assert all(
+        mine is not theirs
+        for mine, theirs in zip(_containers(first), _containers(whole), strict=True)
+        if not isinstance(theirs, tuple)
+    )
+
+
+def test_nothing_but_plain_data_is_frozen() -> None:
+    """Subclasses of the plain types (which json's encoder takes too) are not frozen: their
+    copies would lose their type."""
+
+    class Name(str):
+        pass
+
+    class Number(int):
+        pass
+
+    class Row(dict[str, Any]):
+        pass
+
+    for value in ({"k": Name("n")}, [Number(1)], {"k": Row()}, {Name("k"): 1}):
+        assert frozen(value) is None
 
 
 def test_a_replayed_result_and_a_memory_value_keep_their_shared_parts() -> None:

@@ -45,7 +45,7 @@ from otel_agentcap.capture.ledger import (
     register_codec,
     tool_ledger,
 )
-from otel_agentcap.capture.values import private_copy
+from otel_agentcap.capture.values import frozen, private_copy, thawed
 from otel_agentcap.context import AgentContext, ambient_causal_parents, current_agent
 from otel_agentcap.errors import ToolOutcomeUnknown
 from otel_agentcap.forks import call_in_child_after_fork
@@ -86,6 +86,9 @@ class _Invocation:
 
     done: bool = False
     result: Any = None
+    #: The result as :func:`~otel_agentcap.capture.values.frozen` bytes, when it is plain data
+    #: (then ``result`` is unused): each replay thaws a new copy.
+    frozen_result: bytes | None = None
     error: BaseException | None = None
     invocation_event: EventRef | None = None
     result_event: EventRef | None = None
@@ -494,6 +497,9 @@ def _replay(entry: _Invocation) -> Any:
         error.__context__ = stored.__context__
         error.__suppress_context__ = stored.__suppress_context__
         raise error.with_traceback(None)
+    kept = entry.frozen_result
+    if kept is not None:
+        return thawed(kept)
     return private_copy(entry.result)
 
 
@@ -564,6 +570,9 @@ class _ThreadClaim:
 
 
 _GENERATOR_TYPES: Final = (types.GeneratorType, types.AsyncGeneratorType)
+#: Results kept frozen when they are plain data (others: immutable ones need no copy, and a tuple
+#: of immutable values is kept as it is by private_copy).
+_FREEZABLE: Final = frozenset({dict, list})
 
 
 def _release_unstarted(ledger: ToolLedger, call: LedgerCall, attempt: int) -> None:
@@ -1111,7 +1120,7 @@ class _Finisher(NamedTuple):
             seq = ctx.clock.tick(invocation.seq)
             idempotency_key = f"seq:{seq}" if key is None else f"{key}:result"
             event_id = event_id_in(ctx.event_id_prefix, idempotency_key)
-        encoded = jsonsafe.dumps(result)
+        encoded, plain = jsonsafe.dumps_plain(result)
         payload = f'{self.payload_head},"result":{encoded}}}'  # tel.tool_payload_encoded
         if done is not None:
             record = tel.outcome_record(done, tel.Encoded(payload))
@@ -1130,7 +1139,11 @@ class _Finisher(NamedTuple):
         entry = self.entry
         if entry is None:
             return
-        entry.result = private_copy(result)
+        kept = frozen(result) if plain and type(result) in _FREEZABLE else None
+        if kept is not None:
+            entry.frozen_result = kept
+        else:
+            entry.result = private_copy(result)
         agent_id = ctx.agent_id
         entry.result_event = _new_ref((event_id, seq, agent_id, span.get_span_context()))
         call = entry.ledger_call

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import marshal
 from typing import Any, Final
 
 _logger = logging.getLogger(__name__)
@@ -97,3 +98,21 @@ def private_copy(value: Any) -> Any:
     except Exception:
         _logger.debug("agentcap: a %s cannot be copied; it is shared", type(value).__name__)
         return value
+
+
+def frozen(value: Any) -> bytes | None:
+    """``value`` as bytes that :func:`thawed` turns into a new private copy, each time it is
+    called, or None. Only for a value that json's own encoder took as it is
+    (``jsonsafe.dumps_plain``), which holds nothing but dicts, lists, tuples, str, int, float,
+    True, False and None or instances of their subclasses: ``marshal`` refuses the subclasses, so
+    the bytes stand for plain data exactly (types, key order, and containers shared within the
+    value stay shared). It would write any other bytes-like object as bytes, hence the
+    precondition. Cheaper than :func:`private_copy`: the copying is done in C."""
+    try:
+        return marshal.dumps(value)
+    except Exception:  # ValueError: a subclass, or nested too deeply
+        return None
+
+
+thawed = marshal.loads
+"""A new copy of the value :func:`frozen` gave bytes for."""
