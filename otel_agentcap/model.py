@@ -48,6 +48,15 @@ def validate_id(value: object, what: str) -> str:
     never becomes a database error later. The limit is in bytes because that is what PostgreSQL's
     indexes bound (an index entry of run, agent and idempotency key must stay under 2,704 bytes).
     """
+    if (
+        type(value) is str
+        and value.isascii()  # the common case: then its size in UTF-8 is its length
+        and 0 < len(value) <= MAX_ID_LENGTH
+        and "\x00" not in value
+        and "\x1f" not in value
+        and not value.isspace()
+    ):
+        return value
     if not isinstance(value, str):
         raise TypeError(f"{what} must be a str, not {type(value).__name__}")
     if type(value) is not str:
