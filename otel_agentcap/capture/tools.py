@@ -23,6 +23,7 @@ from typing import Any, Final, Generic, NamedTuple, ParamSpec, TypeVar, cast, ov
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
+from opentelemetry.context import Context
 from opentelemetry.util.types import AttributeValue
 
 from otel_agentcap import attributes as attr
@@ -1005,7 +1006,15 @@ class Tool(Generic[P, R]):
         )
         if self.is_async:
             return cast(R, self._run_async(finisher, span, args, kwargs))
-        token = otel_context.attach(trace.set_span_in_context(span)) if self.current_span else None
+        # attach(set_span_in_context(span)) and detach(token), through the variable behind them
+        # when it is known (see tel.context_var).
+        var = tel.context_var
+        if not self.current_span:
+            token = None
+        elif var is not None:
+            token = var.set(Context({**var.get(), tel.SPAN_KEY: span}))
+        else:
+            token = otel_context.attach(trace.set_span_in_context(span))
         current = _current_invocation.set(finisher)
         try:
             result = self.fn(*args, **kwargs)
@@ -1017,7 +1026,10 @@ class Tool(Generic[P, R]):
             raise
         _current_invocation.reset(current)
         if token is not None:
-            otel_context.detach(token)
+            if var is not None:
+                var.reset(token)
+            else:
+                otel_context.detach(token)
         if type(result) in _GENERATOR_TYPES:
             # A sync wrapper around a generator function: its body would run as the caller
             # iterates, after the outcome was recorded (outside the agent, maybe). Refused, as a
