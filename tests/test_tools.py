@@ -64,6 +64,39 @@ def test_concurrent_thread_retries_run_body_once():
     assert len(captured.of_type("tool_result")) == 1
 
 
+def test_counting_the_registry_while_threads_claim_new_invocation_ids():
+    """len(invocations) counts while four threads of one agent claim new ids (which they add
+    without the table's lock), each id twice: no error, every body runs once per id."""
+    calls = Counter()
+    barrier = threading.Barrier(5)
+    done = threading.Event()
+
+    @oa.tool
+    def quick(x: int) -> list[int]:
+        calls.bump()
+        return [x]
+
+    def claim_all(offset: int) -> None:
+        barrier.wait()
+        for i in range(300):
+            assert quick.invoke(f"id-{(offset + i) % 600}", 1) == [1]
+
+    def count() -> None:
+        barrier.wait()
+        while not done.is_set():
+            len(invocations)
+
+    with oa.run(_run_id()), oa.agent("alpha"):
+        counter = threading.Thread(target=count)
+        counter.start()
+        threads = [oa.start_thread(claim_all, offset) for offset in (0, 300, 150, 450)]
+        for t in threads:
+            t.join()
+        done.set()
+        counter.join()
+    assert calls.n == 600
+
+
 def test_concurrent_async_retries_run_body_once():
     """20 concurrent asyncio retries of one invocation run an async body once and share the result."""
     calls = Counter()

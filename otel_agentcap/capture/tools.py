@@ -115,7 +115,8 @@ class _Invocation:
 
 class _AgentCalls:
     """The invocations of one agent of one run. Its lock is held only for dictionary work: each
-    agent has its own, so threads serving different agents never contend."""
+    agent has its own, so threads serving different agents never contend. A new invocation id is
+    added without it (see InvocationRegistry.claim); an id leaves the table only under it."""
 
     __slots__ = ("by_id", "completed", "finished", "lock", "waiting")
 
@@ -202,16 +203,17 @@ class InvocationRegistry:
         table = agents.get(key[1])
         if table is None:
             table = agents.setdefault(key[1], _AgentCalls())
-        invocation_id = key[2]
+        # The common case, a new invocation id, without the lock: setdefault is atomic, and an id
+        # present in the table leaves it only under the lock, so an entry this inserts is never
+        # lost to another caller's work on the same id (which then finds it and waits for it).
+        entry = _Invocation()
+        entry.table = table
+        entry.key = key
+        entry.tool = tool
+        entry.arguments = arguments
+        if table.by_id.setdefault(key[2], entry) is entry:
+            return entry, True
         with table.lock:
-            if invocation_id not in table.by_id:  # the common case: a new invocation id
-                entry = _Invocation()
-                entry.table = table
-                entry.key = key
-                entry.tool = tool
-                entry.arguments = arguments
-                table.by_id[invocation_id] = entry
-                return entry, True
             return self._claim_known(table, key, tool, arguments, exactly_once)
 
     def _claim_known(
@@ -358,7 +360,8 @@ class InvocationRegistry:
             for table in list(agents.values()):
                 with table.lock:
                     total += sum(
-                        len(held) if type(held) is list else 1 for held in table.by_id.values()
+                        len(held) if type(held) is list else 1
+                        for held in list(table.by_id.values())  # claim() adds without the lock
                     )
         return total
 
