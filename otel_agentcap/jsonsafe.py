@@ -322,9 +322,24 @@ def dumps_plain(value: Any, max_chars: int = DEFAULT_MAX_PAYLOAD_CHARS) -> tuple
     return _checked(value, text, max_chars, False), True
 
 
-def _checked(value: Any, text: str, max_chars: int, sort_keys: bool) -> str:
+def dumps_str_keyed(value: dict[str, Any], max_chars: int = DEFAULT_MAX_PAYLOAD_CHARS) -> str:
+    """:func:`dumps` of a dict whose keys are all str (a call's bound arguments, say), which
+    spares checking its own keys."""
+    if _c_encoder is None:
+        return dumps(value, max_chars)
+    try:
+        text = "".join(_c_encoder(value, 0))
+    except (TypeError, ValueError, RecursionError):
+        return _general(value, max_chars, False)
+    return _checked(value, text, max_chars, False, True)
+
+
+def _checked(
+    value: Any, text: str, max_chars: int, sort_keys: bool, str_keyed: bool = False
+) -> str:
     """:func:`dumps` given ``text``, what json's encoder wrote for ``value``: the text when jsonb
-    can hold it as it is (cut to ``max_chars``), else the general path's."""
+    can hold it as it is (cut to ``max_chars``), else the general path's. ``str_keyed``: the
+    caller knows ``value`` is a dict whose keys are all str."""
     try:
         # (_jsonb_safe and truncate inlined for the common case: this runs twice for every
         # captured tool call.)
@@ -334,7 +349,7 @@ def _checked(value: Any, text: str, max_chars: int, sort_keys: bool) -> str:
             # and the text needs no scan.
             if text.find("{", 1) >= 0:
                 scan = True
-            elif text[:1] == "{":
+            elif text[:1] == "{" and not str_keyed:
                 scan = type(value) is not dict or not _STR_ONLY.issuperset(map(type, value))
             else:
                 scan = False

@@ -433,3 +433,16 @@ def test_dumps_plain_writes_what_dumps_writes_and_says_whether_json_took_the_val
     ]
     for value, plain in cases:
         assert jsonsafe.dumps_plain(value, 100) == (jsonsafe.dumps(value, 100), plain)
+
+
+def test_dumps_str_keyed_writes_what_dumps_writes() -> None:
+    """dumps_str_keyed (a dict with str keys) gives dumps' text, nested non-str keys included."""
+    cases: list[dict[str, Any]] = [
+        {"city": "Oslo", "days": 2},
+        {"0": 1, "true": [None]},
+        {"inner": {0: "a", "0": "b"}},
+        {"inner": {1: "a", 2: "b"}, "raw": b"x"},
+        {"$agentcap.str": "x", "long": "y" * 200},
+    ]
+    for value in cases:
+        assert jsonsafe.dumps_str_keyed(value, 100) == jsonsafe.dumps(value, 100)

@@ -725,7 +725,7 @@ class Tool(Generic[P, R]):
         exactly-once is asked for."""
         return self._call(validate_id(invocation_id, "invocation_id"), args, kwargs, False)
 
-    def _arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def _arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
         names = self._positional_names
         given = len(args)
         if given <= len(names):
@@ -766,7 +766,7 @@ class Tool(Generic[P, R]):
             ctx.check_active()
         # The input as JSON: with the tool, the identity of the call (compared in canonical form)
         # and, cut to the payload limit, its recorded arguments.
-        arguments = jsonsafe.dumps(self._arguments(args, kwargs), _UNBOUNDED)
+        arguments = jsonsafe.dumps_str_keyed(self._arguments(args, kwargs), _UNBOUNDED)
         if invocation_id is None:
             return self._run_new(ctx, None, None, arguments, args, kwargs)
         key = (ctx.run_id, ctx.agent_id, invocation_id)
