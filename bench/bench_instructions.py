@@ -18,6 +18,7 @@ its column is not comparable here). Read these figures next to the timing benchm
 instead.
 
     .venv/bin/python bench/bench_instructions.py [--calls 300] [--cache] [--delivery]
+        [--capture-only]
 
 Needs ``valgrind`` (with ``callgrind_control``) on PATH.
 """
@@ -211,6 +212,9 @@ def main() -> int:
     parser.add_argument(
         "--delivery", action="store_true", help="the delivery thread's work per event instead"
     )
+    parser.add_argument(
+        "--capture-only", action="store_true", help="only bench_capture's workloads"
+    )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -219,7 +223,7 @@ def main() -> int:
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         print("valgrind with callgrind_control is needed", file=sys.stderr)
         return 2
-    workloads = DELIVERY if args.delivery else CAPTURE + ANTHROPIC
+    workloads = DELIVERY if args.delivery else CAPTURE if args.capture_only else CAPTURE + ANTHROPIC
     with tempfile.TemporaryDirectory() as out_dir, ThreadPoolExecutor(os.cpu_count() or 2) as pool:
         results = dict(
             zip(
@@ -239,7 +243,7 @@ def main() -> int:
     print(f"captured tool call / bare span:  {captured / bare_span:.2f}  (target <= 2.0)")
     linked = results["captured_linked"]["Ir"] / results["bare_span_linked"]["Ir"]
     print(f"same, one causal parent (a link on both spans):  {linked:.2f}  (target <= 2.0)")
-    for kind in ("create", "stream"):
+    for kind in () if args.capture_only else ("create", "stream"):
         base = results[f"bare:{kind}"]["Ir"]
         a, b, b1, c = (results[f"{config}:{kind}"]["Ir"] - base for config in ("a", "b", "b1", "c"))
         print(
