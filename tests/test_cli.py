@@ -183,6 +183,37 @@ def test_ui_gives_up_on_a_locked_schema_at_start_with_one_line(pg_dsn):
 
 
 @pytest.mark.storage
+@pytest.mark.parametrize("table", ["agentcap.events", "agentcap.schema_version"])
+def test_write_commands_give_up_waiting_for_a_lock_with_one_line(pg_dsn, tmp_path, table):
+    """import, db migrate, db partitions and db prune give up after --lock-timeout seconds while
+    another session holds a lock on the log (a LOCK TABLE in psql, a migration): one line, exit
+    1, nothing imported; they no longer wait without limit."""
+    from otlp_support import captured, request_bytes
+
+    spans, _ = captured("run-locked")
+    path = tmp_path / "run.otlp"
+    path.write_bytes(request_bytes(spans))
+    commands = [
+        ("import", str(path)),
+        ("db", "migrate"),
+        ("db", "partitions", "--ahead", "2"),
+        ("db", "prune", "--before", "2020-01-01"),
+    ]
+    with psycopg.connect(pg_dsn) as holder:
+        holder.execute(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")
+        for command in commands:
+            result = _cli(*command, "--dsn", pg_dsn, "--lock-timeout", "0.2")
+            if command == ("db", "migrate") and table == "agentcap.events":
+                assert result.returncode == 0, result.stderr  # up to date: reads no other table
+                continue
+            assert result.returncode == 1, (command, result.stdout)
+            assert result.stderr.strip().splitlines() == [_LOCKED.format("0.2")], command
+    with psycopg.connect(pg_dsn) as conn:
+        row = conn.execute("SELECT count(*) FROM agentcap.events").fetchone()
+    assert row == (0,)
+
+
+@pytest.mark.storage
 def test_export_html_writes_one_self_contained_file(pg_dsn, tmp_path):
     """export --format html writes the run's page to stdout or a file; an unknown run is one
     line and exit 1."""

@@ -7,6 +7,7 @@ import queue
 import threading
 
 import grpc
+import psycopg
 import pytest
 from google.rpc import error_details_pb2, status_pb2
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
@@ -137,6 +138,28 @@ def test_grpc_asks_to_retry_with_retry_info_when_the_database_is_down():
     status = status_pb2.Status.FromString(details)
     retry = error_details_pb2.RetryInfo()
     assert status.details[0].Unpack(retry) and retry.retry_delay.seconds >= 1
+
+
+def test_grpc_asks_to_retry_with_retry_info_when_a_lock_is_held_on_the_log(pg_dsn):
+    """While another session holds a lock on the events table, the call fails UNAVAILABLE with
+    a RetryInfo after limits.lock_timeout (not left hanging); nothing is stored."""
+    spans, _ = captured("run-grpc-locked")
+    limits = IngestLimits(lock_timeout=0.2)
+    with (
+        OtlpIngestServer(pg_dsn, port=0, grpc_port=0, limits=limits) as server,
+        psycopg.connect(pg_dsn) as holder,
+    ):
+        holder.execute("LOCK TABLE agentcap.events IN ACCESS EXCLUSIVE MODE")
+        with pytest.raises(grpc.RpcError) as info:
+            _call(server.grpc_endpoint or "", request_bytes(spans))
+    error = info.value
+    assert error.code() is grpc.StatusCode.UNAVAILABLE, error.details()
+    assert "lock" in (error.details() or "")
+    details = dict(error.trailing_metadata() or ())["grpc-status-details-bin"]
+    retry = error_details_pb2.RetryInfo()
+    assert status_pb2.Status.FromString(details).details[0].Unpack(retry)
+    assert retry.retry_delay.seconds == limits.retry_after
+    assert count(pg_dsn, EVENTS, "run-grpc-locked") == 0
 
 
 def test_a_saturated_grpc_receiver_asks_to_retry_with_retry_info(pg_dsn):

@@ -578,6 +578,25 @@ def test_ingest_answers_503_with_retry_after_when_the_database_is_down():
     assert status == 503 and int(headers["retry-after"]) >= 1
 
 
+@pytest.mark.parametrize("table", ["agentcap.events", "agentcap.schema_version"])
+def test_a_lock_held_on_the_log_is_answered_503_after_the_lock_timeout(pg_dsn, table):
+    """While another session holds a lock on the log (a LOCK TABLE in psql, a migration), a
+    request waits at most limits.lock_timeout, then is answered 503 with Retry-After (not left
+    hanging); sent again once the lock is released, it is stored."""
+    spans, expected = captured("run-locked")
+    body = request_bytes(spans)
+    limits = IngestLimits(lock_timeout=0.2)
+    with OtlpIngestServer(pg_dsn, port=0, limits=limits) as server:
+        with psycopg.connect(pg_dsn) as holder:
+            holder.execute(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")
+            status, headers, _ = post(server.endpoint, body)
+            assert count(pg_dsn, "SELECT count(*) FROM pg_locks WHERE NOT granted") == 0
+        assert status == 503 and headers["retry-after"] == str(limits.retry_after)
+        assert server.stats().failed_requests == 1
+        assert post(server.endpoint, body)[0] == 200
+    assert count(pg_dsn, EVENTS, "run-locked") == expected
+
+
 def test_decode_protobuf_is_checked_whole_before_any_span(pg_dsn, server):
     """A request whose framing breaks after many good spans stores none of them."""
     spans, _ = captured("run-cut")

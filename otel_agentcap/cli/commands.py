@@ -314,9 +314,10 @@ def cmd_import(args: argparse.Namespace) -> int:
     except MemoryError:  # /dev/zero, say: the input is read whole
         raise CliError(f"cannot read {args.file}: out of memory") from None
     dsn = _dsn(args)
-    with _connect(dsn) as conn:  # a bad DSN is a one-line error here
+    # A bad DSN is a one-line error here; so is a lock held longer than --lock-timeout.
+    with _connect(dsn, lock_timeout=args.lock_timeout) as conn:
         migrate(conn)
-    database = Database(dsn, name="import")
+    database = Database(dsn, name="import", lock_timeout=args.lock_timeout)
     try:
         result = import_file(database, data)
     except ValueError as exc:
@@ -480,7 +481,7 @@ def _utc_minutes(value: datetime) -> str:
 
 
 def _db_partitions(args: argparse.Namespace) -> int:
-    with _connect(_dsn(args)) as conn:
+    with _connect(_dsn(args), lock_timeout=args.lock_timeout) as conn:
         migrate(conn)
         conn.autocommit = True
         if args.interval is not None:
@@ -526,7 +527,7 @@ def _db_prune(args: argparse.Namespace) -> int:
     if args.before is None:
         raise CliError("db prune needs --before DATE (runs that started before it are removed)")
     before = _parse_time(args.before)
-    with _connect(_dsn(args)) as conn:
+    with _connect(_dsn(args), lock_timeout=args.lock_timeout) as conn:
         migrate(conn)
         conn.autocommit = True
         try:
@@ -581,7 +582,7 @@ def cmd_db(args: argparse.Namespace) -> int:
         print(_dsn(args))
         return 0
     if action == "migrate":
-        with _connect(_dsn(args)) as conn:
+        with _connect(_dsn(args), lock_timeout=args.lock_timeout) as conn:
             applied = migrate(conn)
         print(f"applied migrations: {applied}" if applied else "schema is up to date")
         return 0
@@ -600,7 +601,7 @@ def _grant(args: argparse.Namespace) -> int:
     reader = None if args.reader.lower() == "none" else args.reader
     roles = Roles(owner=args.owner, writer=args.writer, reader=reader)
     try:
-        with _connect(_dsn(args)) as conn:
+        with _connect(_dsn(args), lock_timeout=args.lock_timeout) as conn:
             migrate(conn)
             created = grant(conn, roles)
     except ValueError as exc:
@@ -666,11 +667,13 @@ def cmd_ingest(args: argparse.Namespace) -> int:
             max_concurrent_requests=args.max_concurrent,
             max_spans=args.max_spans,
             idle_timeout=args.idle_timeout,
+            lock_timeout=args.lock_timeout,
         )
     except ValueError as exc:
         raise CliError(str(exc)) from None
     dsn = _dsn(args)
-    with _connect(dsn) as conn:  # a bad DSN is a one-line error here, before serving
+    # A bad DSN is a one-line error here, before serving; so is a lock held too long.
+    with _connect(dsn, lock_timeout=args.lock_timeout) as conn:
         migrate(conn)
 
     def announce(server: OtlpIngestServer) -> None:
@@ -882,14 +885,18 @@ def cmd_queue(args: argparse.Namespace) -> int:
     return 0 if drained else 1
 
 
-def _lock_timeout_option(parser: argparse.ArgumentParser) -> None:
+def _lock_timeout_option(
+    parser: argparse.ArgumentParser,
+    default: float = store.READ_LOCK_TIMEOUT,
+    outcome: str = "give up",
+) -> None:
     parser.add_argument(
         "--lock-timeout",
         type=arguments.seconds_or_zero,
-        default=store.READ_LOCK_TIMEOUT,
+        default=default,
         metavar="SECONDS",
-        help="give up after waiting this long for a lock another session holds on the log "
-        f"(a migration, other DDL); 0: no limit (default: {store.READ_LOCK_TIMEOUT:g})",
+        help=f"{outcome} after waiting this long for a lock another session holds on the log "
+        f"(a migration, other DDL, a LOCK TABLE); 0: no limit (default: {default:g})",
     )
 
 
@@ -940,6 +947,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="load an agentcap-pb or OTLP (JSON or protobuf) file into the log, deduplicated",
     )
     load.add_argument("file", help="the file, or - for standard input")
+    _lock_timeout_option(load)
     load.set_defaults(func=cmd_import)
 
     ingest = sub.add_parser(
@@ -976,6 +984,11 @@ def build_parser() -> argparse.ArgumentParser:
         type=arguments.positive_number,
         default=30,
         help="seconds before an idle connection closes",
+    )
+    _lock_timeout_option(
+        ingest,
+        store.INGEST_LOCK_TIMEOUT,
+        "answer a request 'retry later' (503, gRPC UNAVAILABLE)",
     )
     ingest.set_defaults(func=cmd_ingest)
 
@@ -1068,6 +1081,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="prune: remove the runs that started before DATE (UTC)",
     )
     db.add_argument("--dry-run", action="store_true", help="prune: only say what would go")
+    _lock_timeout_option(db)
     db.add_argument(
         "--ahead",
         type=arguments.integer(0),

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
+from otel_agentcap.exporters.postgres.store import INGEST_LOCK_TIMEOUT
 from otel_agentcap.serving import (
     DEFAULT_IDLE_TIMEOUT,
     DEFAULT_READ_TIMEOUT,
@@ -63,6 +64,11 @@ class IngestLimits:
     chunk_spans: int = 2_000
     #: Seconds a sender is asked to wait when the event log is unavailable.
     retry_after: int = 5
+    #: Seconds a write waits for a lock another session holds on the log (a migration, other
+    #: DDL, a ``LOCK TABLE``) before the request is answered "retry later" (503 with
+    #: ``Retry-After``; gRPC ``UNAVAILABLE`` with ``RetryInfo``); 0 waits without limit. Applies
+    #: to the database the server opens (a ``Database`` given to it keeps its own setting).
+    lock_timeout: float = INGEST_LOCK_TIMEOUT
 
     def __post_init__(self) -> None:
         for name in (
@@ -76,6 +82,8 @@ class IngestLimits:
         for name in ("queue_timeout", "idle_timeout", "read_timeout", "body_timeout"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
+        if self.lock_timeout < 0:
+            raise ValueError("lock_timeout must not be negative")
 
     @property
     def max_json_memory(self) -> int:

@@ -67,7 +67,11 @@ class OtlpIngestServer:
         self.tls = tls
         self.authenticator = authenticator or Authenticator()
         self._owns_database = database is None
-        self._database = database if database is not None else Database(str(dsn), name="ingest")
+        self._database = (
+            database
+            if database is not None
+            else Database(str(dsn), name="ingest", lock_timeout=self.limits.lock_timeout)
+        )
         self._writer = EventWriter(self._database.pool, connect_timeout=connect_timeout)
         self.service = IngestService(
             self._database,

@@ -28,6 +28,7 @@ from otel_agentcap.exporters.postgres.connection import (
 from otel_agentcap.exporters.postgres.errors import ConnectionFailed
 from otel_agentcap.exporters.postgres.migrate import migrate
 from otel_agentcap.exporters.postgres.partitions import ensure_ahead
+from otel_agentcap.exporters.postgres.store import limit_lock_waits
 from otel_agentcap.forks import call_in_child_after_fork
 
 _logger = logging.getLogger(__name__)
@@ -106,7 +107,11 @@ class Database:
       registry, shared memory), in autocommit mode.
 
     Statements on the last two time out after ``quick_timeout`` seconds, so a hung server or a
-    lock never holds an agent's thread longer than that.
+    lock never holds an agent's thread longer than that. With ``lock_timeout`` (seconds), the
+    statements of :attr:`pool` and of the schema check (:meth:`ensure_schema`) give up waiting
+    for a lock another session holds (a ``LOCK TABLE``, a migration, other DDL) after that long:
+    the writer raises ``LockWaitTimeout`` then, a migration ``MigrationError`` (both
+    ``AgentCapStorageError``); None waits without limit.
     """
 
     def __init__(
@@ -116,8 +121,12 @@ class Database:
         max_size: int = 4,
         name: str = _POOL_PREFIX,
         quick_timeout: float = 2.0,
+        lock_timeout: float | None = None,
     ) -> None:
+        if lock_timeout is not None and lock_timeout < 0:
+            raise ValueError("lock_timeout must not be negative")
         self.dsn = dsn
+        self._lock_timeout = lock_timeout
         self._max_size = max_size
         self._name = name
         self._quick_timeout = quick_timeout
@@ -149,7 +158,13 @@ class Database:
         self._ahead_lock = threading.Lock()
         self._pool_lock = threading.Lock()
 
-    def _open_pool(self, name: str, *, check: bool = True, **kwargs: Any) -> ConnectionPool[Any]:
+    def _limit_lock_waits(self, conn: psycopg.Connection[Any]) -> None:
+        if self._lock_timeout is not None:
+            limit_lock_waits(conn, self._lock_timeout)
+
+    def _open_pool(
+        self, name: str, *, check: bool = True, limit_locks: bool = False, **kwargs: Any
+    ) -> ConnectionPool[Any]:
         pool: ConnectionPool[Any] = ConnectionPool(
             self.dsn,
             min_size=1,
@@ -161,6 +176,7 @@ class Database:
             # A connection the server closed while idle is replaced, no round trip; the pool
             # waits a backoff before it tries another (see coordination() for the capture path).
             check=check_not_closed_by_server if check else None,
+            configure=self._limit_lock_waits if limit_locks else None,
         )
         pool.open(wait=False)
         return pool
@@ -172,7 +188,7 @@ class Database:
         if pool is None:
             with self._pool_lock:
                 if self._pool is None:
-                    self._pool = self._open_pool(self._name)
+                    self._pool = self._open_pool(self._name, limit_locks=True)
                 pool = self._pool
         return pool
 
@@ -342,6 +358,7 @@ class Database:
                         with psycopg.connect(
                             self.dsn, connect_timeout=connect_timeout, autocommit=True
                         ) as conn:
+                            self._limit_lock_waits(conn)
                             migrate(conn)
                     except psycopg.OperationalError as exc:
                         raise ConnectionFailed(

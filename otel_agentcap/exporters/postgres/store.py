@@ -20,10 +20,16 @@ from otel_agentcap.model import AgentRecord, Event
 
 from .errors import ConnectionFailed, EventNotFound, LockWaitTimeout, RunNotFound, SchemaNotReady
 
-#: How long the read commands (``otel-agentcap runs``, ``show``, ``event``, ``export``) and the web
-#: view wait for a lock another session holds on a table of the log (a migration, other DDL)
-#: before they give up, in seconds (``--lock-timeout``).
+#: How long the commands (``otel-agentcap runs``, ``show``, ``event``, ``export``, ``import``,
+#: ``db migrate``, ``db partitions``, ``db prune``) and the web view wait for a lock another
+#: session holds on a table of the log (a migration, other DDL, a ``LOCK TABLE``) before they give
+#: up, in seconds (``--lock-timeout``).
 READ_LOCK_TIMEOUT: Final = 10.0
+
+#: How long a write of the OTLP ingest waits for such a lock before the request is answered
+#: "retry later" (``IngestLimits.lock_timeout``, ``otel-agentcap ingest --lock-timeout``): less
+#: than a collector's export timeout, so the sender hears why.
+INGEST_LOCK_TIMEOUT: Final = 5.0
 
 
 @dataclass(frozen=True, slots=True)

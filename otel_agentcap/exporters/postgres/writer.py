@@ -90,6 +90,7 @@ from .errors import (
     ConnectionFailed,
     DataRejected,
     InvalidPayload,
+    LockWaitTimeout,
     SchemaNotReady,
     WriteContention,
     WriteFailed,
@@ -381,7 +382,6 @@ _RETRYABLE_DB_ERRORS: Final = (
     psycopg.errors.UniqueViolation,
     psycopg.errors.DeadlockDetected,
     psycopg.errors.SerializationFailure,
-    psycopg.errors.LockNotAvailable,
 )
 
 
@@ -877,6 +877,15 @@ class EventWriter:
                 create = exc.starts
                 everywhere = False
                 continue
+            except psycopg.errors.LockNotAvailable as exc:
+                # The lock_timeout of the connection (``Database(lock_timeout=...)``, the role's)
+                # ran out while another session held a lock on the log: trying again at once
+                # would wait as long again, so the caller decides (the exporter retries later,
+                # the ingest answers "retry later", import gives up).
+                raise LockWaitTimeout(
+                    f"batch not stored: another session holds a lock on the event log "
+                    f"({first_line(exc)})"
+                ) from exc
             except (_ConcurrentInsert, *_RETRYABLE_DB_ERRORS) as exc:
                 last = exc
                 if direct and isinstance(exc, psycopg.errors.UniqueViolation):
