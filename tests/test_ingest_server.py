@@ -597,6 +597,30 @@ def test_a_lock_held_on_the_log_is_answered_503_after_the_lock_timeout(pg_dsn, t
     assert count(pg_dsn, EVENTS, "run-locked") == expected
 
 
+def test_a_span_with_a_malformed_parent_span_id_is_rejected_alone(pg_dsn, server):
+    """A span whose parent span id is 100 bytes is rejected alone, counted and named in
+    partial_success (it was stored as a root span, its parent dropped without a word); the other
+    spans of the request are stored."""
+    spans, expected = captured("run-bad-parent")
+    request = encode_spans(spans)
+    [child] = [
+        s
+        for r in request.resource_spans
+        for scope in r.scope_spans
+        for s in scope.spans
+        if s.name == "memory_write"
+    ]
+    child.parent_span_id = b"\1" * 100
+    status, _, body = post(server.endpoint, request.SerializeToString())
+    assert status == 200
+    rejected, message = partial_success(body)
+    assert rejected == 1 and "parent span id is 100 bytes, not 8" in message
+    assert server.stats().spans_rejected == 1
+    stored = count(pg_dsn, EVENTS, "run-bad-parent")
+    assert 0 < stored < expected
+    assert count(pg_dsn, "SELECT count(*) FROM agentcap.spans WHERE name = 'memory_write'") == 0
+
+
 def test_decode_protobuf_is_checked_whole_before_any_span(pg_dsn, server):
     """A request whose framing breaks after many good spans stores none of them."""
     spans, _ = captured("run-cut")

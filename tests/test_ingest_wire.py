@@ -150,7 +150,7 @@ def test_unknown_fields_are_skipped_and_a_bad_span_is_rejected_alone():
     items = list(decode_protobuf(body + b"\x98\x06\x01").items())
     assert [span.name if span else reason for span, reason in items] == [
         "good",
-        "span has no valid trace id or span id",
+        "span cannot be stored: trace id is 15 bytes, not 16",
     ]
     scope = trace_pb2.ScopeSpans(spans=[good]).SerializeToString()
     bad_span = b"\x12\x03\x0a\x05x"  # field 2 (span) of 3 bytes holding a truncated field
@@ -159,6 +159,34 @@ def test_unknown_fields_are_skipped_and_a_bad_span_is_rejected_alone():
     items = list(decode_protobuf(body).items())
     assert items[0][0] is not None and items[0][0].name == "good"
     assert items[1][0] is None and "does not parse" in str(items[1][1])
+
+
+@pytest.mark.parametrize(
+    ("parent", "reason"),
+    [
+        (b"\3" * 100, "span cannot be stored: parent span id is 100 bytes, not 8"),
+        (b"\3" * 7, "span cannot be stored: parent span id is 7 bytes, not 8"),
+        (b"", None),
+        (b"\0" * 8, None),
+        (b"\3" * 8, None),
+    ],
+)
+def test_a_malformed_parent_span_id_rejects_the_span_with_a_reason(parent, reason):
+    """A span whose parent span id is neither empty (a root) nor 8 bytes is given with a reason,
+    in protobuf and in OTLP/JSON, not read as a root span with its parent dropped; 8 zero bytes
+    read as no parent."""
+    stamped = [KeyValue(key="agentcap.event.id", value=AnyValue(string_value="x"))]
+    span = trace_pb2.Span(
+        trace_id=b"\1" * 16, span_id=b"\2" * 8, parent_span_id=parent, attributes=stamped
+    )
+    request = ExportTraceServiceRequest(resource_spans=[{"scope_spans": [{"spans": [span]}]}])
+    for decoded in (decode_protobuf(request.SerializeToString()), decode_json(_as_json(request))):
+        [(converted, why)] = list(decoded.items())
+        assert why == reason
+        if reason is None:
+            assert converted is not None
+            expected = int.from_bytes(parent, "big") or None
+            assert (converted.parent.span_id if converted.parent else None) == expected
 
 
 def test_json_that_is_not_a_request_is_refused():

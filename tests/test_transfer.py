@@ -986,3 +986,35 @@ def test_import_keeps_agentcap_pb_run_attributes_that_are_not_an_object_in_a_mar
         assert b"not a JSON object" in done.stderr, done.stderr.decode()
     done = _cli("import", str(target), "--dsn", pg_empty_dsn)
     assert b"1 run attributes not a JSON object" in done.stdout, done.stdout.decode()
+
+
+def test_an_otlp_protobuf_span_with_a_malformed_parent_span_id_is_left_out_and_counted(
+    pg_dsn, tmp_path
+):
+    """Importing an OTLP protobuf file whose event span has a 100-byte parent span id leaves that
+    span out, counted as rejected and named in the warning (exit 1), rather than storing it as a
+    root span with its parent dropped; the file's other spans are stored."""
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from otlp_support import captured
+
+    spans, expected = captured("run-bad-parent")
+    request = encode_spans(spans)
+    [child] = [
+        s
+        for r in request.resource_spans
+        for scope in r.scope_spans
+        for s in scope.spans
+        if s.name == "memory_write"
+    ]
+    child.parent_span_id = b"\1" * 100
+    path = tmp_path / "run.otlp"
+    path.write_bytes(request.SerializeToString())
+    done = _cli("import", str(path), "--dsn", pg_dsn, "--json")
+    assert done.returncode == 1, done.stderr.decode()
+    result = json.loads(done.stdout)
+    assert result["rejected"] == 1
+    assert b"parent span id is 100 bytes, not 8" in done.stderr
+    assert 0 < result["events_inserted"] < expected
+    with psycopg.connect(pg_dsn) as conn:
+        row = conn.execute("SELECT count(*) FROM agentcap.spans WHERE name = 'memory_write'")
+        assert row.fetchone() == (0,)

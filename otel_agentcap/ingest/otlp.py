@@ -116,6 +116,22 @@ def decode_attributes(values: Iterable[KeyValue]) -> dict[str, Any]:
     return out
 
 
+def id_problem(span: trace_pb2.Span) -> str | None:
+    """Why the ids of ``span`` cannot be stored, or None: a trace id of 16 bytes and a span id
+    of 8, neither all zero, and a parent span id that is empty (a root span), all zero (read as
+    empty, as some senders mark a root) or 8 bytes. A parent id of another length is not
+    dropped: the span would be stored as a root, its place in the trace lost without a word."""
+    for name, value, size in (("trace id", span.trace_id, 16), ("span id", span.span_id, 8)):
+        if len(value) != size:
+            return f"{name} is {len(value)} bytes, not {size}"
+        if not any(value):
+            return f"{name} is all zero"
+    parent = span.parent_span_id
+    if parent and len(parent) != 8:
+        return f"parent span id is {len(parent)} bytes, not 8"
+    return None
+
+
 def _span_context(trace_id: bytes, span_id: bytes) -> OtlpSpanContext | None:
     """The ids as integers; None unless they are valid (16 and 8 bytes, not all zero)."""
     if len(trace_id) != 16 or len(span_id) != 8:
@@ -155,13 +171,14 @@ def span_from_proto(
     *,
     all_events: bool = True,
 ) -> OtlpSpan | None:
-    """One OTLP span as an :class:`OtlpSpan`; None when its trace or span id is invalid.
+    """One OTLP span as an :class:`OtlpSpan`; None when its trace, span or parent span id is
+    invalid (:func:`id_problem` says why).
 
     With ``all_events=False`` only the span events the mapping reads (named
     ``agentcap.*``) are kept: the ingest keeps a chunk of spans, and span events of other
     instrumentations, two bytes each on the wire, would cost a hundred times that there."""
     context = _span_context(span.trace_id, span.span_id)
-    if context is None:
+    if context is None or (span.parent_span_id and len(span.parent_span_id) != 8):
         return None  # invalid ids: no SDK span has them, and the mapping would misreport them
     parent_id = span.parent_span_id
     return _new_span(
@@ -191,17 +208,42 @@ def parse_request(data: bytes | ExportTraceServiceRequest) -> ExportTraceService
     return request
 
 
-def iter_spans(data: bytes | ExportTraceServiceRequest) -> Iterator[OtlpSpan]:
-    """The spans of an OTLP trace request, in request order; spans without valid ids are skipped."""
+#: A span with either attribute is for the log: an event's span, or a run's root span.
+FOR_THE_LOG: Final = frozenset({"agentcap.event.id", "agentcap.run.root"})
+
+
+def _items(
+    data: bytes | ExportTraceServiceRequest,
+) -> Iterator[tuple[OtlpSpan | None, trace_pb2.Span]]:
     request = parse_request(data)
     for resource_spans in request.resource_spans:
         resource = decode_attributes(resource_spans.resource.attributes)
         for scope_spans in resource_spans.scope_spans:
             scope = OtlpScope(scope_spans.scope.name, scope_spans.scope.version or None)
             for span in scope_spans.spans:
-                converted = span_from_proto(span, scope, resource)
-                if converted is not None:
-                    yield converted
+                yield span_from_proto(span, scope, resource), span
+
+
+def iter_spans(data: bytes | ExportTraceServiceRequest) -> Iterator[OtlpSpan]:
+    """The spans of an OTLP trace request, in request order; spans without valid ids are skipped
+    (:func:`read_spans` says which)."""
+    for converted, _ in _items(data):
+        if converted is not None:
+            yield converted
+
+
+def read_spans(data: bytes | ExportTraceServiceRequest) -> tuple[list[OtlpSpan], list[str]]:
+    """The spans of an OTLP trace request, and why each span for the log (one that holds an
+    agentcap event or is a run's root span) was left out: its ids are invalid
+    (:func:`id_problem`). Spans of other instrumentations with invalid ids are skipped."""
+    spans: list[OtlpSpan] = []
+    left_out: list[str] = []
+    for converted, span in _items(data):
+        if converted is not None:
+            spans.append(converted)
+        elif any(kv.key in FOR_THE_LOG for kv in span.attributes):
+            left_out.append(f"span cannot be stored: {id_problem(span)}")
+    return spans, left_out
 
 
 def spans_from_otlp(data: bytes | ExportTraceServiceRequest) -> list[OtlpSpan]:

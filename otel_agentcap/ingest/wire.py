@@ -25,9 +25,11 @@ from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1 import trace_pb2
 
 from otel_agentcap.ingest.otlp import (
+    FOR_THE_LOG,
     OtlpScope,
     OtlpSpan,
     decode_attributes,
+    id_problem,
     span_from_proto,
 )
 
@@ -117,9 +119,6 @@ def _message_field(number: int, wire_type: int, what: str) -> bool:
 #: span without an agentcap event id that is no run's root span (not converted: it is not for
 #: the log).
 Item = tuple[OtlpSpan | None, str | None]
-
-#: A span with either attribute is for the log: an event's span, or a run's root span.
-_FOR_THE_LOG: Final = frozenset({"agentcap.event.id", "agentcap.run.root"})
 
 
 class DecodedRequest:
@@ -295,14 +294,14 @@ def decode_protobuf(buf: Buffer, max_spans: int = DEFAULT_MAX_SPANS) -> DecodedR
 
 
 def _converted(span: trace_pb2.Span, scope: OtlpScope, resource: Mapping[str, Any]) -> Item:
-    if not any(kv.key in _FOR_THE_LOG for kv in span.attributes):
+    if not any(kv.key in FOR_THE_LOG for kv in span.attributes):
         return None, None
     try:
         converted = span_from_proto(span, scope, resource, all_events=False)
     except Exception as exc:  # a value the conversion cannot take
         return None, f"span cannot be read: {type(exc).__name__}: {exc}"
     if converted is None:
-        return None, "span has no valid trace id or span id"
+        return None, f"span cannot be stored: {id_problem(span)}"
     return converted, None
 
 

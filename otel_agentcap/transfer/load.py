@@ -512,7 +512,9 @@ def _otlp_json_documents(data: bytes) -> list[Any]:
     return documents
 
 
-def _otlp_spans(data: bytes, fmt: str) -> list[Any]:
+def _otlp_spans(data: bytes, fmt: str) -> tuple[list[Any], list[str]]:
+    """The spans of an OTLP file, and why each span of a protobuf file that cannot be read was
+    left out (a JSON file with such a span is refused whole)."""
     if fmt == "otlp-json":
         spans: list[Any] = []
         for document in _otlp_json_documents(data):
@@ -536,16 +538,16 @@ def _otlp_spans(data: bytes, fmt: str) -> list[Any]:
                 RecursionError,
             ) as exc:
                 raise ValueError(f"malformed OTLP/JSON: {exc!r}") from None
-        return spans
+        return spans, []
     try:
-        from otel_agentcap.ingest.otlp import spans_from_otlp
+        from otel_agentcap.ingest.otlp import read_spans
     except ImportError as exc:
         raise ValueError(
             f"not agentcap-pb or OTLP/JSON, and reading OTLP protobuf needs opentelemetry-proto "
             f"({exc})"
         ) from None
     try:
-        return list(spans_from_otlp(data))
+        return read_spans(data)
     except Exception as exc:  # google.protobuf.message.DecodeError
         raise ValueError(f"not agentcap-pb, OTLP/JSON or OTLP protobuf: {exc}") from None
 
@@ -579,11 +581,12 @@ def import_file(database: Database, data: bytes) -> ImportResult:
                 planned = [(s, _readable_batches(s)) for s in snapshots]
                 _import_snapshots(database, writer, planned, result)
             else:
-                spans = _otlp_spans(data, fmt)
+                spans, left_out = _otlp_spans(data, fmt)
                 batch = batch_from_spans(spans, raw_payloads=True)
-                result.rejected += len(batch.rejected) + batch.unreadable
-                if batch.rejected:
-                    log_rejected_spans(batch.rejected)
+                rejected = [*((None, reason) for reason in left_out), *batch.rejected]
+                result.rejected += len(rejected) + batch.unreadable
+                if rejected:
+                    log_rejected_spans(rejected)
                 result.runs.extend(dict.fromkeys(r.run_id for r in batch.runs))
                 for run_id in batch.unparsed_attributes:
                     _count_wrapped_attributes(result, run_id)
