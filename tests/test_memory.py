@@ -591,3 +591,31 @@ def test_a_write_interrupted_while_its_payload_is_encoded_is_still_recorded(stor
     assert parent in writes
     first = writes[parent].payload
     assert first["after_found"] is True and first["after"]["$agentcap.repr"].startswith("<not")
+
+
+def test_a_second_live_memory_of_one_name_is_warned_about_once(caplog):
+    """Two live Memory objects of one name are two stores whose events the log cannot tell apart
+    (both chains of a key start from 'missing'): the second one created logs a warning naming
+    it, once per name; a name whose first object is gone is free again, and a MemoryRecorder of
+    a Memory's name is warned about too."""
+    name = f"notes-{uuid.uuid4().hex[:8]}"
+    caplog.set_level("WARNING", logger="otel_agentcap")
+    first = oa.Memory(name)
+    assert not caplog.records
+    second = oa.Memory(name)
+    third = oa.Memory(name)
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1 and f"a second memory named {name!r}" in warnings[0]
+    caplog.clear()
+    del first, second, third
+    alone = oa.Memory(name)
+    assert not caplog.records
+    other = f"kv-{uuid.uuid4().hex[:8]}"
+    kept = oa.Memory(other)
+    recorder = oa.MemoryRecorder(other)
+    [warning] = [r.getMessage() for r in caplog.records]
+    assert warning.startswith(
+        f"agentcap: a second memory named {other!r} in this process (a MemoryRecorder; the "
+        "first is a Memory)"
+    )
+    assert alone.name == name and kept is not recorder

@@ -22,7 +22,9 @@ with the same causal rules.
 from __future__ import annotations
 
 import logging
+import sys
 import threading
+import weakref
 from collections import OrderedDict
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -63,6 +65,37 @@ MISSING: Final = _Missing()
 #: Deleted keys whose delete the key's next write still names as causal parent (the most recent
 #: ones are kept).
 DEFAULT_MAX_DELETED_KEYS: Final = 10_000
+
+
+#: The live memories (``Memory``, ``MemoryRecorder``) of this process by name, and the names
+#: warned about: two live objects of one name are two stores whose events the log cannot tell
+#: apart (their payloads name the same memory and key).
+_named: weakref.WeakValueDictionary[str, object] = weakref.WeakValueDictionary()
+_warned_names: set[str] = set()
+_named_lock = threading.Lock()
+renew_locks_after_fork(sys.modules[__name__], "_named_lock")
+
+
+def _claim_name(name: str, memory: object) -> None:
+    """Note ``memory`` as the live memory named ``name``; warn (once per name) when another
+    one of that name is still alive."""
+    with _named_lock:
+        other = _named.get(name)
+        if other is None:
+            _named[name] = memory
+            return
+        if name in _warned_names:
+            return
+        _warned_names.add(name)
+    _logger.warning(
+        "agentcap: a second memory named %r in this process (a %s; the first is a %s): each "
+        "object is a store of its own, and the log cannot tell their events apart, so the "
+        "writes of a key form two chains under one name; share one object, or give each its "
+        "own name",
+        name,
+        type(memory).__name__,
+        type(other).__name__,
+    )
 
 
 @dataclass(slots=True)
@@ -168,10 +201,15 @@ def finish_write_span(span: Span, encoded_payload: str) -> None:
 
 class Memory(MemoryBase):
     """A thread-safe, captured key-value store. Keys are strings; values are kept as private
-    copies (``copy.deepcopy`` semantics; a value that cannot be copied is kept as it is)."""
+    copies (``copy.deepcopy`` semantics; a value that cannot be copied is kept as it is).
+
+    The object is the store and ``name`` labels its events: share one object. A second live
+    memory of the same name in the process is another store whose events the log cannot tell
+    apart from this one's; creating one logs a warning (once per name)."""
 
     def __init__(self, name: str = "memory") -> None:
         self.name = validate_id(name, "memory name")
+        _claim_name(self.name, self)
         self._lock = threading.Lock()
         self._slots: dict[str, _Slot] = {}
         # The recorded deletes of keys not written since, oldest first, so the next write of a
@@ -334,6 +372,7 @@ class MemoryRecorder:
 
     def __init__(self, name: str, *, max_keys: int = 100_000) -> None:
         self.name = validate_id(name, "memory name")
+        _claim_name(self.name, self)
         self.max_keys = max_keys
         self._lock = threading.Lock()
         self._last_write: OrderedDict[str, EventRef] = OrderedDict()
