@@ -535,3 +535,50 @@ def test_migration_0006_waits_for_a_writer_of_an_earlier_version(pg_empty_dsn: s
             "SELECT tableoid::regclass::text, run_started_at FROM agentcap.events"
         ).fetchone()
     assert row == ("agentcap.events_p20250401", datetime(2025, 4, 4, tzinfo=UTC))
+
+
+@pytest.mark.parametrize("usage", [False, True])
+def test_an_empty_schema_of_another_role_says_what_is_wrong_and_what_to_do(pg_empty_dsn, usage):
+    """An empty agentcap schema that another role owns (created by hand), which the migrating
+    role may not create tables in (without or with USAGE on it): the error says so and names the
+    fixes (migrate as its owner, ALTER SCHEMA ... OWNER TO, GRANT USAGE, CREATE, another
+    database), not to take a role of `db grant`, which cannot help an empty schema."""
+    from psycopg import sql
+    from psycopg.conninfo import make_conninfo
+
+    tag = uuid.uuid4().hex[:10]
+    owner, login, password = f"ac_other_{tag}", f"ac_App_{tag}", uuid.uuid4().hex
+    with psycopg.connect(pg_empty_dsn, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE ROLE {}").format(sql.Identifier(owner)))
+        admin.execute(
+            sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(
+                sql.Identifier(login), sql.Literal(password)
+            )
+        )
+        dbname = sql.Identifier(admin.info.dbname)
+        admin.execute(
+            sql.SQL("GRANT CREATE ON DATABASE {} TO {}").format(dbname, sql.Identifier(login))
+        )
+        admin.execute(
+            sql.SQL("CREATE SCHEMA agentcap AUTHORIZATION {}").format(sql.Identifier(owner))
+        )
+        if usage:
+            admin.execute(
+                sql.SQL("GRANT USAGE ON SCHEMA agentcap TO {}").format(sql.Identifier(login))
+            )
+    try:
+        with pytest.raises(MigrationError) as info:
+            migrate(make_conninfo(pg_empty_dsn, user=login, password=password))
+        message = str(info.value)
+        assert f"the agentcap schema is empty and belongs to role '{owner}'" in message
+        assert f"run `otel-agentcap db migrate` as '{owner}'" in message
+        assert f'ALTER SCHEMA agentcap OWNER TO "{login}"' in message
+        assert f'GRANT USAGE, CREATE ON SCHEMA agentcap TO "{login}"' in message
+        assert "use another database" in message
+        assert "db grant" not in message
+    finally:
+        with psycopg.connect(pg_empty_dsn, autocommit=True) as admin:
+            admin.execute("DROP SCHEMA agentcap CASCADE")
+            for role in (owner, login):
+                admin.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+                admin.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
