@@ -262,12 +262,7 @@ class PostgresToolLedger:
             invocation_event_id or None,
             result_event_id,
             result_event_seq,
-            call.run_id,
-            call.agent_id,
-            call.invocation_id,
-            call.digest,
-            self.owner,
-            attempt,
+            *self._held(call, attempt),
         )
         completion = _Completion(call, attempt, params)
         if not self._write_completion(completion):
@@ -282,19 +277,7 @@ class PostgresToolLedger:
             with self._database.coordination(self._timeout) as conn:
                 self._count("round_trips")
                 try:
-                    self._execute(
-                        conn,
-                        _RELEASE,
-                        (
-                            call.run_id,
-                            call.agent_id,
-                            call.invocation_id,
-                            call.digest,
-                            self.owner,
-                            attempt,
-                        ),
-                        lock_wait=True,
-                    )
+                    self._execute(conn, _RELEASE, self._held(call, attempt), lock_wait=True)
                     locked = False
                 except psycopg.errors.LockNotAvailable:
                     locked = True  # caught here: a lock is not an outage (no cool-down)
@@ -320,13 +303,12 @@ class PostgresToolLedger:
         body, also for an ``at_most_once`` call, whose released claim would otherwise read as an
         unknown outcome; any other claim is released (:meth:`release`). Never raises."""
         key = _key(call)
-        names = (call.run_id, call.agent_id, call.invocation_id)
         try:
             with self._database.coordination(self._timeout) as conn:
                 self._count("round_trips")
                 try:
                     row = self._execute(
-                        conn, _UNCLAIM, (*names, call.digest, self.owner, attempt), lock_wait=True
+                        conn, _UNCLAIM, self._held(call, attempt), lock_wait=True
                     ).fetchone()
                 except psycopg.errors.LockNotAvailable:
                     row = None
@@ -381,6 +363,12 @@ class PostgresToolLedger:
         self.release_unstarted(call, attempt)
 
     # ----------------------------------------------------------------- internals
+
+    def _held(self, call: LedgerCall, attempt: int) -> tuple[str, str, str, str, str, int]:
+        """The claim ``attempt`` of ``call`` this process holds, as ``_COMPLETE`` (its last six
+        parameters), ``_RELEASE`` and ``_UNCLAIM`` name it: run, agent, invocation id, call
+        digest, owner, attempt."""
+        return (*_key(call), self.owner, attempt)
 
     def _execute(
         self,
