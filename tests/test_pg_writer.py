@@ -1140,3 +1140,40 @@ def test_settled_agent_rows_forget_runs_that_are_gone_and_stay_bounded() -> None
     assert a3 not in settled
     settled.update(opened([a3, a1, ("r3", "c", None, None, None, False)]), conflicts=0)
     assert a3 in settled and a2 not in settled  # over capacity: started over
+
+
+@pytest.mark.fault
+def test_a_connection_lost_inside_a_pipeline_logs_no_psycopg_warning(
+    pool: ConnectionPool[Any], pg_dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The backend killed while the writer is still sending a statement of its pipeline (the
+    barrier waits for a lock, the next statement is larger than the socket's buffers): the
+    writer raises ConnectionFailed, and psycopg's 'error ignored terminating <Pipeline>: the
+    connection is lost' warning, about the same lost connection, does not reach the log (it went
+    to the user's stderr where logging was not configured)."""
+    caplog.set_level("WARNING")
+    big = "x" * 8_000_000
+    batch = Batch((ev("r", "a", 1),), runs=(RunRecord("r", T0, {"big": big}),))
+    writer = EventWriter(pool, max_attempts=1)
+    outcome: dict[str, BaseException] = {}
+
+    def write() -> None:
+        try:
+            writer.write(batch)
+        except BaseException as exc:
+            outcome["error"] = exc
+
+    with psycopg.connect(pg_dsn, autocommit=True) as holder:
+        holder.execute("SELECT pg_advisory_lock(%s)", (writer_module.RETENTION_BARRIER_KEY,))
+        thread = threading.Thread(target=write)
+        thread.start()
+        waiting = None
+        while waiting is None:
+            waiting = holder.execute(
+                "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+            ).fetchone()
+        holder.execute("SELECT pg_terminate_backend(%s)", waiting)
+        thread.join(60)
+    assert isinstance(outcome.get("error"), ConnectionFailed), outcome
+    ignored = [r.getMessage() for r in caplog.records if "error ignored" in r.getMessage()]
+    assert ignored == []

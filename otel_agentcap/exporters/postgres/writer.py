@@ -66,7 +66,7 @@ import threading
 import time
 import uuid
 from collections import Counter, OrderedDict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final
@@ -1067,7 +1067,26 @@ _PIPELINES: Final = psycopg.Pipeline.is_supported()
 def _pipeline(conn: psycopg.Connection[Any]) -> contextlib.AbstractContextManager[object]:
     """``conn.pipeline()``, where the libpq supports it (14 and later); else the statements go
     one by one, with the same results."""
-    return conn.pipeline() if _PIPELINES else contextlib.nullcontext()
+    return _quiet_pipeline(conn) if _PIPELINES else contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _quiet_pipeline(conn: psycopg.Connection[Any]) -> Iterator[object]:
+    """``conn.pipeline()``, left without psycopg's warning when its block raised. Leaving a
+    pipeline syncs it; after a statement failed, or the connection was lost, that fails too, and
+    psycopg logs the second error ("error ignored terminating <Pipeline>: the connection is
+    lost"), which reached users' stderr where logging was not configured, though the writer
+    handles the first one (it retries, or raises it classified). So the pipeline is left here as
+    if the block had ended, and the error of leaving it is dropped for the block's own."""
+    pipeline = conn.pipeline()
+    pipeline.__enter__()
+    try:
+        yield pipeline
+    except BaseException:
+        with contextlib.suppress(Exception):
+            pipeline.__exit__(None, None, None)
+        raise
+    pipeline.__exit__(None, None, None)
 
 
 def _direct_candidate(rows: Iterable[EventRow]) -> bool:
