@@ -119,6 +119,24 @@ from .rows import (
 
 _log = logging.getLogger(__name__)
 
+#: Set while a thread writes a batch: a connection it lost is the writer's to report.
+_writing = threading.local()
+
+
+class _LostConnectionReturned(logging.Filter):
+    """Drops psycopg_pool's "discarding closed connection" warning for a connection the writer
+    lost while writing (it is given back to the pool in the writing thread): the writer handles
+    the loss (it retries, or raises ``ConnectionFailed``), and the warning reached users' stderr
+    where logging was not configured."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (
+            getattr(_writing, "depth", 0) and record.msg == "discarding closed connection: %s"
+        )
+
+
+logging.getLogger("psycopg.pool").addFilter(_LostConnectionReturned())
+
 _EVENT_COLUMNS: Final = EVENT_COLUMNS
 _STAGING_NAME_RE: Final = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
@@ -811,6 +829,16 @@ class EventWriter:
                     )
         return len(opened.events), 0, 0, records, opened
 
+    @contextlib.contextmanager
+    def _connection(self) -> Iterator[psycopg.Connection[Any]]:
+        """A connection of the pool for one attempt (see ``_LostConnectionReturned``)."""
+        _writing.depth = getattr(_writing, "depth", 0) + 1
+        try:
+            with self._pool.connection(timeout=self._connect_timeout) as conn:
+                yield conn
+        finally:
+            _writing.depth -= 1
+
     def write(self, batch: Batch, *, validated: bool = False) -> WriteResult:
         """Store ``batch`` atomically. Raises an ``AgentCapStorageError`` subclass on failure,
         after which nothing of the batch is stored and the writer remains usable.
@@ -848,7 +876,7 @@ class EventWriter:
         spans = _CopyData(span_data, known) if span_data is not None else None
         for attempt in range(1, self._max_attempts + 1):
             try:
-                with self._pool.connection(timeout=self._connect_timeout) as conn:
+                with self._connection() as conn:
                     if create:
                         ensure_partitions(conn, create)
                         create = []
