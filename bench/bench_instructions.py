@@ -81,18 +81,23 @@ def _measure(
 
 def _delivery(calls: int) -> None:
     """``prepare_parts``' work for ``calls`` events (rounded up to whole chunks), as the
-    exporter does it for two writers, without a database."""
+    exporter does it for two writers (``map_part`` for each writer's share), without a database,
+    the run's start known (as it is once its first batch is stored)."""
     from bench_pg_ingest import make_spans
 
     from otel_agentcap import attributes as attr
-    from otel_agentcap.exporters.postgres.exporter import _map
+    from otel_agentcap.exporters.postgres.exporter import Part, map_part
     from otel_agentcap.exporters.postgres.parallel import partition_of
-    from otel_agentcap.exporters.postgres.rows import copy_data, prepare, span_copy_data
+    from otel_agentcap.exporters.postgres.writer import RunStartCache
+    from otel_agentcap.pipeline.mapping import wall_time
     from otel_agentcap.pipeline.span_attributes import attributes_of
 
     chunks = -(-calls // DELIVERY_CHUNK)
     spans = make_spans((chunks + 1) * DELIVERY_CHUNK)
     pending = iter(range(0, len(spans), DELIVERY_CHUNK))
+    run_starts = RunStartCache()
+    first = attributes_of(spans[0])
+    run_starts.update({str(first[attr.RUN_ID]): wall_time(spans[0].start_time)})  # type: ignore[attr-defined]
 
     def chunk() -> None:
         start = next(pending)
@@ -102,11 +107,9 @@ def _delivery(calls: int) -> None:
             shares[
                 partition_of(attributes.get(attr.RUN_ID), attributes.get(attr.AGENT_ID), 2)
             ].append(span)
-        for share in shares:
-            prepared = prepare(_map(share, raw_payloads=True))  # type: ignore[arg-type]
-            starts = {run[0]: run[1] for run in prepared.runs}
-            copy_data(prepared.events, staging=False, starts=starts)  # type: ignore[arg-type]
-            span_copy_data(prepared.spans, starts=starts)  # type: ignore[arg-type]
+        for index, share in enumerate(shares):
+            part = map_part(Part(index, share, direct=True), run_starts)  # type: ignore[arg-type]
+            assert part.error is None and part.data is not None
 
     _measure(chunk, 1, chunks)
 

@@ -694,3 +694,16 @@ def batch_from_spans(
         tuple(rejected),
         tuple(unparsed),
     )
+
+
+# What ``exporters.postgres.one_pass`` builds its rows with, so that they equal the mapping's.
+#: A closing event from its JSON record (see ``_record_event``).
+record_event = _record_event
+#: The agent records of a stamped span (see ``_span_agents``).
+span_agents = _span_agents
+#: (kind, status code, status message, scope name) of a span's envelope.
+span_shape = _shape
+#: The ``service.name`` of a span's resource.
+span_service_name = _service_name
+#: A trace id as 32 hex digits (cached).
+trace_id_hex = _trace_id_hex

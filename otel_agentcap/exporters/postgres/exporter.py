@@ -40,6 +40,7 @@ from otel_agentcap.exporters.postgres.errors import (
     SchemaNotReady,
     WriteFailed,
 )
+from otel_agentcap.exporters.postgres.one_pass import prepare_spans
 from otel_agentcap.exporters.postgres.parallel import DEFAULT_WRITERS, WriterThreads, partition_of
 from otel_agentcap.exporters.postgres.recovery import PostgresSpawnRegistry
 from otel_agentcap.exporters.postgres.rows import (
@@ -48,7 +49,7 @@ from otel_agentcap.exporters.postgres.rows import (
     prepare,
     span_copy_data,
 )
-from otel_agentcap.exporters.postgres.writer import EventWriter, WriteResult
+from otel_agentcap.exporters.postgres.writer import EventWriter, RunStartCache, WriteResult
 from otel_agentcap.forks import call_in_child_after_fork
 from otel_agentcap.model import Batch
 from otel_agentcap.pipeline.mapping import SpanLike, batch_from_spans
@@ -205,9 +206,14 @@ class Part:
     error: AgentCapStorageError | None = None
     #: The spawns its spans recorded while the registry did not answer are registered now.
     spawns_registered: bool = False
+    #: How many events the spans hold, when they were prepared without a ``batch``
+    #: (``one_pass``).
+    mapped: int | None = None
 
     @property
     def events(self) -> int:
+        if self.mapped is not None:
+            return self.mapped
         return len(self.batch.events) + len(self.batch.superseded)
 
 
@@ -293,6 +299,35 @@ def _map(spans: Sequence[SpanLike], *, raw_payloads: bool) -> Batch:
             kept.add(event.event_id)
         events.append(event)
     return batch._replace(events=tuple(events))
+
+
+def map_part(part: Part, run_starts: RunStartCache) -> Part:
+    """Map ``part``'s spans to rows (CPU work, on the caller's thread): in one pass when every
+    span is of the common kind (``one_pass``), else mapped, prepared and encoded step by step.
+    The rows carry their run's start: their COPY data is built here when every run's start is
+    known (a start never changes once stored); otherwise the writer builds it once it has read
+    the starts, in its transaction. A part that cannot be mapped gets its ``error``."""
+    spans = part.spans
+    direct = part.direct
+    try:
+        one = prepare_spans(spans, staging=not direct, known_start=run_starts.start)
+        if one is not None:
+            part.prepared, part.mapped, part.data, part.span_data, part.starts = one
+            return part
+        part.batch = _map(spans, raw_payloads=True)
+        part.prepared = prepare(part.batch)
+        part.starts = run_starts.known(r[0] for r in part.prepared.runs)
+        if part.starts is not None:
+            if part.prepared.events:
+                part.data = copy_data(part.prepared.events, staging=not direct, starts=part.starts)
+            if part.prepared.spans:
+                part.span_data = span_copy_data(part.prepared.spans, starts=part.starts)
+    except InvalidBatch as exc:
+        part.error = exc
+    except Exception as exc:  # a bug of ours must not stop delivery: treat as rejected
+        _logger.exception("agentcap: mapping %d spans failed", len(spans))
+        part.error = WriteFailed(f"mapping failed: {exc!r}")
+    return part
 
 
 def _spawn_claim(span: SpanLike, attributes: Any) -> SpawnClaim | None:
@@ -448,27 +483,7 @@ class PostgresSpanExporter(SpanExporter):
         records: list[object] | None,
         direct: bool = False,
     ) -> Part:
-        part = Part(index, spans, records, direct=direct)
-        try:
-            part.batch = _map(spans, raw_payloads=True)
-            part.prepared = prepare(part.batch)
-            # The rows carry their run's start: built here when every run's start is known (a
-            # start never changes once stored); otherwise the writer builds them once it has read
-            # the starts, in its transaction.
-            part.starts = self._writers.run_starts.known(r[0] for r in part.prepared.runs)
-            if part.starts is not None:
-                if part.prepared.events:
-                    part.data = copy_data(
-                        part.prepared.events, staging=not direct, starts=part.starts
-                    )
-                if part.prepared.spans:
-                    part.span_data = span_copy_data(part.prepared.spans, starts=part.starts)
-        except InvalidBatch as exc:
-            part.error = exc
-        except Exception as exc:  # a bug of ours must not stop delivery: treat as rejected
-            _logger.exception("agentcap: mapping %d spans failed", len(spans))
-            part.error = WriteFailed(f"mapping failed: {exc!r}")
-        return part
+        return map_part(Part(index, spans, records, direct=direct), self._writers.run_starts)
 
     def submit(
         self,

@@ -1177,6 +1177,11 @@ class RunStartCache:
             for run_id in run_ids:
                 self._starts.pop(run_id, None)
 
+    def start(self, run_id: str) -> datetime | None:
+        """The start of ``run_id``, or None when it is not known."""
+        with self._lock:
+            return self._starts.get(run_id)
+
     def known(self, run_ids: Iterable[str]) -> dict[str, datetime] | None:
         """The starts of all ``run_ids``, or None when one is not known."""
         with self._lock:

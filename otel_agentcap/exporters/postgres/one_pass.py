@@ -1,0 +1,478 @@
+"""The rows and COPY data of a batch of spans in one pass, for the batches that need no more.
+
+``batch_from_spans`` (the mapping), ``rows.prepare`` (validation, rows, in-batch collisions) and
+``rows.copy_data`` / ``rows.span_copy_data`` each walk the whole batch and build objects for the
+next step. The durable queue's delivery thread does that for every span it stores, and it is
+most of its CPU work. :func:`prepare_spans` builds the same ``PreparedBatch`` and the same COPY
+data directly from the spans, in one loop, for a batch where every span is of the common kind:
+stamped spans that ended, whose events are not model calls, each event valid, no two events of
+the batch colliding, no run root, no declared run attributes, no legacy span events. For any
+other batch it returns None, and the caller takes the general path, which gives the same result
+for the common kind (``tests/test_pg_one_pass.py`` compares them).
+"""
+
+from __future__ import annotations
+
+import itertools
+import operator
+import time
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any, Final, NamedTuple
+
+from psycopg.types.json import Jsonb
+
+from otel_agentcap import attributes as attr
+from otel_agentcap import jsonsafe
+from otel_agentcap.model import (
+    EVENT_TYPES,
+    AgentRecord,
+    EventType,
+    RunRecord,
+    event_id_in,
+    event_id_prefix,
+)
+from otel_agentcap.pipeline.call_identity import SUPERSEDED
+from otel_agentcap.pipeline.mapping import (
+    SpanLike,
+    record_event,
+    span_agents,
+    span_service_name,
+    span_shape,
+    trace_id_hex,
+    wall_time,
+)
+from otel_agentcap.pipeline.span_attributes import attributes_of, has_events
+from otel_agentcap.validation import (
+    MAX_CAUSAL_PARENTS,
+    MAX_FUTURE,
+    MAX_KEY_BYTES,
+    MIN_WALL_TIME,
+    Validator,
+    uuid_text,
+)
+
+from .rows import (
+    _COPY_SIGNATURE,
+    _EVENT_FIELDS,
+    _I32,
+    _INT2_FIELD,
+    _INT8_FIELD,
+    _JSONB_HEAD,
+    _NO_UUIDS,
+    _NULL,
+    _ONE_UUID,
+    _PG_EPOCH,
+    _SEQ_TIME_FIELDS,
+    _SPAN_FIELDS,
+    _STAGING_FIELDS,
+    _TIMES_CODE_FIELDS,
+    _UUID_FIELD,
+    DEFAULT_MAX_PAYLOAD_CHARS,
+    EventRow,
+    PreparedBatch,
+    SpanRow,
+    _CleanTexts,
+    _new_row,
+    _TextFields,
+    merge_agents,
+    payload_dumps,
+    uuid_array,
+)
+
+#: Attributes that make a span other than the common kind (see the module doc).
+_RARE: Final = frozenset((SUPERSEDED, attr.RUN_ROOT, attr.RUN_ATTRIBUTES))
+_MODEL_CALL: Final = EventType.MODEL_CALL.value
+#: The plain text of every event type but ``model_call`` (model calls are matched by call id).
+_PLAIN_TYPES: Final[dict[object, str]] = {t: t.value for t in EventType if t.value != _MODEL_CALL}
+_ONE_MICRO: Final = timedelta(microseconds=1)
+_ROW_ORDER: Final = operator.itemgetter(1, 2, 3)
+
+
+class OnePass(NamedTuple):
+    """What :func:`prepare_spans` built: the prepared rows, how many events they hold, and the
+    COPY data of the events (for the path ``staging`` named) and of the span envelopes with
+    the run ``starts`` they were built with (all three None when a run's start is not known)."""
+
+    prepared: PreparedBatch
+    events: int
+    data: bytes | None
+    span_data: bytes | None
+    starts: dict[str, datetime] | None
+
+
+class _NotCommon(Exception):
+    """A span or a batch the one pass leaves to the general path."""
+
+
+def prepare_spans(
+    spans: Sequence[SpanLike],
+    *,
+    staging: bool,
+    known_start: Callable[[str], datetime | None],
+    max_payload_chars: int = DEFAULT_MAX_PAYLOAD_CHARS,
+) -> OnePass | None:
+    """``rows.prepare(exporter._map(spans, raw_payloads=True))`` and its COPY data
+    (``rows.copy_data`` with ``staging``, ``rows.span_copy_data``), built in one pass; None when
+    a span is not of the common kind (see the module doc). ``known_start`` gives the stored
+    start of a run, or None when it is not known (then no COPY data is built)."""
+    try:
+        return _prepare(spans, staging, known_start, max_payload_chars)
+    except Exception:  # _NotCommon, or a value the general path reports span by span
+        return None
+
+
+def _prepare(
+    spans: Sequence[SpanLike],
+    staging: bool,
+    known_start: Callable[[str], datetime | None],
+    max_payload_chars: int,
+) -> OnePass:
+    now = time.time_ns()
+    validator = Validator(now)
+    max_seq = validator.max_seq
+    max_time = datetime.fromtimestamp(now / 1e9, tz=UTC) + MAX_FUTURE
+    dumps = payload_dumps(max_payload_chars)
+    prefixes: dict[tuple[str, str], bytes] = {}
+    #: The bytes of each event id of the batch (also: no id twice).
+    ids: dict[str, bytes] = {}
+    span_ids: set[str] = set()
+    rows: list[EventRow] = []
+    chunks: list[bytes] = []
+    span_pairs: list[tuple[SpanRow, bytes]] = []
+    started: dict[str, datetime] = {}
+    start_fields: dict[str, bytes] = {}
+    starts: dict[str, datetime] | None = {}
+    agents: dict[AgentRecord, None] = {}
+    agent_keys: set[tuple[object, ...]] = set()
+    names = _CleanTexts()
+    fields = _TextFields()
+    head = _STAGING_FIELDS if staging else _EVENT_FIELDS
+    tail = _NULL + _NULL if staging else b""
+    pack_i32 = _I32.pack
+    pack_int8 = _INT8_FIELD.pack
+    pack_int2 = _INT2_FIELD.pack
+    pack_seq_time = _SEQ_TIME_FIELDS.pack
+    pack_jsonb_head = _JSONB_HEAD.pack
+    pack_times_code = _TIMES_CODE_FIELDS.pack
+    last_order: tuple[str, str, int] = ("", "", -1)
+    ordered = True
+
+    def add_event(
+        event_id: object,
+        run_id: str,
+        agent_id: str,
+        seq: object,
+        event_type: object,
+        key: object,
+        at: datetime,
+        parents: object,
+        payload: Any,
+        trace_id: str,
+        span_id: str,
+    ) -> None:
+        """Validate one event as ``Validator.event`` does, and add its row and COPY tuple."""
+        nonlocal last_order, ordered, starts
+        if type(event_type) is not str or event_type not in EVENT_TYPES:
+            raise _NotCommon
+        prefix = prefixes.get((run_id, agent_id))
+        if prefix is None:
+            if validator.id_reason(run_id, "run id") or validator.id_reason(agent_id, "agent id"):
+                raise _NotCommon
+            prefix = prefixes[run_id, agent_id] = event_id_prefix(run_id, agent_id)
+        if not (
+            type(key) is str
+            and key.isascii()
+            and 0 < len(key) <= MAX_KEY_BYTES
+            and "\x00" not in key
+            and type(event_id) is str
+            and event_id == event_id_in(prefix, key)
+            and event_id not in ids
+            and type(seq) is int
+            and 0 <= seq <= max_seq
+            and MIN_WALL_TIME <= at <= max_time
+            and type(parents) is tuple
+            and len(parents) <= MAX_CAUSAL_PARENTS
+        ):
+            raise _NotCommon
+        raw_id = ids[event_id] = bytes.fromhex(event_id.replace("-", ""))
+        if not parents:
+            parent_ids = _NO_UUIDS
+        elif len(parents) == 1 and type(parent := parents[0]) is str and parent in ids:
+            parent_ids = _ONE_UUID + ids[parent]
+        else:
+            if not all(type(p) is str and uuid_text(p) for p in parents):
+                raise _NotCommon
+            parent_ids = uuid_array(parents)
+        order = (run_id, agent_id, seq)
+        if order <= last_order:
+            if order == last_order:
+                raise _NotCommon  # two events of one agent with one sequence: a collision
+            ordered = False
+        last_order = order
+        first = started.get(run_id)
+        if first is None:
+            started[run_id] = at
+            if starts is not None:
+                start = known_start(run_id)
+                if start is None:
+                    starts = None
+                else:
+                    starts[run_id] = start
+                    start_fields[run_id] = pack_int8(8, _micros(start))
+        elif at < first:
+            started[run_id] = at
+        value = None if payload is None else Jsonb(payload, dumps)
+        rows.append(
+            _new_row(
+                (
+                    raw_id,
+                    run_id,
+                    agent_id,
+                    seq,
+                    at,
+                    event_type,
+                    parent_ids,
+                    key,
+                    trace_id,
+                    span_id,
+                    value,
+                    None,
+                    None,
+                )
+            )
+        )
+        if starts is None:
+            return
+        if payload is None:
+            json_field = _NULL
+        else:
+            json = dumps(payload)
+            json_field = pack_jsonb_head(len(json) + 1, 1) + json
+        key_data = key.encode()
+        chunks.append(
+            b"".join(
+                (
+                    head,
+                    _UUID_FIELD,
+                    raw_id,
+                    fields[run_id],
+                    fields[agent_id],
+                    pack_seq_time(8, seq, 8, (at - _PG_EPOCH) // _ONE_MICRO),
+                    fields[event_type],
+                    pack_i32(len(parent_ids)),
+                    parent_ids,
+                    pack_i32(len(key_data)),
+                    key_data,
+                    fields[trace_id],
+                    fields[span_id],
+                    json_field,
+                    tail,
+                    start_fields[run_id],
+                )
+            )
+        )
+
+    for span in spans:
+        attributes = attributes_of(span)
+        get = attributes.get
+        if attr.EVENT_ID not in attributes:
+            if attr.RUN_ROOT in attributes:
+                raise _NotCommon
+            continue  # not stamped: no record
+        if (
+            not _RARE.isdisjoint(attributes)
+            or has_events(span)
+            or getattr(span, "own_event_queued", False)
+        ):
+            raise _NotCommon
+        end_time = span.end_time
+        ctx = span.context
+        if end_time is None or ctx is None:
+            raise _NotCommon
+        run_id = get(attr.RUN_ID)
+        agent_id = get(attr.AGENT_ID)
+        event_type = get(attr.EVENT_TYPE)
+        seq = get(attr.EVENT_SEQ)
+        if (
+            type(run_id) is not str
+            or type(agent_id) is not str
+            or type(seq) is not int
+            or (type(event_type) is not str and type(event_type) is not EventType)
+        ):
+            raise _NotCommon
+        plain_type = _PLAIN_TYPES.get(event_type)
+        if plain_type is None:
+            raise _NotCommon
+        key = get(attr.EVENT_IDEMPOTENCY_KEY)
+        if key is None:
+            key = f"seq:{seq}"
+        parents = get(attr.EVENT_CAUSAL_PARENT_IDS) or ()
+        if type(parents) is list:
+            parents = tuple(parents)
+        text = get(attr.EVENT_PAYLOAD)
+        if text is None:
+            payload = None
+        elif type(text) is str:
+            payload = jsonsafe.raw_or_loads(text)
+        else:
+            raise _NotCommon
+        trace_id = trace_id_hex(ctx.trace_id)
+        span_id = f"{ctx.span_id:016x}"
+        at = wall_time(span.start_time)
+        add_event(
+            get(attr.EVENT_ID),
+            run_id,
+            agent_id,
+            seq,
+            plain_type,
+            key,
+            at,
+            parents,
+            payload,
+            trace_id,
+            span_id,
+        )
+        end = wall_time(end_time)
+        outcome = get(attr.OUTCOME)
+        if outcome is not None:
+            closing = record_event(outcome, attributes, end_time, trace_id, span_id)
+            if closing is None:
+                raise _NotCommon  # unreadable: counted by the general path
+            closing_type = closing.event_type
+            if closing_type == _MODEL_CALL:
+                raise _NotCommon
+            add_event(
+                closing.event_id,
+                closing.run_id,
+                closing.agent_id,
+                closing.seq,
+                closing_type,
+                closing.idempotency_key,
+                closing.wall_time,
+                closing.causal_parent_ids,
+                closing.payload,
+                trace_id,
+                span_id,
+            )
+        # The agent rows: built once per agent identity in the batch.
+        if plain_type == "agent_start" or plain_type == "agent_spawn":
+            for record in span_agents(attributes):
+                agents[record] = None
+        else:
+            agent_name = get(attr.GEN_AI_AGENT_NAME)
+            if agent_name is not None and type(agent_name) is not str:
+                raise _NotCommon
+            identity = (run_id, agent_id, agent_name)
+            if identity not in agent_keys:
+                agent_keys.add(identity)
+                for record in span_agents(attributes):
+                    agents[record] = None
+        # The envelope, as ``mapping.span_record`` and ``rows.span_rows`` make it.
+        if span_id in span_ids:
+            raise _NotCommon
+        span_ids.add(span_id)
+        name = span.name
+        if type(name) is not str:
+            raise _NotCommon
+        parent = getattr(span, "parent", None)
+        parent_id = parent.span_id if parent is not None else 0
+        parent_text = f"{parent_id:016x}" if parent_id else None
+        kind, code, message, scope = span_shape(span)
+        service = span_service_name(span)
+        name_text = names[name]
+        message_text = None if message is None else names[message]
+        service_text = None if service is None else names[service]
+        scope_text = None if scope is None else names[scope]
+        row: SpanRow = (
+            run_id,
+            trace_id,
+            span_id,
+            parent_text,
+            name_text,
+            kind,
+            at,
+            end,
+            code,
+            message_text,
+            service_text,
+            scope_text,
+        )
+        if starts is None:
+            span_pairs.append((row, b""))
+            continue
+        span_data = span_id.encode()
+        span_pairs.append(
+            (
+                row,
+                b"".join(
+                    (
+                        _SPAN_FIELDS,
+                        fields[run_id],
+                        fields[trace_id],
+                        pack_i32(len(span_data)),
+                        span_data,
+                        fields[parent_text],
+                        fields[name_text],
+                        pack_int2(2, kind),
+                        pack_times_code(
+                            8,
+                            (at - _PG_EPOCH) // _ONE_MICRO,
+                            8,
+                            (end - _PG_EPOCH) // _ONE_MICRO,
+                            2,
+                            code,
+                        ),
+                        fields[message_text],
+                        fields[service_text],
+                        fields[scope_text],
+                        start_fields[run_id],
+                    )
+                ),
+            )
+        )
+
+    records = list(agents)
+    for record in records:
+        if validator.agent(record) is not None:
+            raise _NotCommon
+    for run_id, at in started.items():
+        if validator.run(RunRecord(run_id, at)) is not None:
+            raise _NotCommon
+    if not ordered:
+        order = sorted(range(len(rows)), key=lambda i: _ROW_ORDER(rows[i]))
+        rows = [rows[i] for i in order]
+        if starts is not None:
+            chunks = [chunks[i] for i in order]
+        for previous, current in itertools.pairwise(rows):
+            if _ROW_ORDER(previous) == _ROW_ORDER(current):
+                raise _NotCommon
+    span_pairs.sort(key=_FIRST)
+    agent_rows, agent_offers = merge_agents(records, ())
+    prepared = PreparedBatch(
+        rows,
+        0,
+        [(run_id, started[run_id], None, None, None) for run_id in sorted(started)],
+        agent_rows,
+        [],
+        agent_offers,
+        (),
+        0,
+        [row for row, _ in span_pairs],
+    )
+    if starts is None:
+        return OnePass(prepared, len(rows), None, None, None)
+    return OnePass(
+        prepared,
+        len(rows),
+        _COPY_SIGNATURE + b"".join(chunks) if rows else None,
+        _COPY_SIGNATURE + b"".join(data for _, data in span_pairs) if span_pairs else None,
+        starts,
+    )
+
+
+_FIRST: Final = operator.itemgetter(0)
+
+
+def _micros(value: datetime) -> int:
+    return (value - _PG_EPOCH) // _ONE_MICRO
