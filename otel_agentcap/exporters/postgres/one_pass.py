@@ -8,7 +8,7 @@ data directly from the spans, in one loop, for a batch where every span is of th
 stamped spans that ended, whose events are not model calls, each event valid, no two events of
 the batch colliding, no run root, no declared run attributes, no legacy span events. For any
 other batch it returns None, and the caller takes the general path, which gives the same result
-for the common kind (``tests/test_pg_one_pass.py`` compares them).
+for the common kind (``tests/test_one_pass.py`` compares them).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from psycopg.types.json import Jsonb
 
 from otel_agentcap import attributes as attr
 from otel_agentcap import jsonsafe
+from otel_agentcap.jsonsafe import RawJson
 from otel_agentcap.model import (
     EVENT_TYPES,
     AgentRecord,
@@ -40,7 +41,6 @@ from otel_agentcap.pipeline.mapping import (
     span_service_name,
     span_shape,
     trace_id_hex,
-    wall_time,
 )
 from otel_agentcap.pipeline.span_attributes import attributes_of, has_events
 from otel_agentcap.validation import (
@@ -86,6 +86,8 @@ _MODEL_CALL: Final = EventType.MODEL_CALL.value
 #: The plain text of every event type but ``model_call`` (model calls are matched by call id).
 _PLAIN_TYPES: Final[dict[object, str]] = {t: t.value for t in EventType if t.value != _MODEL_CALL}
 _ONE_MICRO: Final = timedelta(microseconds=1)
+#: The length of a span id field (16 hex digits).
+_SPAN_ID_HEAD: Final = _I32.pack(16)
 _ROW_ORDER: Final = operator.itemgetter(1, 2, 3)
 
 
@@ -136,16 +138,21 @@ def _prepare(
     prefixes: dict[tuple[str, str], bytes] = {}
     #: The bytes of each event id of the batch (also: no id twice).
     ids: dict[str, bytes] = {}
-    span_ids: set[str] = set()
+    #: Each span's envelope row and COPY tuple by its span id (also: no span twice).
+    envelopes: dict[str, tuple[SpanRow, bytes]] = {}
+    #: The run and trace of every span so far, when the same for all (else None).
+    span_group: tuple[str, str] | None = None
     rows: list[EventRow] = []
     chunks: list[bytes] = []
-    span_pairs: list[tuple[SpanRow, bytes]] = []
     started: dict[str, datetime] = {}
     start_fields: dict[str, bytes] = {}
     starts: dict[str, datetime] | None = {}
     agents: dict[AgentRecord, None] = {}
     agent_keys: set[tuple[object, ...]] = set()
     names = _CleanTexts()
+    traces: dict[int, str] = {}
+    fromtimestamp = datetime.fromtimestamp
+    shapes: dict[tuple[int, int, int, int], tuple[Any, ...]] = {}
     fields = _TextFields()
     head = _STAGING_FIELDS if staging else _EVENT_FIELDS
     tail = _NULL + _NULL if staging else b""
@@ -170,8 +177,9 @@ def _prepare(
         payload: Any,
         trace_id: str,
         span_id: str,
-    ) -> None:
-        """Validate one event as ``Validator.event`` does, and add its row and COPY tuple."""
+    ) -> int:
+        """Validate one event as ``Validator.event`` does, and add its row and COPY tuple;
+        its time in microseconds since PostgreSQL's epoch."""
         nonlocal last_order, ordered, starts
         if type(event_type) is not str or event_type not in EVENT_TYPES:
             raise _NotCommon
@@ -180,11 +188,14 @@ def _prepare(
             if validator.id_reason(run_id, "run id") or validator.id_reason(agent_id, "agent id"):
                 raise _NotCommon
             prefix = prefixes[run_id, agent_id] = event_id_prefix(run_id, agent_id)
+        if type(key) is not str or not key or "\x00" in key:
+            raise _NotCommon
+        try:
+            key_data = key.encode()
+        except UnicodeEncodeError:
+            raise _NotCommon from None
         if not (
-            type(key) is str
-            and key.isascii()
-            and 0 < len(key) <= MAX_KEY_BYTES
-            and "\x00" not in key
+            len(key_data) <= MAX_KEY_BYTES
             and type(event_id) is str
             and event_id == event_id_in(prefix, key)
             and event_id not in ids
@@ -242,14 +253,17 @@ def _prepare(
                 )
             )
         )
+        micros: int = (at - _PG_EPOCH) // _ONE_MICRO
         if starts is None:
-            return
+            return micros
         if payload is None:
             json_field = _NULL
         else:
-            json = dumps(payload)
+            if type(payload) is RawJson and len(payload) <= max_payload_chars:
+                json = payload.encode()  # as ``dumps`` does
+            else:
+                json = dumps(payload)
             json_field = pack_jsonb_head(len(json) + 1, 1) + json
-        key_data = key.encode()
         chunks.append(
             b"".join(
                 (
@@ -258,20 +272,22 @@ def _prepare(
                     raw_id,
                     fields[run_id],
                     fields[agent_id],
-                    pack_seq_time(8, seq, 8, (at - _PG_EPOCH) // _ONE_MICRO),
+                    pack_seq_time(8, seq, 8, micros),
                     fields[event_type],
                     pack_i32(len(parent_ids)),
                     parent_ids,
                     pack_i32(len(key_data)),
                     key_data,
                     fields[trace_id],
-                    fields[span_id],
+                    _SPAN_ID_HEAD,
+                    span_id.encode(),
                     json_field,
                     tail,
                     start_fields[run_id],
                 )
             )
         )
+        return micros
 
     for span in spans:
         attributes = attributes_of(span)
@@ -280,12 +296,10 @@ def _prepare(
             if attr.RUN_ROOT in attributes:
                 raise _NotCommon
             continue  # not stamped: no record
-        if (
-            not _RARE.isdisjoint(attributes)
-            or has_events(span)
-            or getattr(span, "own_event_queued", False)
-        ):
+        if not _RARE.isdisjoint(attributes) or getattr(span, "own_event_queued", False):
             raise _NotCommon
+        if has_events(span) and any(e.name.startswith(attr.SPAN_EVENT_PREFIX) for e in span.events):
+            raise _NotCommon  # a closing event recorded as a span event (earlier versions)
         end_time = span.end_time
         ctx = span.context
         if end_time is None or ctx is None:
@@ -317,10 +331,16 @@ def _prepare(
             payload = jsonsafe.raw_or_loads(text)
         else:
             raise _NotCommon
-        trace_id = trace_id_hex(ctx.trace_id)
+        trace_int = ctx.trace_id
+        trace_id = traces.get(trace_int)
+        if trace_id is None:
+            trace_id = traces[trace_int] = trace_id_hex(trace_int)
         span_id = f"{ctx.span_id:016x}"
-        at = wall_time(span.start_time)
-        add_event(
+        if len(span_id) != 16:
+            raise _NotCommon
+        # As ``mapping.wall_time``.
+        at = fromtimestamp((span.start_time or 0) / 1e9, tz=UTC)
+        start_micros = add_event(
             get(attr.EVENT_ID),
             run_id,
             agent_id,
@@ -333,7 +353,7 @@ def _prepare(
             trace_id,
             span_id,
         )
-        end = wall_time(end_time)
+        end = fromtimestamp(end_time / 1e9, tz=UTC)
         outcome = get(attr.OUTCOME)
         if outcome is not None:
             closing = record_event(outcome, attributes, end_time, trace_id, span_id)
@@ -369,21 +389,47 @@ def _prepare(
                 for record in span_agents(attributes):
                     agents[record] = None
         # The envelope, as ``mapping.span_record`` and ``rows.span_rows`` make it.
-        if span_id in span_ids:
+        if span_id in envelopes:
             raise _NotCommon
-        span_ids.add(span_id)
+        if span_group is None:
+            if not envelopes:
+                span_group = (run_id, trace_id)
+        elif span_group[0] != run_id or span_group[1] != trace_id:
+            span_group = None
         name = span.name
         if type(name) is not str:
             raise _NotCommon
         parent = getattr(span, "parent", None)
         parent_id = parent.span_id if parent is not None else 0
         parent_text = f"{parent_id:016x}" if parent_id else None
-        kind, code, message, scope = span_shape(span)
-        service = span_service_name(span)
+        # Kind, status, scope and resource are objects the spans share: their parts of the
+        # envelope are made once per batch (the spans, alive, keep their ids unique).
+        resource = getattr(span, "resource", None)
+        if resource is None:  # a span read back from the queue
+            resource = getattr(span, "resource_attributes", None)
+        shape_key = (
+            id(getattr(span, "kind", None)),
+            id(getattr(span, "status", None)),
+            id(getattr(span, "instrumentation_scope", None)),
+            id(resource),
+        )
+        shape = shapes.get(shape_key)
+        if shape is None:
+            kind, code, message, scope = span_shape(span)
+            service = span_service_name(span)
+            shape = shapes[shape_key] = (
+                kind,
+                code,
+                None if message is None else names[message],
+                None if service is None else names[service],
+                None if scope is None else names[scope],
+                pack_int2(2, kind),
+                fields[None if message is None else names[message]]
+                + fields[None if service is None else names[service]]
+                + fields[None if scope is None else names[scope]],
+            )
+        kind, code, message_text, service_text, scope_text, kind_field, shape_tail = shape
         name_text = names[name]
-        message_text = None if message is None else names[message]
-        service_text = None if service is None else names[service]
-        scope_text = None if scope is None else names[scope]
         row: SpanRow = (
             run_id,
             trace_id,
@@ -399,37 +445,32 @@ def _prepare(
             scope_text,
         )
         if starts is None:
-            span_pairs.append((row, b""))
+            envelopes[span_id] = (row, b"")
             continue
-        span_data = span_id.encode()
-        span_pairs.append(
-            (
-                row,
-                b"".join(
-                    (
-                        _SPAN_FIELDS,
-                        fields[run_id],
-                        fields[trace_id],
-                        pack_i32(len(span_data)),
-                        span_data,
-                        fields[parent_text],
-                        fields[name_text],
-                        pack_int2(2, kind),
-                        pack_times_code(
-                            8,
-                            (at - _PG_EPOCH) // _ONE_MICRO,
-                            8,
-                            (end - _PG_EPOCH) // _ONE_MICRO,
-                            2,
-                            code,
-                        ),
-                        fields[message_text],
-                        fields[service_text],
-                        fields[scope_text],
-                        start_fields[run_id],
-                    )
-                ),
-            )
+        envelopes[span_id] = (
+            row,
+            b"".join(
+                (
+                    _SPAN_FIELDS,
+                    fields[run_id],
+                    fields[trace_id],
+                    _SPAN_ID_HEAD,
+                    span_id.encode(),
+                    fields[parent_text],
+                    fields[name_text],
+                    kind_field,
+                    pack_times_code(
+                        8,
+                        start_micros,
+                        8,
+                        (end - _PG_EPOCH) // _ONE_MICRO,
+                        2,
+                        code,
+                    ),
+                    shape_tail,
+                    start_fields[run_id],
+                )
+            ),
         )
 
     records = list(agents)
@@ -447,7 +488,13 @@ def _prepare(
         for previous, current in itertools.pairwise(rows):
             if _ROW_ORDER(previous) == _ROW_ORDER(current):
                 raise _NotCommon
-    span_pairs.sort(key=_FIRST)
+    # Sorted as ``rows.span_rows`` sorts them: by run, trace and span id (when the spans share
+    # their run and trace, by the span id alone, which sorts faster).
+    span_pairs = (
+        [envelopes[span_id] for span_id in sorted(envelopes)]
+        if span_group is not None
+        else sorted(envelopes.values(), key=_FIRST)
+    )
     agent_rows, agent_offers = merge_agents(records, ())
     prepared = PreparedBatch(
         rows,

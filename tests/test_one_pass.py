@@ -1,0 +1,297 @@
+"""one_pass: the rows and COPY data of common spans in one pass, equal to the general path's."""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode
+
+import otel_agentcap as oa
+from otel_agentcap import attributes as attr
+from otel_agentcap.exporters.durable.records import decode_span, encode_span
+from otel_agentcap.exporters.postgres.exporter import _map
+from otel_agentcap.exporters.postgres.one_pass import prepare_spans
+from otel_agentcap.exporters.postgres.rows import copy_data, prepare, span_copy_data
+from otel_agentcap.model import event_id_for
+from otel_agentcap.pipeline.call_identity import SUPERSEDED
+from otel_agentcap.pipeline.span_attributes import attributes_of
+from otel_agentcap.testing import capture_events
+
+START = datetime(2026, 1, 1, tzinfo=UTC)
+NOW_NS = int(datetime.now(UTC).timestamp() * 1e9)
+TRACE = 0x0AF7651916CD43DD8448EB211C80319C
+SCOPE = InstrumentationScope("otel_agentcap", "0.1.0")
+RESOURCE = Resource({"service.name": "svc"})
+
+
+def _payload(value: Any) -> Any:
+    return None if value is None else (type(value.obj), value.obj, value.dumps is not None)
+
+
+def _comparable(prepared: Any) -> dict[str, Any]:
+    """The fields of a PreparedBatch, payloads as what they hold (Jsonb has no equality)."""
+    fields = {f.name: getattr(prepared, f.name) for f in dataclasses.fields(prepared)}
+    fields["events"] = [(*r[:10], _payload(r[10]), *r[11:]) for r in prepared.events]
+    return fields
+
+
+def _check(spans: Sequence[Any], *, staging: bool = False, common: bool | None = None) -> None:
+    """The one pass gives what the general path gives for ``spans``, or declines (None);
+    ``common`` says which is expected."""
+    one = prepare_spans(spans, staging=staging, known_start=lambda run: START)
+    if common is not None:
+        assert (one is not None) is common
+    if one is None:
+        return
+    batch = _map(spans, raw_payloads=True)
+    general = prepare(batch)
+    assert _comparable(one.prepared) == _comparable(general)
+    assert one.events == len(batch.events) + len(batch.superseded)
+    assert not batch.rejected and not batch.unreadable
+    starts = {run[0]: START for run in general.runs}
+    assert one.starts == starts
+    assert one.data == (
+        copy_data(general.events, staging=staging, starts=starts) if general.events else None
+    )
+    assert one.span_data == (
+        span_copy_data(general.spans, starts=starts) if general.spans else None
+    )
+
+
+def _captured(run_id: str) -> list[Any]:
+    """The spans of a run with every kind of event the capture API records (tools that succeed
+    and fail, memory, a spawned child, non-ASCII and NUL in values)."""
+
+    @oa.tool
+    def lookup(city: str) -> dict[str, object]:
+        if city == "nowhere":
+            raise LookupError("no such city \x00 é")
+        return {"city": city, "note": "naïve \x00 \ud800"}
+
+    memory = oa.Memory("one-pass")
+    with capture_events() as captured, oa.run(run_id), oa.agent("Planner é"):
+        memory["ké"] = {"v": "x" * 300, "nul": "\x00"}
+        _ = memory.get("ké")
+        lookup.invoke("call-1", "Oslo")
+        with pytest.raises(LookupError):
+            lookup.invoke("call-2", "nowhere")
+        child = oa.spawn("worker")
+        with child.scope():
+            memory["w"] = [1, 2.5, None, "\ud800"]
+            lookup.invoke("call-3", "Bergen")
+    return list(captured.spans)
+
+
+def test_captured_spans_give_the_general_paths_rows():
+    """Every stamped span of a captured run but the run's root gives the general path's rows,
+    COPY data for both paths, in any order; with the root span the general path is taken."""
+    spans = _captured(f"one-pass-{uuid.uuid4().hex[:8]}")
+    stamped = [s for s in spans if attr.EVENT_ID in attributes_of(s)]
+    types = {e.event_type for e in _map(stamped, raw_payloads=True).events}
+    assert types >= {
+        "agent_start",
+        "agent_spawn",
+        "agent_end",
+        "memory_write",
+        "memory_read",
+        "tool_invocation",
+        "tool_result",
+    }
+    for staging in (False, True):
+        _check(stamped, staging=staging, common=True)
+        _check(stamped[::-1], staging=staging, common=True)
+    _check(spans, common=False)
+
+
+def test_spans_read_back_from_the_queue_give_the_same_rows():
+    """Spans decoded from their queue records give the rows the general path gives them."""
+    spans = _captured(f"one-pass-{uuid.uuid4().hex[:8]}")
+    decoded = [decode_span(encode_span(s)) for s in spans if attr.EVENT_ID in attributes_of(s)]
+    _check(decoded, common=True)
+
+
+def test_run_start_unknown_builds_no_copy_data():
+    """When a run's stored start is not known, rows are built and COPY data is not."""
+    stamped = [s for s in _captured("one-pass-start") if attr.EVENT_ID in attributes_of(s)]
+    one = prepare_spans(stamped, staging=False, known_start=lambda run: None)
+    assert one is not None and one.prepared.events
+    assert (one.data, one.span_data, one.starts) == (None, None, None)
+
+
+def _span(
+    *,
+    run: object = "r",
+    agent: object = "a",
+    seq: object = 1,
+    key: object = None,
+    event_type: object = "memory_write",
+    payload: object = '{"v":1}',
+    parents: object = None,
+    span_id: int = 1,
+    trace_id: int = TRACE,
+    start: int = NOW_NS,
+    end: int | None = NOW_NS + 1000,
+    event_id: object = "derived",
+    extra: dict[str, Any] | None = None,
+    name: str = "memory_write",
+) -> ReadableSpan:
+    attributes: dict[str, Any] = {
+        attr.RUN_ID: run,
+        attr.AGENT_ID: agent,
+        attr.EVENT_TYPE: event_type,
+        attr.EVENT_SEQ: seq,
+    }
+    if event_id == "derived":
+        real_key = key if key is not None else f"seq:{seq}"
+        try:
+            event_id = event_id_for(run, agent, real_key)  # type: ignore[arg-type]
+        except (TypeError, AttributeError, UnicodeEncodeError):
+            event_id = str(uuid.uuid4())
+    attributes[attr.EVENT_ID] = event_id
+    if key is not None:
+        attributes[attr.EVENT_IDEMPOTENCY_KEY] = key
+    if payload is not None:
+        attributes[attr.EVENT_PAYLOAD] = payload
+    if parents is not None:
+        attributes[attr.EVENT_CAUSAL_PARENT_IDS] = parents
+    attributes.update(extra or {})
+    return ReadableSpan(
+        name=name,
+        context=SpanContext(trace_id, span_id, is_remote=False),
+        parent=SpanContext(trace_id, 0xFFFF, is_remote=False),
+        resource=RESOURCE,
+        attributes=attributes,
+        kind=SpanKind.INTERNAL,
+        status=Status(StatusCode.UNSET),
+        start_time=start,
+        end_time=end,
+        instrumentation_scope=SCOPE,
+    )
+
+
+def test_rare_batches_take_the_general_path():
+    """Collisions, model calls, unended spans, run roots, superseded spans and invalid events
+    leave the batch to the general path."""
+    good = _span(seq=1, span_id=1)
+    rare = [
+        [good, _span(seq=1, span_id=2, key="other")],  # one sequence twice
+        [good, _span(seq=2, span_id=2, key="seq:1")],  # one key (so one id) twice
+        [good, good],  # the same span twice
+        [_span(event_type="model_call")],
+        [_span(end=None)],
+        [_span(extra={SUPERSEDED: True})],
+        [_span(extra={attr.RUN_ROOT: True})],
+        [_span(extra={attr.RUN_ATTRIBUTES: '{"a": 1}'})],
+        [_span(event_id=str(uuid.uuid4()))],  # not the id of its run, agent and key
+        [_span(seq=-1)],
+        [_span(seq=True)],
+        [_span(seq=2**63)],
+        [_span(run="r\x00")],
+        [_span(key="k\x00")],
+        [_span(key="")],
+        [_span(key="\ud800")],
+        [_span(event_type="no_such_type")],
+        [_span(payload=12)],
+        [_span(parents=("not-a-uuid",))],
+        [_span(start=0)],
+        [_span(span_id=2**70)],
+    ]
+    assert prepare_spans([good], staging=False, known_start=lambda run: START) is not None
+    for spans in rare:
+        _check(spans, common=False)
+
+
+def _mostly(common: Any, *rare: Any) -> st.SearchStrategy[Any]:
+    """``common`` four times in five, else one of ``rare``."""
+    return st.sampled_from([common] * 4 * len(rare) + list(rare))
+
+
+_HOSTILE_TEXTS = ("é", "a\x00", "\ud800", "", " ", "x" * 600, "a\x1fb", 5)
+_hostile = st.fixed_dictionaries(
+    {
+        "run": _mostly("r", *_HOSTILE_TEXTS),
+        "agent": st.one_of(st.sampled_from(["a", "b", "é"]), _mostly("a", *_HOSTILE_TEXTS)),
+        # None: the span's position (no collision)
+        "seq": _mostly(None, 0, -1, True, 2**63, "1", 10**30),
+        "key": _mostly(None, *_HOSTILE_TEXTS, "k", "ké" * 600),
+        "event_type": _mostly("memory_write", "agent_start", "tool_invocation", "bogus", 3),
+        "payload": _mostly(
+            '{"v":1}',
+            None,
+            '{"v":"\\u0000"}',
+            '{"v":"\\ud800"}',
+            '{"v":',
+            "[1, 2]",
+            '"\ud800"',
+            '{"é": "\x00"}',
+            "not json",
+            12,
+        ),
+        "parents": st.one_of(
+            st.none(),
+            st.lists(
+                st.one_of(st.uuids().map(str), st.just("x"), st.just(str(uuid.UUID(int=1)))),
+                max_size=3,
+            ).map(tuple),
+        ),
+        # None: the span's position (no collision)
+        "span_id": _mostly(None, 1, 2**64 - 1),
+        "trace_id": _mostly(TRACE, 7),
+        "start": _mostly(NOW_NS, NOW_NS - 10**12, 0, NOW_NS + 10**18),
+    }
+)
+#: Values the one pass takes (what the capture API writes), some of them unusual.
+_common = st.fixed_dictionaries(
+    {
+        "agent": st.sampled_from(["a", "b", "é"]),
+        "seq": st.none(),
+        "key": st.sampled_from([None, "k", "ké", "tool:x:invocation"]),
+        "event_type": st.sampled_from(
+            ["memory_write", "memory_read", "agent_start", "tool_invocation", "agent_spawn"]
+        ),
+        "payload": st.sampled_from([None, '{"v":1}', '{"é":"\\u00e9"}', '{"v":', "[1]"]),
+        "parents": st.one_of(st.none(), st.lists(st.uuids().map(str), max_size=2).map(tuple)),
+        "span_id": st.none(),
+        "trace_id": _mostly(TRACE, 7),
+    }
+)
+_spans = st.lists(st.one_of(_common, _common, _common, _hostile), min_size=1, max_size=6)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_spans, st.booleans())
+def test_any_spans_give_the_general_paths_rows_or_the_general_path(
+    drawn: list[dict[str, Any]], staging: bool
+) -> None:
+    """For spans with any values (hostile ones included) the one pass gives exactly what the
+    general path gives, or leaves the batch to it."""
+    spans = []
+    for index, values in enumerate(drawn):
+        if values["seq"] is None:
+            values["seq"] = index
+        if values["span_id"] is None:
+            values["span_id"] = 100 + index
+        spans.append(_span(**values))
+    _check(spans, staging=staging)
+
+
+def test_interleaved_agents_are_sorted_as_the_general_path_sorts():
+    """Events of several agents handed over in turns give the rows in the general path's order."""
+    spans = [
+        _span(agent=agent, seq=seq, span_id=10 * seq + i, parents=parents)
+        for seq in range(1, 4)
+        for i, agent in enumerate(("b", "a", "c"))
+        for parents in ((event_id_for("r", agent, f"seq:{seq - 1}"),) if seq > 1 else (),)
+    ]
+    _check(spans, common=True)
+    _check(spans, staging=True, common=True)
