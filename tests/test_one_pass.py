@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+import psycopg
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -21,7 +22,12 @@ from otel_agentcap import attributes as attr
 from otel_agentcap.exporters.durable.records import decode_span, encode_span
 from otel_agentcap.exporters.postgres.exporter import _map
 from otel_agentcap.exporters.postgres.one_pass import prepare_spans
-from otel_agentcap.exporters.postgres.rows import copy_data, prepare, span_copy_data
+from otel_agentcap.exporters.postgres.rows import (
+    DEFAULT_MAX_PAYLOAD_CHARS,
+    copy_data,
+    prepare,
+    span_copy_data,
+)
 from otel_agentcap.model import event_id_for
 from otel_agentcap.pipeline.call_identity import SUPERSEDED
 from otel_agentcap.pipeline.span_attributes import attributes_of
@@ -45,16 +51,24 @@ def _comparable(prepared: Any) -> dict[str, Any]:
     return fields
 
 
-def _check(spans: Sequence[Any], *, staging: bool = False, common: bool | None = None) -> None:
+def _check(
+    spans: Sequence[Any],
+    *,
+    staging: bool = False,
+    common: bool | None = None,
+    max_chars: int = DEFAULT_MAX_PAYLOAD_CHARS,
+) -> None:
     """The one pass gives what the general path gives for ``spans``, or declines (None);
     ``common`` says which is expected."""
-    one = prepare_spans(spans, staging=staging, known_start=lambda run: START)
+    one = prepare_spans(
+        spans, staging=staging, known_start=lambda run: START, max_payload_chars=max_chars
+    )
     if common is not None:
         assert (one is not None) is common
     if one is None:
         return
     batch = _map(spans, raw_payloads=True)
-    general = prepare(batch)
+    general = prepare(batch, max_chars)
     assert _comparable(one.prepared) == _comparable(general)
     assert one.events == len(batch.events) + len(batch.superseded)
     assert not batch.rejected and not batch.unreadable
@@ -179,6 +193,17 @@ def _span(
     )
 
 
+def test_payloads_over_the_limit_are_stored_as_the_general_path_stores_them():
+    """Payloads longer than the limit become the same truncation marker on both paths."""
+    spans = [
+        _span(seq=1, span_id=1, payload='{"v":"' + "x" * 100 + '"}'),
+        _span(seq=2, span_id=2, payload='{"v":1}'),
+    ]
+    _check(spans, common=True, max_chars=40)
+    one = prepare_spans(spans, staging=False, known_start=lambda run: START, max_payload_chars=40)
+    assert one is not None and one.data is not None and b"$agentcap.truncated" in one.data
+
+
 def test_rare_batches_take_the_general_path():
     """Collisions, model calls, unended spans, run roots, superseded spans and invalid events
     leave the batch to the general path."""
@@ -295,3 +320,124 @@ def test_interleaved_agents_are_sorted_as_the_general_path_sorts():
     ]
     _check(spans, common=True)
     _check(spans, staging=True, common=True)
+
+
+_VOLATILE = ("recorded_at", "detected_at", "created_at", "updated_at")
+_TABLES = ("runs", "agents", "events", "spans", "conflicts", "record_conflicts")
+
+
+def _dump(dsn: str) -> dict[str, list[str]]:
+    """Every row of the log's tables as JSON text, sorted, without the times of storage."""
+    drop = " - ".join(f"'{column}'" for column in _VOLATILE)
+    with psycopg.connect(dsn) as conn:
+        return {
+            table: sorted(
+                row[0]
+                for row in conn.execute(
+                    f"SELECT (to_jsonb(t) - {drop})::text FROM agentcap.{table} t"
+                )
+            )
+            for table in _TABLES
+        }
+
+
+def _hostile_spans(run_id: str) -> list[ReadableSpan]:
+    """Hand-built spans of ``run_id``: valid ones, and ones whose values a capture never sets."""
+    base = NOW_NS - 10**9
+    spans = [
+        _span(run=run_id, seq=seq, span_id=500 + seq, start=base + seq, payload=payload)
+        for seq, payload in enumerate(
+            ['{"v":1}', '{"v":"\\u0000"}', '{"v":', '"\ud800"', '{"é":"\x00"}', None, "[1]"]
+        )
+    ]
+    spans += [
+        _span(run=run_id, seq=100, span_id=600, key="\ud800"),
+        _span(run=run_id, seq=101, span_id=601, key=""),
+        _span(run=run_id, seq=-1, span_id=602),
+        _span(run=run_id, seq=102, span_id=603, event_type="bogus"),
+        _span(run=run_id, seq=103, span_id=604, event_id=str(uuid.uuid4())),
+        _span(run=run_id, seq=104, span_id=605, parents=("not-a-uuid",)),
+        _span(run=run_id, agent="a\x00", seq=105, span_id=606),
+        _span(run=run_id, seq=106, span_id=607, payload="x" * 300_000),
+        _span(run=run_id, seq=107, span_id=608, event_type="model_call", payload=None),
+    ]
+    return spans
+
+
+@pytest.mark.storage
+def test_stored_rows_are_the_same_with_and_without_the_one_pass(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run with every event type, re-sent and conflicting events and hostile values, stored by
+    the exporter in batches on both paths (direct and staged), leaves the same rows in every
+    table with the one pass as without it."""
+    from otel_agentcap.exporters.postgres import PostgresSpanExporter
+    from otel_agentcap.exporters.postgres import exporter as exporter_module
+
+    run_id = f"one-pass-{uuid.uuid4().hex[:8]}"
+    spans = _captured(run_id)
+    stamped = [s for s in spans if attr.EVENT_ID in attributes_of(s)]
+    # The same spans with other payloads: conflicts with the stored events.
+    changed = [
+        _span(
+            run=str(attributes_of(s)[attr.RUN_ID]),
+            agent=str(attributes_of(s)[attr.AGENT_ID]),
+            seq=attributes_of(s)[attr.EVENT_SEQ],
+            key=attributes_of(s).get(attr.EVENT_IDEMPOTENCY_KEY),
+            event_type=str(attributes_of(s)[attr.EVENT_TYPE]),
+            payload='{"changed": true}',
+            span_id=s.context.span_id,  # type: ignore[union-attr]
+            trace_id=s.context.trace_id,  # type: ignore[union-attr]
+        )
+        for s in stamped[:3]
+    ]
+    hostile = _hostile_spans(run_id)
+    other = _captured(f"{run_id}-b")
+    batches = [
+        spans,
+        # A run's spans before its root span (whose start the exporter does not know yet).
+        [s for s in other if attr.EVENT_ID in attributes_of(s)],
+        other,
+        stamped,
+        stamped[2:] + changed,
+        [hostile[i] for i in (0, 1, 3, 5, 6)],
+        # Payload text that is not JSON among common spans: taken by the one pass, refused by
+        # the server, stored after the general path's second mapping (payloads parsed).
+        [hostile[i] for i in (2, 4)],
+        hostile,
+        stamped[::-1],
+    ]
+    dumps = []
+    taken: list[object] = []
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        one = prepare_spans(*args, **kwargs)
+        if one is not None:
+            taken.append(one)
+        return one
+
+    for one_pass_on in (True, False):
+        monkeypatch.setattr(
+            exporter_module, "prepare_spans", counted if one_pass_on else lambda *a, **k: None
+        )
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            conn.execute(
+                "TRUNCATE agentcap.events, agentcap.agents, agentcap.runs, agentcap.conflicts,"
+                " agentcap.spans, agentcap.record_conflicts RESTART IDENTITY"
+            )
+        exporter = PostgresSpanExporter(pg_dsn)
+        try:
+            for direct in (True, False):
+                for batch in batches:
+                    parts = exporter.prepare_parts(batch, direct=direct)
+                    outcomes = [f.result() for f in exporter.submit(parts, direct=direct)]
+                    exporter.settle(parts, outcomes)
+            stats = exporter.stats()
+        finally:
+            exporter.shutdown()
+        dumps.append((_dump(pg_dsn), stats))
+    (with_one_pass, stats_with), (without, stats_without) = dumps
+    assert with_one_pass["events"] and with_one_pass["conflicts"] and with_one_pass["spans"]
+    assert len(taken) >= 6  # the common batches, on both paths
+    assert with_one_pass == without
+    assert stats_with == stats_without
