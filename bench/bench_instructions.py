@@ -6,8 +6,9 @@ instructions a call executes does not. This script runs each workload of ``bench
 ``callgrind_control``) only around the measured calls, and prints instructions per call and the
 same ratios the timing benchmarks print. With ``--delivery`` it counts instead the CPU work the
 durable queue's delivery thread does per event before the writers send it (``prepare_parts``:
-split by writer, map, prepare, COPY data) on ``bench_pg_ingest``'s captured memory writes, in
-chunks of 2,000 spans after one chunk of warm-up. Optionally (``--cache``) it also simulates the caches
+split by writer, then ``map_part`` for each share: the one pass, or map, prepare and COPY data)
+on ``bench_pg_ingest``'s captured memory writes, the run's start known, in chunks of 2,000 spans
+after one chunk of warm-up. Optionally (``--cache``) it also simulates the caches
 and branch predictor and prints instruction-cache misses and branch mispredictions per call,
 which is where a ratio in CPU time can differ from the ratio in instructions.
 
