@@ -812,3 +812,41 @@ def test_a_never_awaited_coroutine_of_a_sync_wrapper_releases_its_call() -> None
     (interrupted,) = captured.of_type("agent_error")
     assert interrupted.payload["error_type"].endswith("CancelledError")
     assert [e.payload["result"] for e in captured.of_type("tool_result")] == [1]
+
+
+def test_a_claim_that_finds_its_id_evicted_does_not_overwrite_another_threads_new_claim():
+    """Two claims of one invocation id, one adding it without the lock while the other (which
+    found the id present, then evicted before it took the lock) works under the lock: one owner,
+    the other waits for it (the interleaving forced through the table's dict)."""
+    from otel_agentcap.capture.tools import InvocationRegistry
+
+    registry = InvocationRegistry()
+    key = ("run", "agent", "x")
+    first, _ = registry.claim(key, "t", "{}")
+    registry.complete(key, first)
+    table = first.table
+    assert table is not None
+    claims: list[tuple[object, bool]] = []
+
+    class Interleaved(dict):  # type: ignore[type-arg]
+        """setdefault: the id is evicted right after it is found; the next get: another thread
+        claims the id (without the lock, as claim does for a new id)."""
+
+        def setdefault(self, k: Any, default: Any = None) -> Any:
+            found = super().setdefault(k, default)
+            if found is not default and claims == []:
+                del self[k]  # what _evict does, under the lock, between these two steps
+                claims.append(("evicted", False))
+            return found
+
+        def get(self, k: Any, default: Any = None) -> Any:
+            found = super().get(k, default)
+            if claims == [("evicted", False)]:
+                claims.append(registry.claim(key, "t", "{}"))
+            return found
+
+    table.by_id = Interleaved(table.by_id)
+    own = registry.claim(key, "t", "{}")
+    other = claims[1]
+    assert [own[1], other[1]].count(True) == 1
+    assert own[0] is other[0]

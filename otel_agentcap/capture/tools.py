@@ -254,6 +254,11 @@ class InvocationRegistry:
         elif calls:
             # Another tool or input under a known id: a call of its own.
             entry.ordinal = max(other.ordinal for other in calls) + 1
+        if not calls and table.by_id.setdefault(key[2], entry) is not entry:
+            # The id was evicted after claim found it, then another caller added it anew without
+            # the lock: a plain store would drop that caller's entry (two owners of one call).
+            # It is present now and leaves only under this lock, so the next look finds it.
+            return self._claim_known(table, key, tool, arguments, exactly_once)
         calls.append(entry)
         table.keep(key[2], calls)
         return entry, True
