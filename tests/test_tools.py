@@ -850,3 +850,20 @@ def test_a_claim_that_finds_its_id_evicted_does_not_overwrite_another_threads_ne
     other = claims[1]
     assert [own[1], other[1]].count(True) == 1
     assert own[0] is other[0]
+
+
+def test_a_keyword_named_like_a_positional_only_parameter_is_bound_to_kwargs():
+    """f(a=2) of ``def f(a=0, /, **kw)`` is not recorded as a=2, the argument of f(2): under
+    one invocation id the two are different calls, and the second runs. (How it is recorded is
+    the full bind's: kw={'a': 2}, or args and kwargs where inspect refuses such a call.)"""
+
+    @oa.tool
+    def f(a: int = 0, /, **kw: int) -> list[Any]:
+        return [a, kw]
+
+    with capture_events() as captured, oa.run(_run_id()), oa.agent("alpha"):
+        assert f.invoke("same", a=2) == [0, {"a": 2}]
+        assert f.invoke("same", 2) == [2, {}]
+    arguments = [e.payload["arguments"] for e in captured.of_type("tool_invocation")]
+    assert arguments[0] in ({"kw": {"a": 2}}, {"args": [], "kwargs": {"a": 2}})
+    assert arguments[1] == {"a": 2}

@@ -676,12 +676,17 @@ class Tool(Generic[P, R]):
         # Names of leading plain positional parameters: binding a call that passes only those
         # (the common case) is a zip, not a full Signature.bind.
         simple: list[str] = []
+        by_keyword: list[str] = []
         for param in self.signature.parameters.values():
             if param.kind not in (param.POSITIONAL_ONLY, param.POSITIONAL_OR_KEYWORD):
                 break
             simple.append(param.name)
+            if param.kind is param.POSITIONAL_OR_KEYWORD:
+                by_keyword.append(param.name)
         self._positional_names = tuple(simple)
-        self._positional_set = frozenset(simple)
+        #: Those of them a keyword argument can give: a keyword named like a positional-only
+        #: parameter goes to ``**kwargs`` (or is an error), which only a full bind tells.
+        self._positional_set = frozenset(by_keyword)
         self._span_name = f"execute_tool {self.name}"
         self._span_attributes: dict[str, AttributeValue] = {
             attr.GEN_AI_OPERATION_NAME: attr.OP_EXECUTE_TOOL,
