@@ -867,3 +867,18 @@ def test_a_keyword_named_like_a_positional_only_parameter_is_bound_to_kwargs():
     arguments = [e.payload["arguments"] for e in captured.of_type("tool_invocation")]
     assert arguments[0] in ({"kw": {"a": 2}}, {"args": [], "kwargs": {"a": 2}})
     assert arguments[1] == {"a": 2}
+
+
+def test_a_claim_of_an_expired_call_still_in_the_table_runs_it_again():
+    """A finished call older than the most recent max_completed, not yet evicted, is claimed
+    anew: the caller owns a new entry, and the next claim of the same call waits for that one."""
+    from otel_agentcap.capture.tools import InvocationRegistry
+
+    registry = InvocationRegistry()
+    key = ("run", "agent", "x")
+    first, _ = registry.claim(key, "t", "{}")
+    registry.complete(key, first)
+    registry.max_completed = 0
+    again, owned = registry.claim(key, "t", "{}")
+    assert owned and again is not first
+    assert registry.claim(key, "t", "{}") == (again, False)

@@ -226,6 +226,7 @@ class InvocationRegistry:
     ) -> tuple[_Invocation, bool]:
         """:meth:`claim` of an id this agent used before (its table's lock held)."""
         calls = table.calls(key[2])
+        absent = not calls  # evicted since claim found it
         match: _Invocation | None = None
         for entry in calls:
             if entry.tool == tool and (
@@ -254,7 +255,7 @@ class InvocationRegistry:
         elif calls:
             # Another tool or input under a known id: a call of its own.
             entry.ordinal = max(other.ordinal for other in calls) + 1
-        if not calls and table.by_id.setdefault(key[2], entry) is not entry:
+        if absent and table.by_id.setdefault(key[2], entry) is not entry:
             # The id was evicted after claim found it, then another caller added it anew without
             # the lock: a plain store would drop that caller's entry (two owners of one call).
             # It is present now and leaves only under this lock, so the next look finds it.
