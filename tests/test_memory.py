@@ -619,3 +619,21 @@ def test_a_second_live_memory_of_one_name_is_warned_about_once(caplog):
         "first is a Memory)"
     )
     assert alone.name == name and kept is not recorder
+
+
+def test_missing_stays_itself_when_copied_or_pickled():
+    """MISSING copied (a tool's recorded result is replayed as a private copy) or pickled is
+    MISSING itself, so ``is MISSING`` holds for a replayed result."""
+    import copy
+    import pickle
+
+    @oa.tool
+    def find(key: str) -> object:
+        return oa.MISSING
+
+    assert copy.deepcopy(oa.MISSING) is oa.MISSING
+    assert copy.copy(oa.MISSING) is oa.MISSING
+    assert pickle.loads(pickle.dumps(oa.MISSING)) is oa.MISSING
+    with oa.run(f"missing-{uuid.uuid4().hex[:8]}"), oa.agent("a"):
+        assert find.invoke("once", "k") is oa.MISSING
+        assert find.invoke("once", "k") is oa.MISSING  # replayed

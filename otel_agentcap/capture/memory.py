@@ -58,6 +58,11 @@ class _Missing:
     def __repr__(self) -> str:
         return "MISSING"
 
+    def __reduce__(self) -> str:
+        # The module's MISSING itself: copied (a replayed tool result is a private copy) or
+        # pickled, the sentinel must stay the one ``is MISSING`` tests for.
+        return "MISSING"
+
 
 MISSING: Final = _Missing()
 
