@@ -582,3 +582,37 @@ def test_an_empty_schema_of_another_role_says_what_is_wrong_and_what_to_do(pg_em
             for role in (owner, login):
                 admin.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
                 admin.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+
+
+def test_the_advice_for_a_schema_of_another_role_quotes_a_role_named_like_a_keyword(
+    pg_empty_dsn,
+):
+    """The SQL the error about another role's empty agentcap schema suggests names a migrating
+    role called "analyse" (a reserved word) quoted, as PostgreSQL's quote_ident spells it: the
+    unquoted name is a syntax error there."""
+    from psycopg import sql
+    from psycopg.conninfo import make_conninfo
+
+    owner, login, password = f"ac_other_{uuid.uuid4().hex[:10]}", "analyse", uuid.uuid4().hex
+    with psycopg.connect(pg_empty_dsn, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE ROLE {}").format(sql.Identifier(owner)))
+        admin.execute(
+            sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(
+                sql.Identifier(login), sql.Literal(password)
+            )
+        )
+        admin.execute(
+            sql.SQL("CREATE SCHEMA agentcap AUTHORIZATION {}").format(sql.Identifier(owner))
+        )
+    try:
+        with pytest.raises(MigrationError) as info:
+            migrate(make_conninfo(pg_empty_dsn, user=login, password=password))
+        message = str(info.value)
+        assert 'ALTER SCHEMA agentcap OWNER TO "analyse"' in message
+        assert 'GRANT USAGE, CREATE ON SCHEMA agentcap TO "analyse"' in message
+    finally:
+        with psycopg.connect(pg_empty_dsn, autocommit=True) as admin:
+            admin.execute("DROP SCHEMA agentcap CASCADE")
+            for role in (owner, login):
+                admin.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+                admin.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))

@@ -27,7 +27,6 @@ from .errors import ConnectionFailed, MigrationError
 MIGRATION_LOCK_KEY: Final = 0x61676361705F6D67
 
 _FILE_RE: Final = re.compile(r"^(\d{4})_([A-Za-z0-9_]+)\.sql$")
-_PLAIN_NAME_RE: Final = re.compile(r"^[a-z_][a-z0-9_$]*$")
 
 _BOOTSTRAP: Final = sql.SQL(
     """
@@ -111,10 +110,12 @@ def _apply(conn: psycopg.Connection[Any]) -> list[int]:
     except psycopg.errors.InsufficientPrivilege as exc:
         # The catalogs are readable without any privilege on the schema.
         row = conn.execute(_SCHEMA_STATE).fetchone()
-        user, owner, objects, migrated = row if row else ("?", None, 0, True)
+        user, spelled, owner, objects, migrated = row if row else ("?", "?", None, 0, True)
         reason = str(exc).strip().splitlines()[0]
         if owner is not None and not migrated:
-            raise MigrationError(_foreign_schema_advice(user, owner, objects, reason)) from exc
+            raise MigrationError(
+                _foreign_schema_advice(user, spelled, owner, objects, reason)
+            ) from exc
         if pending is None:
             raise MigrationError(
                 f"role {user!r} may not read the agentcap schema ({reason}): give it the "
@@ -128,10 +129,11 @@ def _apply(conn: psycopg.Connection[Any]) -> list[int]:
     return applied
 
 
-#: Who we are, and the agentcap schema's owner, how many objects it holds and whether it holds
+#: Who we are (the name, and as SQL spells it: quoted where it must be, a reserved word too),
+#: and the agentcap schema's owner, how many objects it holds and whether it holds
 #: agentcap's tables (its ``schema_version``); the owner is NULL when there is no such schema.
 _SCHEMA_STATE: Final = """
-SELECT current_user, n.nspowner::regrole::text,
+SELECT current_user, quote_ident(current_user), n.nspowner::regrole::text,
        (SELECT count(*) FROM pg_class c WHERE c.relnamespace = n.oid),
        EXISTS (SELECT 1 FROM pg_class c
                WHERE c.relnamespace = n.oid AND c.relname = 'schema_version')
@@ -139,18 +141,17 @@ FROM (SELECT 1) one LEFT JOIN pg_namespace n ON n.nspname = 'agentcap'
 """
 
 
-def _foreign_schema_advice(user: str, owner: str, objects: int, reason: str) -> str:
+def _foreign_schema_advice(user: str, spelled: str, owner: str, objects: int, reason: str) -> str:
     """What to do about an ``agentcap`` schema without agentcap's tables that ``user`` may not
-    create them in: it belongs to ``owner`` (another role), created by hand, say."""
+    create them in: it belongs to ``owner`` (another role), created by hand, say. ``spelled``:
+    ``user`` as SQL spells it."""
     held = "is empty" if not objects else f"holds {objects} object(s) but no agentcap tables"
-    # As SQL spells the role (quoted unless it is a plain lower-case name).
-    role = user if _PLAIN_NAME_RE.match(user) else '"' + user.replace('"', '""') + '"'
     return (
         f"the agentcap schema {held} and belongs to role {owner!r}, and role {user!r} may not "
         f"create the log's tables in it ({reason}). Either run `otel-agentcap db migrate` as "
         f"{owner!r} (or a member of it); or have {owner!r} or a superuser run "
-        f"`ALTER SCHEMA agentcap OWNER TO {role}` or `GRANT USAGE, CREATE ON SCHEMA agentcap "
-        f"TO {role}`; or, if that schema is not meant for the event log, use another database "
+        f"`ALTER SCHEMA agentcap OWNER TO {spelled}` or `GRANT USAGE, CREATE ON SCHEMA agentcap "
+        f"TO {spelled}`; or, if that schema is not meant for the event log, use another database "
         "(the log lives in the schema named agentcap)"
     )
 
