@@ -218,7 +218,9 @@ class RunRecord(NamedTuple):
     attributes (the run's root span and the spans of its agent executions do, when it has
     some); the log keeps the first
     declaration (first writer wins). ``started_at`` is the earliest event time the record knows;
-    the log keeps the start of the first record it stores for the run."""
+    the log keeps the start of the first record it stores for the run. ``start_recorded``: the
+    start is the one a log recorded for the run (an imported run record), which the first write
+    of the run keeps as it is, also when its batch holds an earlier event or span."""
 
     run_id: str
     started_at: datetime | None
@@ -226,6 +228,7 @@ class RunRecord(NamedTuple):
     #: The run's root span (``ac.run``), hex, when this record comes from it.
     trace_id: str | None = None
     root_span_id: str | None = None
+    start_recorded: bool = False
 
 
 class SpanRecord(NamedTuple):

@@ -29,6 +29,7 @@ from otel_agentcap.exporters.postgres.writer import EventWriter
 from otel_agentcap.model import EVENT_TYPES, Batch, Event, RunRecord, SpanRecord, event_id_for
 from otel_agentcap.testing import capture_events
 from otel_agentcap.transfer import agentcap_pb, load
+from otel_agentcap.transfer.formats import export_run
 from otel_agentcap.transfer.snapshot import ConflictRow
 
 pytestmark = pytest.mark.storage
@@ -275,6 +276,39 @@ def test_round_trip_of_a_run_with_every_event_type(pg_dsn, pg_empty_dsn, tmp_pat
         assert {k: v for k, v in copied.items() if k != "conflicts"} == {
             k: v for k, v in original.items() if k != "conflicts"
         }
+
+
+def test_round_trip_keeps_the_start_of_a_run_stored_before_its_root_span(
+    pg_dsn, pg_empty_dsn, tmp_path
+):
+    """A run whose first stored batch lacked its root span (as a collector delivers spans, in the
+    order they end) started later in the log than that span: agentcap-pb carries the log's start,
+    so the round trip gives the same bytes and the same rows."""
+    run_id = "root-span-last"
+    with capture_events() as captured, ac.run(run_id), ac.agent("a"):
+        ac.Memory("m")["k"] = 1
+    spans = list(captured.spans)
+    assert spans[-1].name == f"invoke_workflow {run_id}"
+    exporter = PostgresSpanExporter(pg_dsn)
+    try:
+        assert exporter.export(spans[:-1]).name == "SUCCESS"
+        assert exporter.export(spans[-1:]).name == "SUCCESS"
+    finally:
+        exporter.shutdown()
+    original = _rows(pg_dsn, run_id)
+    (root,) = [s for s in original["spans"] if s[1] == original["runs"][0][3]]
+    assert original["runs"][0][0] > root[5]  # the log's start is after the root span's
+    with psycopg.connect(pg_dsn) as conn:
+        first = export_run(conn, run_id, "agentcap-pb")
+    migrate(pg_empty_dsn)
+    database = Database(pg_empty_dsn)
+    try:
+        load.import_file(database, first)
+    finally:
+        database.close()
+    with psycopg.connect(pg_empty_dsn) as conn:
+        assert export_run(conn, run_id, "agentcap-pb") == first
+    assert _rows(pg_empty_dsn, run_id) == original
 
 
 def _check_jaeger_shape(document: dict[str, Any]) -> dict[str, Any]:

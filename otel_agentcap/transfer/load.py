@@ -275,6 +275,7 @@ def snapshot_batches(snapshot: RunSnapshot) -> list[Batch]:
                 attributes,
                 run.trace_id,
                 run.root_span_id,
+                start_recorded=run.started_at_us is not None,
             ),
         ),
         spans=tuple(

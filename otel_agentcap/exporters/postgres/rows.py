@@ -641,11 +641,14 @@ def merge_runs(
     declared: dict[str, Jsonb] = {}
     offers: dict[tuple[str, bytes], Jsonb] = {}
     roots: dict[str, tuple[str, str]] = {}
+    recorded: dict[str, datetime] = {}
     for run in runs:
         run_id = clean_text(run.run_id)
         if run.trace_id and run.root_span_id and run_id not in roots:
             roots[run_id] = (clean_text(run.trace_id), clean_text(run.root_span_id))
         start = _utc(run.started_at) if run.started_at is not None else None
+        if run.start_recorded and start is not None:
+            recorded.setdefault(run_id, start)
         previous = started.get(run_id)
         started[run_id] = (
             start if previous is None or (start is not None and start < previous) else previous
@@ -671,6 +674,9 @@ def merge_runs(
     # so every row of the log belongs to a runs row and leaves with it.
     for record in agents:
         started.setdefault(clean_text(record.run_id), None)
+    # A start a log recorded (an imported run record) is the run's, whatever else the batch holds:
+    # a run whose first stored batch lacked its root span started later than that span.
+    started.update(recorded)
     return (
         [
             (run_id, started[run_id], declared.get(run_id), *roots.get(run_id, _NO_ROOT))
