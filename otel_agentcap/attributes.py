@@ -43,6 +43,10 @@ RUN_ATTRIBUTES: Final = "agentcap.run.attributes"
 AGENT_ID: Final = "agentcap.agent.id"
 #: On a run's root span (``invoke_workflow {run id}``): true. Its ``agentcap.run.id`` is the run's.
 RUN_ROOT: Final = "agentcap.run.root"
+#: On a run's root span in an ``otlp-json`` or ``jaeger-json`` export only (capture never sets it):
+#: the run's start as its log recorded it (``agentcap.runs.started_at``, Unix nanoseconds), when
+#: that is not the root span's start. An import starts the run there.
+RUN_STARTED_AT: Final = "agentcap.run.started_at_unix_nano"
 #: Attribute of each span link that names a causal parent: the parent event's id (also listed in
 #: the span's ``agentcap.event.causal_parent_ids``, as link attributes do not survive every
 #: translation, Jaeger's included).

@@ -430,3 +430,18 @@ def test_span_envelopes_keep_each_spans_kind_status_and_scope():
             assert envelope.status_code == status.status_code.value
             assert envelope.status_message == (status.description or None)
             assert envelope.scope_name == scope
+
+
+def test_a_root_span_with_a_recorded_start_gives_the_run_that_start():
+    """A root span that carries the start its log recorded (an export's
+    agentcap.run.started_at_unix_nano) gives its run that start, kept by the log as it is; a value
+    that is not Unix nanoseconds rejects the span."""
+    root = {attr.RUN_ID: "r", attr.RUN_ROOT: True}
+    recorded = {**root, attr.RUN_STARTED_AT: 2_000_000_000}
+    (run,) = batch_from_spans([_span(recorded)]).runs
+    assert run.started_at.timestamp() == 2.0 and run.start_recorded
+    (run,) = batch_from_spans([_span(root)]).runs
+    assert run.started_at.timestamp() == 1.0 and not run.start_recorded
+    for bad in ("2000000000", -1, True, 2.5):
+        batch = batch_from_spans([_span({**root, attr.RUN_STARTED_AT: bad})])
+        assert batch.runs == () and [i for i, _ in batch.rejected] == [0]

@@ -278,11 +278,10 @@ def test_round_trip_of_a_run_with_every_event_type(pg_dsn, pg_empty_dsn, tmp_pat
         }
 
 
-def test_round_trip_keeps_the_start_of_a_run_stored_before_its_root_span(
-    pg_dsn, pg_empty_dsn, tmp_path
-):
+@pytest.mark.parametrize("fmt", ["agentcap-pb", "otlp-json"])
+def test_round_trip_keeps_the_start_of_a_run_stored_before_its_root_span(pg_dsn, pg_empty_dsn, fmt):
     """A run whose first stored batch lacked its root span (as a collector delivers spans, in the
-    order they end) started later in the log than that span: agentcap-pb carries the log's start,
+    order they end) started later in the log than that span: both formats carry the log's start,
     so the round trip gives the same bytes and the same rows."""
     run_id = "root-span-last"
     with capture_events() as captured, ac.run(run_id), ac.agent("a"):
@@ -299,7 +298,7 @@ def test_round_trip_keeps_the_start_of_a_run_stored_before_its_root_span(
     (root,) = [s for s in original["spans"] if s[1] == original["runs"][0][3]]
     assert original["runs"][0][0] > root[5]  # the log's start is after the root span's
     with psycopg.connect(pg_dsn) as conn:
-        first = export_run(conn, run_id, "agentcap-pb")
+        first = export_run(conn, run_id, fmt)
     migrate(pg_empty_dsn)
     database = Database(pg_empty_dsn)
     try:
@@ -307,7 +306,7 @@ def test_round_trip_keeps_the_start_of_a_run_stored_before_its_root_span(
     finally:
         database.close()
     with psycopg.connect(pg_empty_dsn) as conn:
-        assert export_run(conn, run_id, "agentcap-pb") == first
+        assert export_run(conn, run_id, fmt) == first
     assert _rows(pg_empty_dsn, run_id) == original
 
 

@@ -554,11 +554,18 @@ def _root_span(
     envelopes: list[SpanRecord],
     declarations: dict[str, list[dict[str, Any]]],
     unparsed: dict[str, None],
+    recorded: dict[str, datetime],
 ) -> str | None:
     """Take a run's root span (``ac.run``: no event of its own): its envelope, the run's root
-    span ids and start, and the attributes it declares; or why it is rejected."""
+    span ids and start (the start an export recorded on it, if any), and the attributes it
+    declares; or why it is rejected."""
     try:
         run_id = _text(attributes.get(attr.RUN_ID), attr.RUN_ID)
+        recorded_start = attributes.get(attr.RUN_STARTED_AT)
+        if recorded_start is not None and (
+            type(recorded_start) is not int or not 0 <= recorded_start < 2**63
+        ):
+            raise SpanRejected(f"{attr.RUN_STARTED_AT} is not Unix nanoseconds")
         declared, wrapped = (
             _declared(attributes) if attr.RUN_ATTRIBUTES in attributes else (None, False)
         )
@@ -575,6 +582,8 @@ def _root_span(
     first = started.get(run_id)
     if first is None or envelope.start_time < first:
         started[run_id] = envelope.start_time
+    if type(recorded_start) is int:
+        recorded.setdefault(run_id, _time(recorded_start))
     if declared is not None:
         runs_declared = declarations.setdefault(run_id, [])
         if declared not in runs_declared:
@@ -601,6 +610,7 @@ def batch_from_spans(
     started: dict[str, datetime] = {}
     declarations: dict[str, list[dict[str, Any]]] = {}
     roots: dict[str, tuple[str, str]] = {}
+    recorded: dict[str, datetime] = {}
     envelopes: list[SpanRecord] = []
     rejected: list[tuple[int, str]] = []
     unparsed: dict[str, None] = {}
@@ -610,7 +620,15 @@ def batch_from_spans(
         if attr.EVENT_ID not in attributes:
             if attributes.get(attr.RUN_ROOT) is True:
                 reason = _root_span(
-                    span, attributes, check, started, roots, envelopes, declarations, unparsed
+                    span,
+                    attributes,
+                    check,
+                    started,
+                    roots,
+                    envelopes,
+                    declarations,
+                    unparsed,
+                    recorded,
                 )
                 if reason is not None:
                     rejected.append((index, reason))
@@ -677,12 +695,17 @@ def batch_from_spans(
     superseded, kept = calls.set_aside()
     runs: list[RunRecord] = []
     for run_id, at in started.items():
-        root = roots.get(run_id, (None, None))
+        trace_id, root_span_id = roots.get(run_id, (None, None))
         declared_list = declarations.get(run_id)
+        exact = run_id in recorded
+        at = recorded.get(run_id, at)
         if not declared_list:
-            runs.append(RunRecord(run_id, at, None, *root))
+            runs.append(RunRecord(run_id, at, None, trace_id, root_span_id, exact))
         else:
-            runs.extend(RunRecord(run_id, at, declared, *root) for declared in declared_list)
+            runs.extend(
+                RunRecord(run_id, at, declared, trace_id, root_span_id, exact)
+                for declared in declared_list
+            )
     return Batch(
         tuple(events),
         tuple(agents),

@@ -279,6 +279,10 @@ class _Builder:
             (attr.RUN_ID, self.run_id),
             (attr.RUN_ROOT, True),
         ]
+        started = self.snapshot.run.started_at_us
+        if started is not None and started != envelope.start_us:
+            # The log's start (its root span stored last): an import would take the span's.
+            out.append((attr.RUN_STARTED_AT, started * 1000))
         if self.run_attributes is not None:
             out.append((attr.RUN_ATTRIBUTES, self.run_attributes))
         return TraceSpan(envelope, tuple(out))
