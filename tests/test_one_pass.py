@@ -441,3 +441,9 @@ def test_stored_rows_are_the_same_with_and_without_the_one_pass(
     assert len(taken) >= 6  # the common batches, on both paths
     assert with_one_pass == without
     assert stats_with == stats_without
+
+
+def test_a_span_ended_at_zero_gets_the_general_paths_envelope():
+    """A span whose end time is 0 is stored with the envelope the general path gives it."""
+    _check([_span(end=0)])
+    _check([_span(seq=1, span_id=1), _span(seq=2, span_id=2, end=0)], staging=True)

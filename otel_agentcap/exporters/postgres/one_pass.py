@@ -302,7 +302,8 @@ def _prepare(
             raise _NotCommon  # a closing event recorded as a span event (earlier versions)
         end_time = span.end_time
         ctx = span.context
-        if end_time is None or ctx is None:
+        if not end_time or ctx is None:
+            # Not ended, or ended at 0 (the general path's envelope then ends at its start).
             raise _NotCommon
         run_id = get(attr.RUN_ID)
         agent_id = get(attr.AGENT_ID)
