@@ -447,3 +447,10 @@ def test_a_span_ended_at_zero_gets_the_general_paths_envelope():
     """A span whose end time is 0 is stored with the envelope the general path gives it."""
     _check([_span(end=0)])
     _check([_span(seq=1, span_id=1), _span(seq=2, span_id=2, end=0)], staging=True)
+
+
+def test_a_trace_id_longer_than_the_limit_is_rejected_as_the_general_path_rejects_it():
+    """A trace id whose text is over 128 characters leaves the batch to the general path,
+    which rejects its events."""
+    _check([_span(trace_id=2**600)], common=False)
+    _check([_span(seq=1, span_id=1), _span(seq=2, span_id=2, trace_id=2**600)], common=False)

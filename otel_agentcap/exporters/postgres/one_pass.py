@@ -47,6 +47,7 @@ from otel_agentcap.validation import (
     MAX_CAUSAL_PARENTS,
     MAX_FUTURE,
     MAX_KEY_BYTES,
+    MAX_TRACE_TEXT,
     MIN_WALL_TIME,
     Validator,
     uuid_text,
@@ -336,6 +337,8 @@ def _prepare(
         trace_id = traces.get(trace_int)
         if trace_id is None:
             trace_id = traces[trace_int] = trace_id_hex(trace_int)
+            if len(trace_id) > MAX_TRACE_TEXT:
+                raise _NotCommon  # the general path rejects its events
         span_id = f"{ctx.span_id:016x}"
         if len(span_id) != 16:
             raise _NotCommon
