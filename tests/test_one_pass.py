@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -20,7 +21,8 @@ from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode
 import otel_agentcap as oa
 from otel_agentcap import attributes as attr
 from otel_agentcap.exporters.durable.records import decode_span, encode_span
-from otel_agentcap.exporters.postgres.exporter import _map
+from otel_agentcap.exporters.postgres import one_pass as one_pass_module
+from otel_agentcap.exporters.postgres.exporter import PostgresSpanExporter, _map
 from otel_agentcap.exporters.postgres.one_pass import prepare_spans
 from otel_agentcap.exporters.postgres.rows import (
     DEFAULT_MAX_PAYLOAD_CHARS,
@@ -454,3 +456,32 @@ def test_a_trace_id_longer_than_the_limit_is_rejected_as_the_general_path_reject
     which rejects its events."""
     _check([_span(trace_id=2**600)], common=False)
     _check([_span(seq=1, span_id=1), _span(seq=2, span_id=2, trace_id=2**600)], common=False)
+
+
+def test_an_unexpected_failure_of_the_one_pass_is_counted_and_logged_once(monkeypatch, caplog):
+    """An exception of the one pass that the general path does not explain (a bug) leaves the
+    spans to the general path, is counted in stats().one_pass_failures and logged once; spans
+    the general path rejects are neither counted nor logged as such."""
+
+    def broken(span: Any) -> Any:
+        raise RuntimeError("a bug of the one pass")
+
+    monkeypatch.setattr(one_pass_module, "span_shape", broken)
+    exporter = PostgresSpanExporter(
+        "postgresql://postgres@127.0.0.1:1/none?connect_timeout=1", writers=1
+    )
+    try:
+        with caplog.at_level(logging.ERROR, logger="otel_agentcap.exporters.postgres.exporter"):
+            parts = [exporter.prepare_parts([_span(seq=seq, span_id=seq)]) for seq in (1, 2)]
+            cut = _span(seq=3, span_id=3, extra={attr.OUTCOME: '{"id": "x", "seq": "4"}'})
+            rejected = exporter.prepare_parts([cut])
+        stats = exporter.stats()
+    finally:
+        exporter.shutdown()
+    for (part,) in parts:
+        assert part.error is None and part.prepared is not None
+        assert len(part.prepared.events) == len(part.batch.events) == 1  # the general path
+    assert rejected[0].batch.rejected
+    assert stats.one_pass_failures == 2
+    logged = [r for r in caplog.records if "one pass failed" in r.getMessage()]
+    assert len(logged) == 1 and "a bug of the one pass" in logged[0].getMessage()

@@ -138,6 +138,10 @@ class ExportStats:
     records_rejected: int = 0
     #: Agent or run records that differ from the stored rows (kept in record_conflicts).
     record_conflicts: int = 0
+    #: Batch shares the one pass (``one_pass``) failed on with an unexpected exception although
+    #: the general path found nothing wrong in them: stored by the general path (a bug, logged
+    #: once).
+    one_pass_failures: int = 0
     #: The durable queue's figures (zero without it): spans waiting on disk (or in memory when
     #: the disk failed) and their bytes on disk; spans appended since start; spans found in
     #: queues that ended processes left, and taken over; spans kept in memory because the disk
@@ -209,6 +213,9 @@ class Part:
     #: How many events the spans hold, when they were prepared without a ``batch``
     #: (``one_pass``).
     mapped: int | None = None
+    #: What the one pass raised for spans the general path then mapped without finding
+    #: anything wrong in them (a bug of the one pass: counted and logged by the exporter).
+    one_pass_failure: Exception | None = None
 
     @property
     def events(self) -> int:
@@ -310,7 +317,10 @@ def map_part(part: Part, run_starts: RunStartCache) -> Part:
     spans = part.spans
     direct = part.direct
     try:
-        one = prepare_spans(spans, staging=not direct, known_start=run_starts.start)
+        failures: list[Exception] = []
+        one = prepare_spans(
+            spans, staging=not direct, known_start=run_starts.start, failures=failures
+        )
         if one is not None:
             part.prepared, part.mapped, part.data, part.span_data, part.starts = one
             return part
@@ -322,6 +332,11 @@ def map_part(part: Part, run_starts: RunStartCache) -> Part:
                 part.data = copy_data(part.prepared.events, staging=not direct, starts=part.starts)
             if part.prepared.spans:
                 part.span_data = span_copy_data(part.prepared.spans, starts=part.starts)
+        if failures and not (
+            part.batch.rejected or part.batch.unreadable or part.prepared.rejected
+        ):
+            # Nothing the general path reports explains the exception.
+            part.one_pass_failure = failures[0]
     except InvalidBatch as exc:
         part.error = exc
     except Exception as exc:  # a bug of ours must not stop delivery: treat as rejected
@@ -483,7 +498,22 @@ class PostgresSpanExporter(SpanExporter):
         records: list[object] | None,
         direct: bool = False,
     ) -> Part:
-        return map_part(Part(index, spans, records, direct=direct), self._writers.run_starts)
+        part = map_part(Part(index, spans, records, direct=direct), self._writers.run_starts)
+        failure = part.one_pass_failure
+        if failure is not None:
+            with self._stats_lock:
+                first = self._stats.one_pass_failures == 0
+                self._stats.one_pass_failures += 1
+            if first:
+                _logger.error(
+                    "agentcap: the one pass failed on %d spans that the general path maps "
+                    "(they are stored, more slowly; stats().one_pass_failures counts such "
+                    "batches, this is logged once): %r",
+                    len(spans),
+                    failure,
+                    exc_info=failure,
+                )
+        return part
 
     def submit(
         self,

@@ -114,14 +114,21 @@ def prepare_spans(
     staging: bool,
     known_start: Callable[[str], datetime | None],
     max_payload_chars: int = DEFAULT_MAX_PAYLOAD_CHARS,
+    failures: list[Exception] | None = None,
 ) -> OnePass | None:
     """``rows.prepare(exporter._map(spans, raw_payloads=True))`` and its COPY data
     (``rows.copy_data`` with ``staging``, ``rows.span_copy_data``), built in one pass; None when
     a span is not of the common kind (see the module doc). ``known_start`` gives the stored
-    start of a run, or None when it is not known (then no COPY data is built)."""
+    start of a run, or None when it is not known (then no COPY data is built). An exception
+    other than the one pass's own refusal (a value the general path reports span by span, or a
+    bug of the one pass) also gives None, and is appended to ``failures`` when given."""
     try:
         return _prepare(spans, staging, known_start, max_payload_chars)
-    except Exception:  # _NotCommon, or a value the general path reports span by span
+    except _NotCommon:
+        return None
+    except Exception as exc:
+        if failures is not None:
+            failures.append(exc)
         return None
 
 
