@@ -10,7 +10,13 @@ from datetime import UTC, datetime, timedelta, timezone
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from otel_agentcap.exporters.postgres.rows import copy_data, prepare, span_copy_data
+from otel_agentcap import jsonsafe
+from otel_agentcap.exporters.postgres.rows import (
+    copy_data,
+    payload_dumps,
+    prepare,
+    span_copy_data,
+)
 from otel_agentcap.model import EVENT_TYPES, Batch, Event, SpanRecord, event_id_for
 
 NOW = datetime.now(UTC).replace(microsecond=0)
@@ -219,3 +225,13 @@ def test_span_copy_data_sends_each_span_field_by_field(spans):
             None,
             _micros(start),
         ]
+
+
+def test_raw_payload_text_over_the_limit_that_is_not_json_is_stored_as_its_marker():
+    """Payload text kept unparsed (``RawJson``) that is over the limit and not JSON (cut, say)
+    is encoded as the general path encodes it parsed (its ``$agentcap.unparsed`` marker, cut
+    to the limit) instead of raising; JSON text over the limit keeps its own marker."""
+    dumps = payload_dumps(40)
+    for text in ('{"v":"' + "x" * 100, '{"v":"' + "x" * 100 + '"}'):
+        assert dumps(jsonsafe.RawJson(text)) == dumps(jsonsafe.loads(text))
+        assert b"$agentcap.truncated" in dumps(jsonsafe.RawJson(text))

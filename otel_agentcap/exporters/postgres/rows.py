@@ -384,7 +384,9 @@ def payload_dumps(max_chars: int) -> Callable[[Any], bytes]:
         if isinstance(obj, jsonsafe.RawJson):
             if len(obj) <= max_chars:
                 return obj.encode("utf-8")
-            obj = json.loads(obj)
+            # Parsed as a re-map with parsed payloads parses it (text that is not JSON, cut by
+            # a length limit say, becomes its marker).
+            obj = jsonsafe.loads(obj)
         try:
             text = json.dumps(obj, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
             if "\\u0000" not in text and len(text) <= max_chars:
