@@ -273,8 +273,9 @@ _hostile = st.fixed_dictionaries(
         ),
         # None: the span's position (no collision)
         "span_id": _mostly(None, 1, 2**64 - 1),
-        "trace_id": _mostly(TRACE, 7),
+        "trace_id": _mostly(TRACE, 7, 2**600),
         "start": _mostly(NOW_NS, NOW_NS - 10**12, 0, NOW_NS + 10**18),
+        "end": _mostly(NOW_NS + 1000, 0, NOW_NS - 10**12),
     }
 )
 #: Values the one pass takes (what the capture API writes), some of them unusual.
