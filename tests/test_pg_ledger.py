@@ -74,7 +74,11 @@ _WORKER = textwrap.dedent(
     pool = [ac.start_thread(work) for _ in range(threads)]
     for t in pool:
         t.join()
-    agentcap.shutdown()
+    # Everything delivered before the test reads the log: a slow machine may need longer than
+    # the default shutdown timeout, and what a shutdown leaves queued would read as lost.
+    report = agentcap.shutdown(timeout=150)
+    if report is not None and (report.spans_left or report.adopted_left or report.spans_lost):
+        sys.exit(f"shutdown left spans undelivered: {report}")
     print(json.dumps(results))
     """
 )

@@ -118,7 +118,11 @@ _WRITER = textwrap.dedent(
     pool = [ac.start_thread(work, t) for t in range(threads)]
     for t in pool:
         t.join()
-    agentcap.shutdown()
+    # Everything delivered before the test reads the log: a slow machine may need longer than
+    # the default shutdown timeout, and what a shutdown leaves queued would read as lost.
+    report = agentcap.shutdown(timeout=150)
+    if report is not None and (report.spans_left or report.adopted_left or report.spans_lost):
+        sys.exit(f"shutdown left spans undelivered: {report}")
     if failures:  # a thread's exception would otherwise only be printed, and the exit status 0
         sys.exit("\\n".join(failures))
     """
