@@ -4,6 +4,7 @@ processes of the host, and registered in PostgreSQL by the first lookup once it 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 
 import psycopg
 import pytest
@@ -27,14 +28,14 @@ class _Down:
         raise ConnectionError("PostgreSQL is down")
 
 
-def _claim(run_id: str, seq: int) -> SpawnClaim:
+def _claim(run_id: str, seq: int, event: str = "") -> SpawnClaim:
     return SpawnClaim(
         run_id,
         "parent/w",
         "parent",
         "worker",
         "w",
-        str(uuid.uuid5(uuid.NAMESPACE_URL, run_id)),
+        str(uuid.uuid5(uuid.NAMESPACE_URL, run_id + event)),
         seq,
         "0" * 31 + "1",
         f"{seq:016x}",
@@ -103,6 +104,70 @@ def test_a_process_that_reaches_postgres_takes_the_spawn_another_registered_offl
             "SELECT spawn_seq FROM agentcap.spawns WHERE run_id = %s", (run_id,)
         ).fetchall()
     assert rows == [(7,)]
+
+
+class _RegistersAfter:
+    """A spawn registry that lets another process of the host register first."""
+
+    def __init__(self, remote: PostgresSpawnRegistry, first: Callable[[], object]) -> None:
+        self._remote = remote
+        self._first = first
+
+    def find(self, run_id: str, child_agent_id: str) -> SpawnRecord | None:
+        return self._remote.find(run_id, child_agent_id)
+
+    def register(self, claim: SpawnClaim) -> SpawnRecord:
+        self._first()
+        return self._remote.register(claim)
+
+
+def test_a_spawn_another_process_registered_for_its_owner_is_still_the_owners(pg_dsn, tmp_path):
+    """Process A holds the child in the host's file; process B, spawning it too, finds A's spawn
+    there and registers it in PostgreSQL before A does. A's registration then finds its own spawn
+    registered: it won (its span carries the event), and B did not. Before the fix A was told it
+    lost, so neither recorded the agent_spawn event the log's spawn row names."""
+    run_id = f"host-spawns-{uuid.uuid4().hex[:10]}"
+    path = tmp_path / "spawns.sqlite3"
+    database = Database(pg_dsn)
+    try:
+        remote = PostgresSpawnRegistry(database)
+        second = HostAwareSpawnRegistry(remote, HostSpawnStore(path), faults=FaultLog())
+        records: list[SpawnRecord] = []
+        first = HostAwareSpawnRegistry(
+            _RegistersAfter(
+                remote, lambda: records.append(second.register(_claim(run_id, 9, "b")))
+            ),
+            HostSpawnStore(path),
+            faults=FaultLog(),
+        )
+        mine = first.register(_claim(run_id, 7, "a"))
+    finally:
+        database.close()
+    (theirs,) = records
+    assert (mine.won, mine.offline, mine.spawned_at.seq) == (True, False, 7)
+    assert (theirs.won, theirs.offline, theirs.spawned_at.seq) == (False, False, 7)
+    assert mine.spawned_at.event_id == theirs.spawned_at.event_id == _claim(run_id, 7, "a")[5]
+    with psycopg.connect(pg_dsn) as conn:
+        rows = conn.execute(
+            "SELECT spawn_seq FROM agentcap.spawns WHERE run_id = %s", (run_id,)
+        ).fetchall()
+    assert rows == [(7,)]
+
+
+def test_registering_ones_own_spawn_again_wins_again(pg_dsn):
+    """``won`` says whether the registered spawn is the caller's: a second registration of the
+    same claim (a retry after an answer that was lost) wins; another claim of the child does not."""
+    run_id = f"host-spawns-{uuid.uuid4().hex[:10]}"
+    database = Database(pg_dsn)
+    try:
+        remote = PostgresSpawnRegistry(database)
+        first = remote.register(_claim(run_id, 7, "a"))
+        again = remote.register(_claim(run_id, 7, "a"))
+        other = remote.register(_claim(run_id, 9, "b"))
+    finally:
+        database.close()
+    assert (first.won, again.won, other.won) == (True, True, False)
+    assert first.spawned_at == again.spawned_at == other.spawned_at
 
 
 def test_a_spawn_the_file_copied_from_postgres_does_not_outlive_the_database(pg_dsn, tmp_path):

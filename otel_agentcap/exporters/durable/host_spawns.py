@@ -31,7 +31,7 @@ from typing import Final
 
 from otel_agentcap.exporters.durable.host_file import HostFile
 from otel_agentcap.exporters.faults import FaultLog
-from otel_agentcap.exporters.postgres.recovery import span_context_of
+from otel_agentcap.exporters.postgres.recovery import is_claimed, span_context_of
 from otel_agentcap.model import EventRef
 from otel_agentcap.protocols import SpawnClaim, SpawnRecord, SpawnRegistry
 
@@ -206,9 +206,10 @@ class HostAwareSpawnRegistry:
             return record_of(held, won=mine, offline=True)
         self._answered()
         self._keep(claim.run_id, claim.child_agent_id, record, sent.key)
-        if not mine and not registered:
-            return replace(record, won=False)
-        return record
+        # Won when the registered spawn is this claim, whoever registered it: another process of
+        # the host may have sent this claim (from the file) to PostgreSQL a moment ago; and not
+        # when this registered another process's claim from the file.
+        return replace(record, won=is_claimed(record.spawned_at, claim))
 
     def _held(
         self, run_id: str, child_agent_id: str, remote_error: Exception | None

@@ -42,7 +42,7 @@ from otel_agentcap.exporters.postgres.errors import (
 )
 from otel_agentcap.exporters.postgres.one_pass import prepare_spans
 from otel_agentcap.exporters.postgres.parallel import DEFAULT_WRITERS, WriterThreads, partition_of
-from otel_agentcap.exporters.postgres.recovery import PostgresSpawnRegistry
+from otel_agentcap.exporters.postgres.recovery import PostgresSpawnRegistry, is_claimed
 from otel_agentcap.exporters.postgres.rows import (
     PreparedBatch,
     copy_data,
@@ -679,10 +679,7 @@ class PostgresSpanExporter(SpanExporter):
                 # refused, as any other.
                 _logger.warning("agentcap: could not register the spawn of %s (%s)", claim[1], exc)
                 continue
-            if (record.spawned_at.event_id, record.spawned_at.seq) != (
-                claim.spawn_event_id,
-                claim.spawn_seq,
-            ):
+            if not is_claimed(record.spawned_at, claim):
                 lost.add(index)
         if not lost:
             part.spawns_registered = True

@@ -97,6 +97,11 @@ class PostgresSpawnLookup:
         )
 
 
+def is_claimed(spawned_at: EventRef, claim: SpawnClaim) -> bool:
+    """Whether the registered spawn ``spawned_at`` is the one ``claim`` stands for."""
+    return (spawned_at.event_id, spawned_at.seq) == (claim.spawn_event_id, claim.spawn_seq)
+
+
 class PostgresSpawnRegistry:
     """A :class:`~otel_agentcap.capture.agents.SpawnRegistry` over ``agentcap.spawns``
     (migration 0005), in autocommit mode: a spawn first looks its child up (one statement; a retry
@@ -138,14 +143,17 @@ class PostgresSpawnRegistry:
         with self._database.coordination(self._timeout) as conn:
             row = conn.execute(_REGISTER, params).fetchone()
         assert row is not None
-        won, parent, name, event_id, seq, trace_id, span_id = row
+        inserted, parent, name, event_id, seq, trace_id, span_id = row
         span = span_context_of(trace_id, span_id)
+        spawned_at = EventRef(str(event_id), int(seq), str(parent), span)
         return SpawnRecord(
             str(parent),
             name,
-            EventRef(str(event_id), int(seq), str(parent), span),
+            spawned_at,
             span,
-            won=bool(won),
+            # The claim's spawn is the registered one also when this did not insert it: a
+            # retry, or another process of the host that registered it on the claim's behalf.
+            won=bool(inserted) or is_claimed(spawned_at, claim),
         )
 
 

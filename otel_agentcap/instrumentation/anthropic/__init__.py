@@ -235,7 +235,7 @@ class AnthropicInstrumentor(BaseInstrumentor):  # type: ignore[misc]
                     "set_response_attributes",
                     _RESPONSE_HOOK,
                     patch.tool_use_ids_hook(),
-                    "the tracing hook set_response_attributes",  # one warning for both modules
+                    "tracing hook set_response_attributes",  # one warning for both modules
                 )
             self._wrap_function(
                 streamed_responses.CALLER_MODULE,
