@@ -34,6 +34,8 @@ R = TypeVar("R")
 class RunContext:
     run_id: str
     attributes: dict[str, Any] = field(default_factory=dict)
+    #: The run was opened before (elsewhere, or earlier here): agents of it may be stored.
+    continued: bool = False
 
 
 @dataclass(slots=True, eq=False)

@@ -256,6 +256,54 @@ def test_a_child_resumed_after_a_restart_links_to_its_registered_spawn(pg_dsn):
     assert all(e.seq > first.spawned_at.seq for e in starts)  # type: ignore[union-attr]
 
 
+def test_a_spawned_child_entered_by_id_in_a_continued_run_keeps_its_spawn(pg_dsn):
+    """``agent(child_id)`` in a continued run (as a process taking over a child would) enters the
+    stored child: its execution runs under the create_agent span that spawned it, its agent_start
+    comes after and names the spawn event, and the child keeps its parent."""
+    database = Database(pg_dsn)
+    set_spawn_registry(PostgresSpawnRegistry(database))
+    run_id = f"spawns-{uuid.uuid4().hex[:10]}"
+    try:
+        with capture_events() as captured:
+            with ac.run(run_id, resume=True), ac.agent("parent") as parent:
+                first = parent.spawn("worker", key="w")
+            # The run released here, as in a new process: the child is known from the log only.
+            with ac.run(run_id, resume=True), ac.agent("parent/w") as entered:
+                entered.state["k"] = 1
+    finally:
+        set_spawn_registry(None)
+        database.close()
+    assert first.spawned_at is not None and first.spawn_span_context is not None
+    spawn_span = next(s for s in captured.spans if s.name == "create_agent parent/w")
+    (invoke,) = [s for s in captured.spans if s.name.startswith("invoke_agent parent/w")]
+    assert invoke.parent is not None and invoke.parent.span_id == spawn_span.context.span_id
+    (start,) = [e for e in captured.of_type("agent_start") if e.agent_id == "parent/w"]
+    assert start.causal_parent_ids == (first.spawned_at.event_id,)
+    assert start.seq > first.spawned_at.seq
+    record = captured.agents[(run_id, "parent/w")]
+    assert (record.parent_agent_id, record.name) == ("parent", "worker")
+
+
+def test_an_agent_of_a_new_run_asks_no_spawn_registry(pg_dsn):
+    """Only a continued run can hold a stored spawn: agents of a new run are not looked up."""
+    asked: list[tuple[str, str]] = []
+
+    class _Counting(PostgresSpawnRegistry):
+        def find(self, run_id: str, child_agent_id: str) -> Any:
+            asked.append((run_id, child_agent_id))
+            return super().find(run_id, child_agent_id)
+
+    database = Database(pg_dsn)
+    set_spawn_registry(_Counting(database))
+    try:
+        with ac.run(f"spawns-{uuid.uuid4().hex[:10]}"), ac.agent("planner"):
+            pass
+    finally:
+        set_spawn_registry(None)
+        database.close()
+    assert asked == []
+
+
 def test_a_spawn_registered_by_another_parent_is_a_conflict(pg_dsn):
     """A child registered under one parent cannot be spawned by another, in any process."""
     database = Database(pg_dsn)

@@ -578,12 +578,35 @@ def set_spawn_lookup(lookup: SpawnLookup | None) -> None:
     set_spawn_registry(None if lookup is None else _LookupRegistry(lookup))
 
 
-def _get_or_create_root(run_id: str, agent_id: str, name: str) -> Agent:
+def _get_or_create_root(run_id: str, agent_id: str, name: str, continued: bool) -> Agent:
     agents = _run_agents(run_id)
     agent = agents.get(agent_id)
     if agent is None:
-        agent = agents.setdefault(agent_id, Agent(run_id, agent_id, name))
+        stored = _stored_child(run_id, agent_id, name) if continued else None
+        agent = agents.setdefault(agent_id, stored or Agent(run_id, agent_id, name))
     return agent
+
+
+def _stored_child(run_id: str, agent_id: str, name: str) -> Agent | None:
+    """The child ``agent_id`` as its stored spawn made it, when a process of a continued run
+    enters it by id (taking a child over from another process, say); None when it was never
+    spawned."""
+    registry = _spawn_registry
+    if registry is None:
+        return None
+    try:
+        found = registry.find(run_id, agent_id)
+    except Exception as exc:
+        _registry_failed("look up", agent_id, exc)
+        return None
+    _registry_answered()
+    if found is None:
+        return None
+    spawn_span = found.spawn_span
+    spawned_at = EventRef(
+        found.spawned_at.event_id, found.spawned_at.seq, found.parent_agent_id, spawn_span
+    )
+    return _child(run_id, found.parent_agent_id, found.name or name, agent_id, spawned_at)
 
 
 def agent(name: str, *, agent_id: str | None = None, timeout: float | None = None) -> AgentScope:
@@ -599,7 +622,8 @@ def agent(name: str, *, agent_id: str | None = None, timeout: float | None = Non
         agent_id = validate_id(agent_id, "agent_id")
     run = current_run()
     run_id = run.run_id if run is not None else new_id("run")
-    return AgentScope(_get_or_create_root(run_id, agent_id or name, name), timeout)
+    continued = run is not None and run.continued
+    return AgentScope(_get_or_create_root(run_id, agent_id or name, name, continued), timeout)
 
 
 def _child_id(parent_agent_id: str, key: str) -> str:
@@ -761,7 +785,7 @@ def _register_spawn(parent: AgentContext, name: str, key: str | None, child_id: 
             _logger.debug("agentcap: could not mark a repeated spawn", exc_info=True)
         tel.end_span(span)
         return _registered(parent, name, child_id, record)
-    return _child(parent, name, child_id, spawned_at, spawn_span)
+    return _child(parent.run_id, parent.agent_id, name, child_id, spawned_at)
 
 
 def _registered(parent: AgentContext, name: str, child_id: str, record: SpawnRecord) -> Agent:
@@ -778,26 +802,22 @@ def _registered(parent: AgentContext, name: str, child_id: str, record: SpawnRec
     spawned_at = EventRef(
         record.spawned_at.event_id, record.spawned_at.seq, parent.agent_id, spawn_span
     )
-    return _child(parent, record.name or name, child_id, spawned_at, spawn_span)
+    return _child(parent.run_id, parent.agent_id, record.name or name, child_id, spawned_at)
 
 
 def _child(
-    parent: AgentContext,
-    name: str,
-    child_id: str,
-    spawned_at: EventRef,
-    spawn_span: SpanContext | None,
+    run_id: str, parent_agent_id: str, name: str, child_id: str, spawned_at: EventRef
 ) -> Agent:
     child = Agent(
-        parent.run_id,
+        run_id,
         child_id,
         name,
-        parent_agent_id=parent.agent_id,
+        parent_agent_id=parent_agent_id,
         spawned_at=spawned_at,
-        spawn_span_context=spawn_span,
+        spawn_span_context=spawned_at.span,
     )
     # The child's first event must come after the spawn, whatever thread or process runs it.
-    clocks.get(parent.run_id, child_id).observe(spawned_at.seq)
+    clocks.get(run_id, child_id).observe(spawned_at.seq)
     return child
 
 

@@ -438,7 +438,7 @@ def run(
     else:
         root, parent = _open(run_id, resume, attributes)
     assert run_id is not None
-    ctx = RunContext(run_id, attributes)
+    ctx = RunContext(run_id, attributes, continued=root is None)
     token = bind_run(ctx)
     span_token = None
     if root is not None:
