@@ -1012,7 +1012,11 @@ class Tool(Generic[P, R]):
             span_attributes[attr.GEN_AI_TOOL_CALL_ARGUMENTS] = recorded
         span_attributes.update(self._span_attributes)
         span_attributes[attr.GEN_AI_TOOL_CALL_ID] = call_id
-        span = tel.start_span(self._span_name, span_attributes, links)
+        # The current context, read once: the span's parent (what the SDK would read three
+        # times, through get_current_span) and the context the span is made current in.
+        var = tel.context_var
+        parent = var.get() if var is not None else None
+        span = tel.start_span(self._span_name, span_attributes, links, context=parent)
         if entry is not None:
             entry.invocation_event = invocation
         finisher = _new_finisher(
@@ -1022,11 +1026,10 @@ class Tool(Generic[P, R]):
             return cast(R, self._run_async(finisher, span, args, kwargs))
         # attach(set_span_in_context(span)) and detach(token), through the variable behind them
         # when it is known (see tel.context_var).
-        var = tel.context_var
         if not self.current_span:
             token = None
-        elif var is not None:
-            token = var.set(Context({**var.get(), tel.SPAN_KEY: span}))
+        elif parent is not None:
+            token = var.set(Context({**parent, tel.SPAN_KEY: span}))  # type: ignore[union-attr]
         else:
             token = otel_context.attach(trace.set_span_in_context(span))
         current = _current_invocation.set(finisher)
@@ -1040,8 +1043,8 @@ class Tool(Generic[P, R]):
             raise
         _current_invocation.reset(current)
         if token is not None:
-            if var is not None:
-                var.reset(token)
+            if parent is not None:
+                var.reset(token)  # type: ignore[union-attr]
             else:
                 otel_context.detach(token)
         if type(result) in _GENERATOR_TYPES:
