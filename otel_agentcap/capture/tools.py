@@ -941,7 +941,11 @@ class Tool(Generic[P, R]):
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
     ) -> R:
-        if ctx.is_cancelled():
+        # ctx.is_cancelled(), called only when one of the fields it reads is set (most calls set
+        # none of them, and the call is a function call more).
+        if (
+            ctx.cancelled_reason is not None or ctx.deadline is not None or ctx.enclosing
+        ) and ctx.is_cancelled():
             # The agent timed out or failed while the call was being claimed (in the ledger, or
             # waiting for another caller of the same id): the body must not start after the
             # agent_error. The claim is given back, as for a caller interrupted there.
