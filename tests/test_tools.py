@@ -882,3 +882,53 @@ def test_a_claim_of_an_expired_call_still_in_the_table_runs_it_again():
     again, owned = registry.claim(key, "t", "{}")
     assert owned and again is not first
     assert registry.claim(key, "t", "{}") == (again, False)
+
+
+def test_tool_span_attributes_keep_their_order_and_the_body_sees_them_all():
+    """An execute_tool span ends with its stamp, payload and GenAI attributes in one fixed order;
+    a span processor's on_start already sees the stamp, and the body sees every attribute."""
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import SpanProcessor
+
+    from otel_agentcap.pipeline.span_attributes import attributes_of
+
+    at_start: list[list[str]] = []
+
+    class Watch(SpanProcessor):
+        def on_start(self, span: Any, parent_context: Any = None) -> None:
+            if span.name == "execute_tool ordered":
+                at_start.append(list(attributes_of(span)))
+
+    in_body: list[list[str]] = []
+
+    @oa.tool
+    def ordered(x: int) -> int:
+        in_body.append(list(attributes_of(trace.get_current_span())))
+        return x
+
+    with capture_events() as captured:
+        # The global provider capture_events installs; Watch looks at this test's spans only.
+        trace.get_tracer_provider().add_span_processor(Watch())  # type: ignore[attr-defined]
+        with oa.run(_run_id()), oa.agent("alpha"):
+            ordered.invoke("o-1", 1)
+    span = next(s for s in captured.spans if s.name == "execute_tool ordered")
+    stamp = [
+        attr.RUN_ID,
+        attr.AGENT_ID,
+        attr.GEN_AI_AGENT_ID,
+        attr.GEN_AI_AGENT_NAME,
+        attr.EVENT_ID,
+        attr.EVENT_TYPE,
+        attr.EVENT_SEQ,
+        attr.EVENT_IDEMPOTENCY_KEY,
+    ]
+    rest = [
+        attr.EVENT_PAYLOAD,
+        attr.GEN_AI_OPERATION_NAME,
+        attr.GEN_AI_TOOL_NAME,
+        attr.GEN_AI_TOOL_TYPE,
+        attr.GEN_AI_TOOL_CALL_ID,
+    ]
+    assert at_start == [stamp]
+    assert in_body == [stamp + rest]
+    assert list(span.attributes or {}) == [*stamp, *rest, attr.OUTCOME]
