@@ -59,6 +59,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import operator
 import os
 import re
 import socket
@@ -660,7 +661,12 @@ class EventWriter:
             raise _PartitionsMissing(missing)
 
     def _analyze_due(
-        self, conn: psycopg.Connection[Any], starts: list[datetime], *, staged: bool
+        self,
+        conn: psycopg.Connection[Any],
+        starts: Mapping[str, datetime],
+        events: list[EventRow],
+        *,
+        staged: bool,
     ) -> None:
         """Count the rows a committed batch inserted, and ask for the partitions this writer
         fills to be analyzed now and then (see ``partitions.AnalyzeSchedule``), after the batch
@@ -669,7 +675,13 @@ class EventWriter:
         them (autovacuum analyzes later). So a batch of the direct path (``staged`` false) only
         notes the partitions that are due, and the next batch of the staging path has them
         analyzed first (``_analyze_pending``)."""
-        due = self._analyze.add(dict(Counter(self._partitions.lower_of(s) for s in starts)))
+        # Counted by run first (in C), then by partition: a partition lookup per run, not per row.
+        rows_by_start: dict[datetime, int] = {}
+        lower_of = self._partitions.lower_of
+        for run_id, count in Counter(map(_RUN_ID, events)).items():
+            lower = lower_of(starts[run_id])
+            rows_by_start[lower] = rows_by_start.get(lower, 0) + count
+        due = self._analyze.add(rows_by_start)
         if not staged:
             with self._lock:
                 self._analyze_pending.update(due)
@@ -895,11 +907,7 @@ class EventWriter:
                             conn, prepared, staging_data, spans, full=full, everywhere=everywhere
                         )
                     if inserted:
-                        self._analyze_due(
-                            conn,
-                            [opened.starts[r.run_id] for r in opened.events],
-                            staged=not direct,
-                        )
+                        self._analyze_due(conn, opened.starts, opened.events, staged=not direct)
             except _PartitionsMissing as exc:
                 last = exc
                 create = exc.starts
@@ -1115,6 +1123,9 @@ def _quiet_pipeline(conn: psycopg.Connection[Any]) -> Iterator[object]:
             pipeline.__exit__(None, None, None)
         raise
     pipeline.__exit__(None, None, None)
+
+
+_RUN_ID: Final = operator.attrgetter("run_id")
 
 
 def _direct_candidate(rows: Iterable[EventRow]) -> bool:
