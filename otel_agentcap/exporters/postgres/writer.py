@@ -729,13 +729,23 @@ class EventWriter:
         for run_id, started_at, expired in cursor:
             read[run_id] = None if started_at is None or expired else started_at
         starts = {run: start for run, start in read.items() if start is not None}
-        kept = [row for row in batch.events if row.run_id in starts]
-        kept_spans = [row for row in batch.spans if row[0] in starts]
+        # The runs of the rows, gathered in C; the rows are filtered only when a run is not
+        # taken (expired or gone), which is rare.
+        event_runs = set(map(_RUN_ID, batch.events))
+        span_runs = set(map(_FIRST, batch.spans))
+        kept = (
+            batch.events
+            if event_runs.issubset(starts)
+            else [row for row in batch.events if row.run_id in starts]
+        )
+        kept_spans = (
+            batch.spans
+            if span_runs.issubset(starts)
+            else [row for row in batch.spans if row[0] in starts]
+        )
         if kept or kept_spans:
             self._check_partitions(
-                conn,
-                {starts[row.run_id] for row in kept} | {starts[row[0]] for row in kept_spans},
-                everywhere,
+                conn, {starts[run] for run in event_runs | span_runs if run in starts}, everywhere
             )
         settled = self._agents_settled
         agents = [a for a in batch.agents if a[0] in starts and a not in settled]
@@ -1126,6 +1136,7 @@ def _quiet_pipeline(conn: psycopg.Connection[Any]) -> Iterator[object]:
 
 
 _RUN_ID: Final = operator.attrgetter("run_id")
+_FIRST: Final = operator.itemgetter(0)
 
 
 def _direct_candidate(rows: Iterable[EventRow]) -> bool:
