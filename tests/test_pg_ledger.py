@@ -3,6 +3,7 @@ recorded outcome, crash policies after a SIGKILL inside a body, and what a repla
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import json
 import os
@@ -27,6 +28,7 @@ from otel_agentcap.capture.ledger import PickleCodec, set_tool_ledger
 from otel_agentcap.capture.tools import current_invocation, invocations
 from otel_agentcap.errors import RecordedToolError, ToolOutcomeUnknown
 from otel_agentcap.exporters.postgres import Database
+from otel_agentcap.exporters.postgres.errors import ConnectionFailed
 from otel_agentcap.exporters.postgres.ledger import PostgresToolLedger, ToolLedgerUnavailable
 from otel_agentcap.testing import capture_events
 
@@ -766,6 +768,57 @@ def test_an_outcome_that_cannot_be_written_is_written_later(ledger, pg_dsn, monk
         time.sleep(0.05)
     assert ledger.running_claims() == 0
     assert ledger.stats().completions_deferred == 1
+    with ac.run(run_id, resume=True), ac.agent("a"):
+        assert work.invoke("w", 1) == 2
+    assert calls == [1]
+
+
+@pytest.mark.fault
+def test_an_outcome_whose_answer_was_lost_is_not_reported_as_taken_over(
+    ledger, pg_dsn, monkeypatch, caplog
+):
+    """If the connection breaks after the server committed an outcome (the client sees an error),
+    the ledger writes it again later and recognises the row as its own outcome: it neither counts
+    the call as taken over nor logs that the body ran more than once."""
+    real = Database.coordination
+    lost: list[bool] = []
+
+    def lost_answer(self: Database, *args: Any, **kwargs: Any) -> Any:
+        # The first outcome, written by the calling thread, commits and its answer is lost.
+        if sys._getframe(1).f_code.co_name != "_write_completion" or lost:
+            return real(self, *args, **kwargs)
+        lost.append(True)
+
+        @contextlib.contextmanager
+        def committed_then_failed() -> Iterator[Any]:
+            with real(self, *args, **kwargs) as conn:
+                yield conn
+            raise ConnectionFailed("database connection failed: server closed the connection")
+
+        return committed_then_failed()
+
+    calls: list[int] = []
+
+    @ac.tool
+    def work(n: int) -> int:
+        calls.append(n)
+        return n + 1
+
+    run_id = _run_id()
+    monkeypatch.setattr(Database, "coordination", lost_answer)
+    with ac.run(run_id, resume=True), ac.agent("a"):
+        assert work.invoke("w", 1) == 2
+    assert lost == [True]
+    deadline = time.monotonic() + 30
+    while ledger.running_claims() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert ledger.running_claims() == 0
+    stats = ledger.stats()
+    assert stats.completions_lost == 0
+    assert "ran more than once" not in caplog.text
+    assert _rows(
+        pg_dsn, "SELECT status, attempt FROM agentcap.tool_ledger WHERE run_id = %s", run_id
+    ) == [("succeeded", 1)]
     with ac.run(run_id, resume=True), ac.agent("a"):
         assert work.invoke("w", 1) == 2
     assert calls == [1]

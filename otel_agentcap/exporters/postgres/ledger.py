@@ -83,6 +83,14 @@ WHERE run_id = %s AND agent_id = %s AND invocation_id = %s AND call_digest = %s
 # goes, as if never claimed, so a retry claims it anew (an at_most_once call too). Under the lock
 # tool_claim takes, and only while no later call under the invocation id counted this row for its
 # ordinal (that call keeps its ordinal; this row is released instead).
+# Whether the outcome of attempt %s with this result event is the one the row holds: a write of
+# it whose answer was lost (the connection broke after the commit) and that was written again.
+_HOLDS_OUTCOME: Final = b"""
+SELECT 1 FROM agentcap.tool_ledger
+WHERE run_id = %s AND agent_id = %s AND invocation_id = %s AND call_digest = %s
+  AND attempt = %s AND status = %s AND result_event_id = %s AND result_event_seq = %s
+"""
+
 _UNCLAIM: Final = b"SELECT agentcap.tool_unclaim(%s, %s, %s, %s, %s, %s)"
 
 _OWN_RUNNING_ATTEMPT: Final = b"""
@@ -427,6 +435,8 @@ class PostgresToolLedger:
                     self._count("lock_waits")
                     return False  # kept, written later (a lock is not an outage: no cool-down)
                 updated = cursor.rowcount
+                if updated != 1:
+                    updated = self._holds_outcome(conn, completion)
         except psycopg.Error as exc:
             # The statement itself failed (not the connection): retrying cannot help.
             _logger.error(
@@ -451,6 +461,17 @@ class PostgresToolLedger:
             )
         self._forget(key, completion.attempt)
         return True
+
+    def _holds_outcome(self, conn: psycopg.Connection[Any], completion: _Completion) -> int:
+        """1 if the row holds ``completion`` already (an earlier write of it committed and its
+        answer was lost), else 0."""
+        params = completion.params
+        self._count("round_trips")
+        row = conn.execute(
+            _HOLDS_OUTCOME,
+            (*_key(completion.call), completion.attempt, params[0], params[5], params[6]),
+        ).fetchone()
+        return 1 if row is not None else 0
 
     def _forget(self, key: tuple[str, str, str, str], attempt: int) -> None:
         if self._running.get(key) == attempt:
