@@ -18,7 +18,9 @@ import pytest
 
 import otel_agentcap as ac
 from otel_agentcap.capture.agents import set_spawn_registry
+from otel_agentcap.capture.ledger import set_tool_ledger
 from otel_agentcap.exporters.postgres import Database
+from otel_agentcap.exporters.postgres.ledger import PostgresToolLedger
 from otel_agentcap.exporters.postgres.recovery import PostgresSpawnRegistry
 from otel_agentcap.testing import capture_events
 
@@ -302,6 +304,48 @@ def test_an_agent_of_a_new_run_asks_no_spawn_registry(pg_dsn):
         set_spawn_registry(None)
         database.close()
     assert asked == []
+
+
+@pytest.mark.fault
+def test_a_lock_held_on_the_spawn_registry_leaves_the_tool_ledger_available(pg_dsn):
+    """A spawn whose registry statements wait for a lock another session holds on
+    ``agentcap.spawns`` gives up without taking the database it shares with the tool ledger out
+    of use: the next protected tool call is claimed in the ledger, not run unprotected."""
+    database = Database(pg_dsn)
+    ledger = PostgresToolLedger(database)
+    set_tool_ledger(ledger)
+    set_spawn_registry(PostgresSpawnRegistry(database))
+    run_id = f"spawns-{uuid.uuid4().hex[:10]}"
+    runs: list[int] = []
+
+    @ac.tool
+    def effect(n: int) -> int:
+        runs.append(n)
+        return n
+
+    try:
+        with (
+            capture_events() as captured,
+            ac.run(run_id, resume=True),
+            ac.agent("parent") as parent,
+        ):
+            with psycopg.connect(pg_dsn) as holder:
+                holder.execute("LOCK TABLE agentcap.spawns IN ACCESS EXCLUSIVE MODE")
+                child = parent.spawn("worker", key="w")
+                holder.rollback()
+            assert effect.invoke("after-the-spawn", 1) == 1
+            child.run(lambda: None)
+    finally:
+        set_tool_ledger(None)
+        set_spawn_registry(None)
+        ledger.close()
+        database.close()
+    assert ledger.stats().unavailable == 0
+    assert _rows(
+        pg_dsn, "SELECT invocation_id, status FROM agentcap.tool_ledger WHERE run_id = %s", run_id
+    ) == [("after-the-spawn", "succeeded")]
+    assert runs == [1]
+    assert len(captured.of_type("agent_spawn")) == 1
 
 
 def test_a_spawn_registered_by_another_parent_is_a_conflict(pg_dsn):

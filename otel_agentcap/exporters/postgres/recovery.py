@@ -6,12 +6,16 @@ and the lookup of spawns an earlier version exported."""
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
+import psycopg
 from opentelemetry.trace import SpanContext
+from psycopg import ClientCursor
 
 from otel_agentcap.capture.agents import SpawnClaim, SpawnRecord
 from otel_agentcap.capture.runs import StoredRun
 from otel_agentcap.exporters.postgres.database import Database
+from otel_agentcap.exporters.postgres.errors import LockWaitTimeout
 from otel_agentcap.model import EventRef
 from otel_agentcap.pipeline.sampling import stored_trace_flags
 
@@ -25,7 +29,7 @@ WHERE a.run_id = %(run)s AND a.agent_id = %(agent)s AND a.parent_agent_id IS NOT
 
 _REGISTER = b"SELECT * FROM agentcap.spawn_register(%s, %s, %s, %s, %s, %s, %s, %s, %s)"
 
-_FIND_REGISTERED = """
+_FIND_REGISTERED = b"""
 SELECT parent_agent_id, name, spawn_event_id::text, spawn_seq, trace_id, span_id
 FROM agentcap.spawns WHERE run_id = %(run)s AND child_agent_id = %(child)s
 UNION ALL
@@ -102,6 +106,23 @@ def is_claimed(spawned_at: EventRef, claim: SpawnClaim) -> bool:
     return (spawned_at.event_id, spawned_at.seq) == (claim.spawn_event_id, claim.spawn_seq)
 
 
+def _waiting_for_locks_at_most(
+    conn: psycopg.Connection[Any], database: Database, query: bytes, params: Any
+) -> tuple[Any, ...] | None:
+    """The first row of ``query``, run with a lock timeout below the statement timeout of
+    ``database``'s coordination connections: a statement that waits for a lock another session
+    holds (a ``LOCK TABLE`` on ``agentcap.spawns``, a slow commit) gives up as
+    ``psycopg.errors.LockNotAvailable``, not as a cancelled statement, which would take the
+    database (shared with the tool ledger and the memory) out of use for a cool-down as if the
+    server were hung."""
+    milliseconds = max(1, int(database.quick_timeout * 750))
+    cursor = ClientCursor(conn)
+    cursor.execute(b"SET LOCAL lock_timeout = %d; " % milliseconds + query, params)
+    cursor.nextset()  # past the result of the SET, to the statement's
+    row: tuple[Any, ...] | None = cursor.fetchone()
+    return row
+
+
 class PostgresSpawnRegistry:
     """A :class:`~otel_agentcap.capture.agents.SpawnRegistry` over ``agentcap.spawns``
     (migration 0005), in autocommit mode: a spawn first looks its child up (one statement; a retry
@@ -116,10 +137,7 @@ class PostgresSpawnRegistry:
     def find(self, run_id: str, child_agent_id: str) -> SpawnRecord | None:
         """The registered spawn of the child (or one an earlier version exported); one
         statement. A retry that finds it starts no span."""
-        with self._database.coordination(self._timeout) as conn:
-            row = conn.execute(
-                _FIND_REGISTERED, {"run": run_id, "child": child_agent_id}
-            ).fetchone()
+        row = self._first_row(_FIND_REGISTERED, {"run": run_id, "child": child_agent_id})
         if row is None:
             return None
         parent, name, event_id, seq, trace_id, span_id = row
@@ -140,8 +158,7 @@ class PostgresSpawnRegistry:
             claim.trace_id,
             claim.span_id,
         )
-        with self._database.coordination(self._timeout) as conn:
-            row = conn.execute(_REGISTER, params).fetchone()
+        row = self._first_row(_REGISTER, params)
         assert row is not None
         inserted, parent, name, event_id, seq, trace_id, span_id = row
         span = span_context_of(trace_id, span_id)
@@ -155,6 +172,15 @@ class PostgresSpawnRegistry:
             # retry, or another process of the host that registered it on the claim's behalf.
             won=bool(inserted) or is_claimed(spawned_at, claim),
         )
+
+    def _first_row(self, query: bytes, params: Any) -> tuple[Any, ...] | None:
+        """Raises ``LockWaitTimeout`` when the statement waited too long for a lock."""
+        with self._database.coordination(self._timeout) as conn:
+            try:
+                return _waiting_for_locks_at_most(conn, self._database, query, params)
+            except psycopg.errors.LockNotAvailable as exc:
+                locked = exc  # raised outside: a lock is not an outage (no cool-down)
+        raise LockWaitTimeout(f"the spawn registry waited too long for a lock: {locked}")
 
 
 class PostgresRunRegistry:
