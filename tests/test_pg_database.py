@@ -16,6 +16,8 @@ from otel_agentcap.capture.ledger import set_tool_ledger
 from otel_agentcap.exporters.postgres import Database
 from otel_agentcap.exporters.postgres.errors import ConnectionFailed
 from otel_agentcap.exporters.postgres.ledger import PostgresToolLedger
+from otel_agentcap.exporters.postgres.partitions import RETENTION_BARRIER_KEY
+from otel_agentcap.exporters.postgres.sequence_source import PostgresSequenceSource
 
 pytestmark = pytest.mark.storage
 
@@ -200,3 +202,44 @@ def test_a_connection_on_a_descriptor_above_1023_is_not_taken_for_closed(pg_dsn)
         for fd in held:
             os.close(fd)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+@pytest.mark.fault
+def test_a_cancelled_capture_path_query_leaves_the_tool_ledger_available(pg_dsn):
+    """A sequence reservation cancelled at the statement timeout while it waited for a lock (the
+    retention barrier ``db prune`` holds) makes the capture path fail fast for its cool-down, but
+    not the coordination statements: the next protected tool call is claimed in the ledger, not
+    run unprotected."""
+    database = Database(pg_dsn, quick_timeout=0.5)
+    database.ensure_schema()
+    ledger = PostgresToolLedger(database)
+    source = PostgresSequenceSource(database)
+    calls: list[int] = []
+    run_id = f"barrier-{uuid.uuid4().hex[:10]}"
+
+    @ac.tool
+    def work(n: int) -> int:
+        calls.append(n)
+        return n
+
+    try:
+        with psycopg.connect(pg_dsn, autocommit=True) as holder:
+            holder.execute("SELECT pg_advisory_lock(%s)", (RETENTION_BARRIER_KEY,))
+            with pytest.raises(ConnectionFailed):
+                source.reserve(run_id, "a", at_least=1, size=16)
+        with pytest.raises(ConnectionFailed, match="moments ago"):  # the capture path cools down
+            source.reserve(run_id, "a", at_least=1, size=16)
+        set_tool_ledger(ledger)
+        with ac.run(run_id), ac.agent("a"):
+            assert work.invoke("w", 1) == 1
+        assert calls == [1]
+        assert ledger.stats().unavailable == 0
+        with database.coordination() as conn:
+            stored = conn.execute(
+                "SELECT status FROM agentcap.tool_ledger WHERE run_id = %s", (run_id,)
+            ).fetchall()
+        assert stored == [("succeeded",)]
+    finally:
+        set_tool_ledger(None)
+        ledger.close()
+        database.close()

@@ -93,6 +93,18 @@ def _install_pool_filter() -> None:
             _pool_filter_installed = True
 
 
+def _cancelled(exc: BaseException) -> bool:
+    """Whether ``exc`` is (or was raised from) a statement cancelled at the statement timeout."""
+    seen: BaseException | None = exc
+    for _ in range(8):  # the wrappers of the query functions, a few levels at most
+        if seen is None:
+            return False
+        if isinstance(seen, psycopg.errors.QueryCanceled):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
 class Database:
     """One database: its DSN, the schema migrated once, and pools opened on first use.
 
@@ -139,6 +151,9 @@ class Database:
         self._ahead_lock = threading.Lock()
         self._pool_lock = threading.Lock()
         self._down_until = 0.0
+        # Until when the capture path's queries fail fast after one of them was cancelled (see
+        # quick_connection); the coordination statements do not look at it.
+        self._quick_down_until = 0.0
         self._closed = False
         _install_pool_filter()
         call_in_child_after_fork(self._after_fork_in_child)
@@ -240,8 +255,14 @@ class Database:
         that is down costs one timeout, not one per captured operation; a statement on it is
         cancelled after the database's ``quick_timeout``; runs with instrumentation suppressed
         so the query itself is not traced.
+
+        A query cancelled at the statement timeout (a lock another session holds, such as the
+        retention barrier of ``db prune``, or a hung server) starts the cool-down of the capture
+        path only: the coordination statements (tool ledger, spawn registry, memory) tell a
+        lock wait from an outage themselves, and a tool call must not run without the ledger
+        because a sequence reservation waited for a lock.
         """
-        if time.monotonic() < self._down_until:
+        if time.monotonic() < max(self._down_until, self._quick_down_until):
             raise ConnectionFailed("PostgreSQL was unreachable moments ago")
         if self._closed:
             raise ConnectionFailed("the database handle is closed")
@@ -250,8 +271,11 @@ class Database:
                 self.ensure_schema(timeout, partitions_ahead=False)
                 with self._quick().connection(timeout=timeout) as conn:
                     yield conn
-        except Exception:
-            self._down_until = time.monotonic() + cooldown
+        except Exception as exc:
+            if _cancelled(exc):
+                self._quick_down_until = time.monotonic() + cooldown
+            else:
+                self._down_until = time.monotonic() + cooldown
             raise
 
     @contextmanager
