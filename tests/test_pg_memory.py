@@ -18,8 +18,10 @@ import pytest
 from anthropic_support import stored  # noqa: F401 (fixture)
 
 import otel_agentcap as ac
+from otel_agentcap.capture.ledger import set_tool_ledger
 from otel_agentcap.errors import MemoryUnavailable
 from otel_agentcap.exporters.postgres import Database, PostgresMemory
+from otel_agentcap.exporters.postgres.ledger import PostgresToolLedger
 from otel_agentcap.testing import capture_events
 
 pytestmark = pytest.mark.storage
@@ -359,6 +361,44 @@ def test_an_unreachable_database_is_an_error_of_the_memory():
             with pytest.raises(MemoryUnavailable):
                 memory.lookup("k")
     finally:
+        database.close()
+
+
+@pytest.mark.fault
+def test_a_write_that_waited_for_a_lock_leaves_the_tool_ledger_available(pg_dsn):
+    """A write that waits for a lock another session holds on ``agentcap.memory`` fails with
+    MemoryUnavailable without taking the database it shares with the tool ledger out of use: the
+    next protected tool call is claimed in the ledger, not run unprotected."""
+    database = Database(pg_dsn)
+    ledger = PostgresToolLedger(database)
+    memory = PostgresMemory("m", database=database)
+    run_id = _run_id()
+    calls: list[int] = []
+
+    @ac.tool
+    def work(n: int) -> int:
+        calls.append(n)
+        return n
+
+    set_tool_ledger(ledger)
+    try:
+        with ac.run(run_id), ac.agent("a"):
+            with psycopg.connect(pg_dsn) as holder:
+                holder.execute("LOCK TABLE agentcap.memory IN ACCESS EXCLUSIVE MODE")
+                with pytest.raises(MemoryUnavailable):
+                    memory["k"] = 1
+                holder.rollback()
+            assert work.invoke("w", 1) == 1
+            memory["k"] = 2
+            assert memory["k"] == 2
+        assert calls == [1]
+        assert ledger.stats().unavailable == 0
+        assert _rows(
+            pg_dsn, "SELECT status FROM agentcap.tool_ledger WHERE run_id = %s", run_id
+        ) == [("succeeded",)]
+    finally:
+        set_tool_ledger(None)
+        ledger.close()
         database.close()
 
 

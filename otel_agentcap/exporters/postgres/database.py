@@ -16,6 +16,7 @@ from typing import Any, Final
 
 import psycopg
 from opentelemetry.instrumentation.utils import suppress_instrumentation
+from psycopg import ClientCursor
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from otel_agentcap.exporters.postgres import embedded
@@ -103,6 +104,22 @@ def _cancelled(exc: BaseException) -> bool:
             return True
         seen = seen.__cause__ or seen.__context__
     return False
+
+
+def rows_waiting_for_locks_at_most(
+    conn: psycopg.Connection[Any], database: Database, query: bytes, params: Any
+) -> list[tuple[Any, ...]]:
+    """The rows of ``query`` on a coordination connection of ``database``, run with a lock
+    timeout below its statement timeout: a statement that waits for a lock another session holds
+    (a ``LOCK TABLE``, a slow commit) gives up as ``psycopg.errors.LockNotAvailable``, not as a
+    cancelled statement, which would take the coordination statements (tool ledger, spawn
+    registry, memory) out of use for a cool-down as if the server were hung."""
+    milliseconds = max(1, int(database.quick_timeout * 750))
+    cursor = ClientCursor(conn)
+    cursor.execute(b"SET LOCAL lock_timeout = %d; " % milliseconds + query, params)
+    cursor.nextset()  # past the result of the SET, to the statement's
+    rows: list[tuple[Any, ...]] = cursor.fetchall()
+    return rows
 
 
 class Database:

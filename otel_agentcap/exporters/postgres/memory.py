@@ -43,7 +43,7 @@ from otel_agentcap.capture.memory import (
 )
 from otel_agentcap.context import AgentContext, current_agent, current_run
 from otel_agentcap.errors import MemoryUnavailable
-from otel_agentcap.exporters.postgres.database import Database
+from otel_agentcap.exporters.postgres.database import Database, rows_waiting_for_locks_at_most
 from otel_agentcap.exporters.postgres.recovery import span_context_of
 from otel_agentcap.model import EventRef, EventType, validate_id
 from otel_agentcap.pipeline.mapping import wall_time
@@ -125,8 +125,11 @@ class PostgresMemory(MemoryBase):
     def _query(self, query: bytes, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
         try:
             with self._database.coordination(self._timeout) as conn:
-                rows: list[tuple[Any, ...]] = conn.execute(query, params).fetchall()
-                return rows
+                try:
+                    return rows_waiting_for_locks_at_most(conn, self._database, query, params)
+                except psycopg.errors.LockNotAvailable as exc:
+                    locked = exc  # raised outside: a lock is not an outage (no cool-down)
+            raise MemoryUnavailable(f"memory {self.name!r} waited too long for a lock: {locked}")
         except psycopg.Error as exc:
             raise MemoryUnavailable(f"memory {self.name!r}: {exc}") from exc
         except Exception as exc:

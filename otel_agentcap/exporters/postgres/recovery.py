@@ -10,11 +10,10 @@ from typing import Any
 
 import psycopg
 from opentelemetry.trace import SpanContext
-from psycopg import ClientCursor
 
 from otel_agentcap.capture.agents import SpawnClaim, SpawnRecord
 from otel_agentcap.capture.runs import StoredRun
-from otel_agentcap.exporters.postgres.database import Database
+from otel_agentcap.exporters.postgres.database import Database, rows_waiting_for_locks_at_most
 from otel_agentcap.exporters.postgres.errors import LockWaitTimeout
 from otel_agentcap.model import EventRef
 from otel_agentcap.pipeline.sampling import stored_trace_flags
@@ -106,23 +105,6 @@ def is_claimed(spawned_at: EventRef, claim: SpawnClaim) -> bool:
     return (spawned_at.event_id, spawned_at.seq) == (claim.spawn_event_id, claim.spawn_seq)
 
 
-def _waiting_for_locks_at_most(
-    conn: psycopg.Connection[Any], database: Database, query: bytes, params: Any
-) -> tuple[Any, ...] | None:
-    """The first row of ``query``, run with a lock timeout below the statement timeout of
-    ``database``'s coordination connections: a statement that waits for a lock another session
-    holds (a ``LOCK TABLE`` on ``agentcap.spawns``, a slow commit) gives up as
-    ``psycopg.errors.LockNotAvailable``, not as a cancelled statement, which would take the
-    database (shared with the tool ledger and the memory) out of use for a cool-down as if the
-    server were hung."""
-    milliseconds = max(1, int(database.quick_timeout * 750))
-    cursor = ClientCursor(conn)
-    cursor.execute(b"SET LOCAL lock_timeout = %d; " % milliseconds + query, params)
-    cursor.nextset()  # past the result of the SET, to the statement's
-    row: tuple[Any, ...] | None = cursor.fetchone()
-    return row
-
-
 class PostgresSpawnRegistry:
     """A :class:`~otel_agentcap.capture.agents.SpawnRegistry` over ``agentcap.spawns``
     (migration 0005), in autocommit mode: a spawn first looks its child up (one statement; a retry
@@ -177,7 +159,8 @@ class PostgresSpawnRegistry:
         """Raises ``LockWaitTimeout`` when the statement waited too long for a lock."""
         with self._database.coordination(self._timeout) as conn:
             try:
-                return _waiting_for_locks_at_most(conn, self._database, query, params)
+                rows = rows_waiting_for_locks_at_most(conn, self._database, query, params)
+                return rows[0] if rows else None
             except psycopg.errors.LockNotAvailable as exc:
                 locked = exc  # raised outside: a lock is not an outage (no cool-down)
         raise LockWaitTimeout(f"the spawn registry waited too long for a lock: {locked}")
