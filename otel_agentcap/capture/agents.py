@@ -600,13 +600,7 @@ def _stored_child(run_id: str, agent_id: str, name: str) -> Agent | None:
         _registry_failed("look up", agent_id, exc)
         return None
     _registry_answered()
-    if found is None:
-        return None
-    spawn_span = found.spawn_span
-    spawned_at = EventRef(
-        found.spawned_at.event_id, found.spawned_at.seq, found.parent_agent_id, spawn_span
-    )
-    return _child(run_id, found.parent_agent_id, found.name or name, agent_id, spawned_at)
+    return None if found is None else _child_of_record(run_id, agent_id, name, found)
 
 
 def agent(name: str, *, agent_id: str | None = None, timeout: float | None = None) -> AgentScope:
@@ -798,11 +792,18 @@ def _registered(parent: AgentContext, name: str, child_id: str, record: SpawnRec
             f"{record.parent_agent_id!r}, not {parent.agent_id!r}"
         )
     parent.clock.observe(record.spawned_at.seq)
-    spawn_span = record.spawn_span
+    return _child_of_record(parent.run_id, child_id, name, record)
+
+
+def _child_of_record(run_id: str, child_id: str, name: str, record: SpawnRecord) -> Agent:
+    """The child a registered spawn made: its parent, name and spawn event, under its span."""
     spawned_at = EventRef(
-        record.spawned_at.event_id, record.spawned_at.seq, parent.agent_id, spawn_span
+        record.spawned_at.event_id,
+        record.spawned_at.seq,
+        record.parent_agent_id,
+        record.spawn_span,
     )
-    return _child(parent.run_id, parent.agent_id, record.name or name, child_id, spawned_at)
+    return _child(run_id, record.parent_agent_id, record.name or name, child_id, spawned_at)
 
 
 def _child(

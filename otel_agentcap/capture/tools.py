@@ -1015,10 +1015,9 @@ class Tool(Generic[P, R]):
             else jsonsafe.truncate(arguments)
         )
         # The span starts with the event's stamp (what span processors' on_start look for) and
-        # gen_ai.operation.name; the rest is written into it right after, before the body runs, in the same order, so the
-        # span ends with the same attributes in the same order. The SDK cleans every attribute
-        # passed to start_span one by one in Python (about 6,000 instructions each in a
-        # callgrind count); these are plain str values that need no cleaning.
+        # gen_ai.operation.name; the rest is written into it right after, before the body runs.
+        # The SDK cleans every attribute passed to start_span one by one in Python (about 6,000
+        # instructions each in a callgrind count); these are plain str values that need none.
         late: dict[str, AttributeValue] = {
             attr.EVENT_PAYLOAD: tel.tool_payload_encoded(head, "arguments", recorded)
         }

@@ -79,10 +79,6 @@ WHERE run_id = %s AND agent_id = %s AND invocation_id = %s AND call_digest = %s
   AND owner = %s AND attempt = %s AND status = 'running'
 """
 
-# A claim given up before its body started, by the only attempt there was (a fresh row): the row
-# goes, as if never claimed, so a retry claims it anew (an at_most_once call too). Under the lock
-# tool_claim takes, and only while no later call under the invocation id counted this row for its
-# ordinal (that call keeps its ordinal; this row is released instead).
 # Whether the outcome of attempt %s with this result event is the one the row holds: a write of
 # it whose answer was lost (the connection broke after the commit) and that was written again.
 _HOLDS_OUTCOME: Final = b"""
@@ -91,6 +87,10 @@ WHERE run_id = %s AND agent_id = %s AND invocation_id = %s AND call_digest = %s
   AND attempt = %s AND status = %s AND result_event_id = %s AND result_event_seq = %s
 """
 
+# A claim given up before its body started, by the only attempt there was (a fresh row): the row
+# goes, as if never claimed, so a retry claims it anew (an at_most_once call too). Under the lock
+# tool_claim takes, and only while no later call under the invocation id counted this row for its
+# ordinal (that call keeps its ordinal; this row is released instead).
 _UNCLAIM: Final = b"SELECT agentcap.tool_unclaim(%s, %s, %s, %s, %s, %s)"
 
 _OWN_RUNNING_ATTEMPT: Final = b"""
