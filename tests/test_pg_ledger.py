@@ -8,6 +8,7 @@ import contextvars
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -24,10 +25,11 @@ import pytest
 from anthropic_support import stored  # noqa: F401 (fixture)
 
 import otel_agentcap as ac
-from otel_agentcap.capture.ledger import PickleCodec, set_tool_ledger
+from otel_agentcap.capture.ledger import LedgerCall, PickleCodec, set_tool_ledger
 from otel_agentcap.capture.tools import current_invocation, invocations
 from otel_agentcap.errors import RecordedToolError, ToolOutcomeUnknown
 from otel_agentcap.exporters.postgres import Database
+from otel_agentcap.exporters.postgres import ledger as ledger_module
 from otel_agentcap.exporters.postgres.errors import ConnectionFailed
 from otel_agentcap.exporters.postgres.ledger import PostgresToolLedger, ToolLedgerUnavailable
 from otel_agentcap.testing import capture_events
@@ -821,6 +823,120 @@ def test_an_outcome_whose_answer_was_lost_is_not_reported_as_taken_over(
     ) == [("succeeded", 1)]
     with ac.run(run_id, resume=True), ac.agent("a"):
         assert work.invoke("w", 1) == 2
+    assert calls == [1]
+
+
+def _expire_leases(dsn: str) -> None:
+    """Let every claim's lease run out (as after its lease time, without waiting for it)."""
+    with psycopg.connect(dsn) as conn:
+        conn.execute("UPDATE agentcap.tool_ledger SET lease_expires_at = now() - interval '1 h'")
+
+
+def _break_connection(conn: psycopg.Connection[Any]) -> None:
+    """Lose the connection as a network drop does, after the statement sent on it committed: its
+    socket is shut down and the next use fails (psycopg raises OperationalError and marks it
+    broken), so the client never learns the committed statement's answer."""
+    with socket.socket(fileno=os.dup(conn.fileno())) as sock:
+        sock.shutdown(socket.SHUT_RDWR)
+    conn.execute(b"SELECT 1")
+
+
+@pytest.mark.fault
+@pytest.mark.parametrize("crash_policy", ["at_least_once", "at_most_once"])
+@pytest.mark.parametrize("broken", ["after_the_commit", "before_the_server_read_it"])
+def test_a_claim_whose_answer_was_lost_is_recognised_and_the_call_stays_protected(
+    ledger, pg_dsn, monkeypatch, caplog, crash_policy, broken
+):
+    """If the connection breaks after a claim was sent (the client sees an error, the claim may
+    have committed), the ledger reads the row again on a new connection: it finds its own claim
+    (or, not committed, claims again) and runs the body under it, so the outcome is recorded and
+    another process replays it instead of waiting for the lease and running the body again (or
+    reading an unknown outcome)."""
+    real = ledger._execute
+    lost: list[bool] = []
+
+    def lost_answer(conn: Any, query: bytes, params: Any, **kwargs: Any) -> Any:
+        if query != ledger_module._CLAIM or lost:
+            return real(conn, query, params, **kwargs)
+        lost.append(True)
+        if broken == "before_the_server_read_it":
+            with socket.socket(fileno=os.dup(conn.fileno())) as sock:
+                sock.shutdown(socket.SHUT_RDWR)
+        cursor = real(conn, query, params, **kwargs)
+        _break_connection(conn)
+        return cursor
+
+    calls: list[int] = []
+
+    @ac.tool(crash_policy=crash_policy)
+    def work(n: int) -> int:
+        calls.append(n)
+        return n + 1
+
+    run_id = _run_id()
+    monkeypatch.setattr(ledger, "_execute", lost_answer)
+    with ac.run(run_id, resume=True), ac.agent("a"):
+        assert work.invoke("w", 1) == 2
+    assert lost == [True]
+    stats = ledger.stats()
+    assert (stats.claims, stats.unavailable, stats.completions) == (1, 0, 1)
+    assert stats.lost_answers == 1
+    assert "unavailable" not in caplog.text
+    assert ("the claim holds" in caplog.text) == (broken == "after_the_commit")
+    rows = _rows(
+        pg_dsn,
+        "SELECT run_id, agent_id, invocation_id, tool, call_digest, status, attempt, owner "
+        "FROM agentcap.tool_ledger WHERE run_id = %s",
+        run_id,
+    )
+    assert [row[5:] for row in rows] == [("succeeded", 1, None)]
+    # Another process (a ledger of its own) asking for the call, its lease long expired.
+    _expire_leases(pg_dsn)
+    database = Database(pg_dsn)
+    try:
+        other = PostgresToolLedger(database, lease=2.0)
+        run, agent, invocation, tool, digest = rows[0][:5]
+        answer = other.claim(LedgerCall(run, agent, invocation, tool, digest, crash_policy))
+    finally:
+        database.close()
+    assert (answer.state, answer.attempt) == ("succeeded", 1)
+    assert calls == [1]
+
+
+@pytest.mark.fault
+def test_a_claim_whose_answer_was_lost_runs_in_process_if_the_server_stays_unreachable(
+    ledger, pg_dsn, monkeypatch
+):
+    """If the connection breaks after a claim was sent and no new connection can be made, the
+    call runs with in-process exactly-once only, as when the ledger is unreachable."""
+    real_execute = ledger._execute
+    real_coordination = Database.coordination
+
+    def lost_answer(conn: Any, query: bytes, params: Any, **kwargs: Any) -> Any:
+        cursor = real_execute(conn, query, params, **kwargs)
+        if query == ledger_module._CLAIM:
+            _break_connection(conn)
+        return cursor
+
+    def unreachable(self: Database, *args: Any, after_failure: bool = False, **kwargs: Any) -> Any:
+        if after_failure:
+            raise ConnectionFailed("cannot reach PostgreSQL: connection refused")
+        return real_coordination(self, *args, **kwargs)
+
+    calls: list[int] = []
+
+    @ac.tool
+    def work(n: int) -> int:
+        calls.append(n)
+        return n + 1
+
+    monkeypatch.setattr(ledger, "_execute", lost_answer)
+    monkeypatch.setattr(Database, "coordination", unreachable)
+    with ac.run(_run_id()), ac.agent("a"):
+        assert work.invoke("w", 1) == 2
+        assert work.invoke("w", 1) == 2
+    stats = ledger.stats()
+    assert (stats.claims, stats.unavailable, stats.lost_answers) == (0, 1, 1)
     assert calls == [1]
 
 

@@ -296,7 +296,9 @@ class Database:
             raise
 
     @contextmanager
-    def coordination(self, timeout: float = 2.0, cooldown: float = 5.0) -> Iterator[Any]:
+    def coordination(
+        self, timeout: float = 2.0, cooldown: float = 5.0, *, after_failure: bool = False
+    ) -> Iterator[Any]:
         """A pooled connection in autocommit mode, for one statement on the capture path that
         coordinates processes (tool ledger, spawn registry, shared memory): one round trip per
         statement, no BEGIN or COMMIT of its own. Its pool is its own (see the class), and a
@@ -305,8 +307,13 @@ class Database:
         Like :meth:`quick_connection` it fails fast for ``cooldown`` seconds after the server was
         unreachable (or a statement was cancelled: the server is hung or a lock held), but an
         error of the statement itself does not start that cool-down. Runs with instrumentation
-        suppressed."""
-        if time.monotonic() < self._down_until:
+        suppressed.
+
+        ``after_failure`` is for the statement that finds out what a statement whose connection
+        just broke did (it may have committed before its answer was lost): it does not fail fast
+        during the cool-down, and when it succeeds (the server answered on a new connection) the
+        cool-down ends."""
+        if time.monotonic() < self._down_until and not after_failure:
             raise ConnectionFailed("PostgreSQL was unreachable moments ago")
         if self._closed:
             raise ConnectionFailed("the database handle is closed")
@@ -340,6 +347,8 @@ class Database:
                 raise ConnectionFailed(f"no database connection: {exc}") from exc
             try:
                 yield conn
+                if after_failure:
+                    self._down_until = 0.0
             except psycopg.OperationalError as exc:
                 self._down_until = time.monotonic() + cooldown
                 if conn.broken:

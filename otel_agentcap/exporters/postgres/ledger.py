@@ -16,6 +16,10 @@ body runs, an ``UPDATE`` with the outcome after it.
   body again.
 * When the ledger cannot be reached at claim time, the call runs with in-process exactly-once
   only (logged once per change, counted in ``stats()``), unless ``on_unavailable="raise"``.
+* A claim whose connection broke after it was sent may have committed: the row is read again on a
+  new connection (``Database.coordination(after_failure=True)``) and a claim carrying this claim's
+  token as its ``owner`` (the process's ``owner`` prefix, then a number) is taken as made; an
+  uncommitted claim is sent again. Only when that fails is the ledger unavailable for the call.
 * A lock is not an outage. The ledger's statements wait at most ``LOCK_WAIT`` seconds (0.25 s,
   below the database's statement timeout) for a lock another session holds on the call's row or
   on the table (``SELECT ... FOR UPDATE`` in an open transaction, a claim whose commit is slow,
@@ -37,6 +41,7 @@ body runs, an ``UPDATE`` with the outcome after it.
 from __future__ import annotations
 
 import atexit
+import itertools
 import logging
 import os
 import socket
@@ -45,7 +50,7 @@ import time
 import uuid
 import weakref
 from dataclasses import asdict, dataclass
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, NamedTuple
 
 import psycopg
 from psycopg import ClientCursor
@@ -55,6 +60,7 @@ from otel_agentcap.capture.ledger import LedgerCall, LedgerClaim
 from otel_agentcap.errors import AgentCapError
 from otel_agentcap.exporters.postgres.connection import first_line
 from otel_agentcap.exporters.postgres.database import Database
+from otel_agentcap.exporters.postgres.errors import ConnectionFailed
 
 _logger = logging.getLogger(__name__)
 
@@ -93,8 +99,17 @@ WHERE run_id = %s AND agent_id = %s AND invocation_id = %s AND call_digest = %s
 # ordinal (that call keeps its ordinal; this row is released instead).
 _UNCLAIM: Final = b"SELECT agentcap.tool_unclaim(%s, %s, %s, %s, %s, %s)"
 
+# The running claim this process holds (any of its claim tokens: the owner starts with them).
 _OWN_RUNNING_ATTEMPT: Final = b"""
-SELECT l.attempt FROM agentcap.tool_ledger l
+SELECT l.attempt, l.owner FROM agentcap.tool_ledger l
+WHERE l.run_id = %s AND l.agent_id = %s AND l.invocation_id = %s AND l.call_digest = %s
+  AND starts_with(l.owner, %s) AND l.status = 'running'
+"""
+
+# The claim one claim statement made (its token is the owner), if it was committed: read after the
+# statement's answer was lost (the connection broke after it was sent).
+_MY_CLAIM: Final = b"""
+SELECT l.attempt, l.ordinal FROM agentcap.tool_ledger l
 WHERE l.run_id = %s AND l.agent_id = %s AND l.invocation_id = %s AND l.call_digest = %s
   AND l.owner = %s AND l.status = 'running'
 """
@@ -102,11 +117,16 @@ WHERE l.run_id = %s AND l.agent_id = %s AND l.invocation_id = %s AND l.call_dige
 _RENEW: Final = b"""
 UPDATE agentcap.tool_ledger l
 SET lease_expires_at = clock_timestamp() + make_interval(secs => %s)
-FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[]) AS k(run_id, agent_id, invocation_id,
-    call_digest)
+FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::text[]) AS k(run_id, agent_id,
+    invocation_id, call_digest, owner)
 WHERE l.run_id = k.run_id AND l.agent_id = k.agent_id AND l.invocation_id = k.invocation_id
-  AND l.call_digest = k.call_digest AND l.owner = %s AND l.status = 'running'
+  AND l.call_digest = k.call_digest AND l.owner = k.owner AND l.status = 'running'
 """
+
+
+#: How often a claim is sent again after its answer was lost (the connection broke after it was
+#: sent), each time on a new connection.
+_LOST_ANSWER_RETRIES: Final = 2
 
 
 class _Locked(Exception):
@@ -141,10 +161,24 @@ class LedgerStats:
     #: Statements that gave up waiting for a lock another session held (a claim then polls
     #: again; see the module doc).
     lock_waits: int = 0
+    #: Claims whose answer was lost (the connection broke after the claim was sent), read back
+    #: on a new connection.
+    lost_answers: int = 0
 
 
 def _owner_id() -> str:
-    return f"{socket.gethostname()[:64]}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+    return f"{socket.gethostname()[:64]}:{os.getpid()}:{uuid.uuid4().hex[:12]}/"
+
+
+class _Held(NamedTuple):
+    """A running claim this process holds: its attempt, and its token (the row's ``owner``)."""
+
+    attempt: int
+    owner: str
+
+
+class _AnswerLost(Exception):
+    """A claim statement was sent and its connection broke: whether it committed is unknown."""
 
 
 class _Completion:
@@ -179,10 +213,14 @@ class PostgresToolLedger:
         self._timeout = timeout
         self._on_unavailable = on_unavailable
         self.durable = durable
+        #: The prefix of this process's claim tokens: each claim stores ``owner`` followed by a
+        #: number of its own as the row's owner, so a claim whose answer was lost is told from
+        #: any other claim of this process.
         self.owner = _owner_id()
-        # Running claims of this process: key -> attempt. Plain dict operations (atomic under
-        # the GIL); the renewing thread reads a snapshot.
-        self._running: dict[tuple[str, str, str, str], int] = {}
+        self._tokens = itertools.count(1)
+        # Running claims of this process: key -> attempt and token. Plain dict operations (atomic
+        # under the GIL); the renewing thread reads a snapshot.
+        self._running: dict[tuple[str, str, str, str], _Held] = {}
         # Calls waiting for a lock on their row (warned about once each), bounded.
         self._lock_waiting: dict[tuple[str, str, str, str], None] = {}
         self._pending: list[_Completion] = []
@@ -200,23 +238,22 @@ class PostgresToolLedger:
     # ----------------------------------------------------------------- protocol
 
     def claim(self, call: LedgerCall) -> LedgerClaim:
+        token = f"{self.owner}{next(self._tokens)}"
         params = (
             call.run_id,
             call.agent_id,
             call.invocation_id,
             call.digest,
             call.tool,
-            self.owner,
+            token,
             self.lease,
             call.crash_policy == "at_most_once",
         )
         try:
-            with self._database.coordination(self._timeout) as conn:
-                self._count("round_trips")
-                try:
-                    row = self._execute(conn, _CLAIM, params, lock_wait=True).fetchone()
-                except psycopg.errors.LockNotAvailable:
-                    row = None  # caught here: a lock is not an outage (no cool-down)
+            try:
+                row = self._send_claim(params, after_failure=False)
+            except _AnswerLost as lost:
+                row = self._claim_after_lost_answer(call, params, lost)
         except Exception as exc:
             self._count("unavailable")
             if self._on_unavailable == "raise":
@@ -232,7 +269,7 @@ class PostgresToolLedger:
         state, attempt, ordinal, codec, result, error, result_event_id, result_event_seq = row
         if state == "claimed":
             self._count("claims")
-            self._running[_key(call)] = int(attempt)
+            self._running[_key(call)] = _Held(int(attempt), token)
             self._start_thread()
         elif state == "running":
             self._count("waits")
@@ -248,6 +285,54 @@ class PostgresToolLedger:
             None if result_event_id is None else str(result_event_id),
             None if result_event_seq is None else int(result_event_seq),
         )
+
+    def _send_claim(self, params: tuple[Any, ...], *, after_failure: bool) -> Any:
+        """Run ``tool_claim`` once: its row, or None when it gave up waiting for a lock. Raises
+        ``_AnswerLost`` when the connection broke after the statement was sent."""
+        sent = False
+        try:
+            with self._database.coordination(self._timeout, after_failure=after_failure) as conn:
+                self._count("round_trips")
+                try:
+                    sent = True
+                    return self._execute(conn, _CLAIM, params, lock_wait=True).fetchone()
+                except psycopg.errors.LockNotAvailable:
+                    return None  # caught here: a lock is not an outage (no cool-down)
+        except ConnectionFailed as exc:
+            if sent and _connection_lost(exc):
+                raise _AnswerLost(str(exc)) from exc
+            raise
+
+    def _claim_after_lost_answer(
+        self, call: LedgerCall, params: tuple[Any, ...], lost: _AnswerLost
+    ) -> Any:
+        """The claim with ``params`` was sent and its answer lost: whether it committed is
+        unknown. On a new connection, the row is read: if it holds this claim (its token is the
+        owner), the claim was committed and the caller runs the body under it; else the claim is
+        sent again (it claims, waits or replays, as the first one would have). Raises what the
+        new connection raises (the ledger is unavailable then)."""
+        token = params[5]
+        for tries_left in range(_LOST_ANSWER_RETRIES, -1, -1):
+            self._count("lost_answers")
+            with self._database.coordination(self._timeout, after_failure=True) as conn:
+                self._count("round_trips")
+                mine = conn.execute(_MY_CLAIM, (*_key(call), token)).fetchone()
+            if mine is not None:
+                _logger.warning(
+                    "agentcap: the connection broke after invocation %s of %s was claimed (%s); "
+                    "read back on a new connection: the claim holds, the call runs under it",
+                    call.invocation_id,
+                    call.tool,
+                    lost,
+                )
+                return ("claimed", mine[0], mine[1], None, None, None, None, None)
+            try:
+                return self._send_claim(params, after_failure=True)
+            except _AnswerLost as again:
+                if not tries_left:
+                    raise ConnectionFailed(f"database connection failed: {again}") from again
+                lost = again
+        raise AssertionError("unreachable")
 
     def complete(
         self,
@@ -279,13 +364,15 @@ class PostgresToolLedger:
             self._start_thread()
             self._wake.set()
 
-    def release(self, call: LedgerCall, attempt: int) -> None:
+    def release(self, call: LedgerCall, attempt: int, owner: str | None = None) -> None:
+        """Give up claim ``attempt`` of ``call`` (its body was interrupted); ``owner`` is its token
+        when this process no longer notes the claim as running. Never raises."""
         key = _key(call)
         try:
             with self._database.coordination(self._timeout) as conn:
                 self._count("round_trips")
                 try:
-                    self._execute(conn, _RELEASE, self._held(call, attempt), lock_wait=True)
+                    self._execute(conn, _RELEASE, self._held(call, attempt, owner), lock_wait=True)
                     locked = False
                 except psycopg.errors.LockNotAvailable:
                     locked = True  # caught here: a lock is not an outage (no cool-down)
@@ -302,10 +389,9 @@ class PostgresToolLedger:
                 call.tool,
                 exc_info=True,
             )
-        if self._running.get(key) == attempt:
-            self._running.pop(key, None)
+        self._forget(key, attempt)
 
-    def release_unstarted(self, call: LedgerCall, attempt: int) -> None:
+    def release_unstarted(self, call: LedgerCall, attempt: int, owner: str | None = None) -> None:
         """Give up the caller's claim before its body started (its caller was cancelled while
         the claim was in flight): a first attempt's row is removed, so the next claim runs the
         body, also for an ``at_most_once`` call, whose released claim would otherwise read as an
@@ -316,7 +402,7 @@ class PostgresToolLedger:
                 self._count("round_trips")
                 try:
                     row = self._execute(
-                        conn, _UNCLAIM, self._held(call, attempt), lock_wait=True
+                        conn, _UNCLAIM, self._held(call, attempt, owner), lock_wait=True
                     ).fetchone()
                 except psycopg.errors.LockNotAvailable:
                     row = None
@@ -336,26 +422,22 @@ class PostgresToolLedger:
                 first_line(exc),
             )
         if not removed:
-            self.release(call, attempt)
+            self.release(call, attempt, owner)
             return
         self._count("releases")
-        if self._running.get(key) == attempt:
-            self._running.pop(key, None)
+        self._forget(key, attempt)
 
     def withdraw_interrupted(self, call: LedgerCall) -> None:
         """The caller was interrupted (``KeyboardInterrupt``, ``SystemExit``) inside
         :meth:`claim`, so whether its claim was committed is unknown, and its body never started:
         withdraw the claim of ``call`` this process holds, if any (:meth:`release_unstarted`).
         Never raises."""
-        attempt = self._running.get(_key(call))
-        if attempt is None:
+        held = self._running.get(_key(call))
+        if held is None:
             try:
                 with self._database.coordination(self._timeout) as conn:
                     self._count("round_trips")
-                    row = conn.execute(
-                        _OWN_RUNNING_ATTEMPT,
-                        (call.run_id, call.agent_id, call.invocation_id, call.digest, self.owner),
-                    ).fetchone()
+                    row = conn.execute(_OWN_RUNNING_ATTEMPT, (*_key(call), self.owner)).fetchone()
             except Exception as exc:
                 _logger.warning(
                     "agentcap: could not look for the interrupted claim of invocation %s of %s "
@@ -367,16 +449,23 @@ class PostgresToolLedger:
                 return
             if row is None:
                 return  # the claim was not committed
-            attempt = int(row[0])
-        self.release_unstarted(call, attempt)
+            held = _Held(int(row[0]), str(row[1]))
+        self.release_unstarted(call, held.attempt, held.owner)
 
     # ----------------------------------------------------------------- internals
 
-    def _held(self, call: LedgerCall, attempt: int) -> tuple[str, str, str, str, str, int]:
+    def _held(
+        self, call: LedgerCall, attempt: int, owner: str | None = None
+    ) -> tuple[str, str, str, str, str, int]:
         """The claim ``attempt`` of ``call`` this process holds, as ``_COMPLETE`` (its last six
         parameters), ``_RELEASE`` and ``_UNCLAIM`` name it: run, agent, invocation id, call
-        digest, owner, attempt."""
-        return (*_key(call), self.owner, attempt)
+        digest, owner (the claim's token: ``owner``, else the one noted when it was claimed),
+        attempt."""
+        if owner is None:
+            held = self._running.get(_key(call))
+            # A claim no longer noted matches no row (its token is not this process's prefix).
+            owner = held.owner if held is not None and held.attempt == attempt else self.owner
+        return (*_key(call), owner, attempt)
 
     def _execute(
         self,
@@ -474,7 +563,8 @@ class PostgresToolLedger:
         return 1 if row is not None else 0
 
     def _forget(self, key: tuple[str, str, str, str], attempt: int) -> None:
-        if self._running.get(key) == attempt:
+        held = self._running.get(key)
+        if held is not None and held.attempt == attempt:
             self._running.pop(key, None)
 
     def _start_thread(self) -> None:
@@ -502,14 +592,14 @@ class PostgresToolLedger:
                 _logger.debug("agentcap: ledger renewal failed", exc_info=True)
 
     def _renew(self) -> None:
-        running = list(self._running)
+        running = [(*key, held.owner) for key, held in list(self._running.items())]
         if not running:
             return
         columns = [list(column) for column in zip(*running, strict=True)]
         with self._database.coordination(self._timeout) as conn:
             self._count("round_trips")
             try:
-                self._execute(conn, _RENEW, (self.lease, *columns, self.owner), lock_wait=True)
+                self._execute(conn, _RENEW, (self.lease, *columns), lock_wait=True)
             except psycopg.errors.LockNotAvailable:
                 self._count("lock_waits")
                 return  # tried again at the next interval (no cool-down)
@@ -535,6 +625,7 @@ class PostgresToolLedger:
     def _after_fork(self) -> None:
         """A forked child holds none of its parent's claims and has no renewing thread."""
         self.owner = _owner_id()
+        self._tokens = itertools.count(1)
         self._running = {}
         self._pending = []
         self._pending_lock = threading.Lock()
@@ -567,6 +658,16 @@ class PostgresToolLedger:
                 time.sleep(0.1)
         self._closed = True
         self._wake.set()
+
+
+def _connection_lost(exc: BaseException) -> bool:
+    """Whether ``exc`` (``ConnectionFailed`` from a statement that was sent) may have left the
+    statement committed: the connection broke (or the server ended the session) before its answer
+    was read. A statement cancelled at the statement timeout was rolled back."""
+    cause = exc.__cause__
+    return isinstance(cause, psycopg.OperationalError) and not isinstance(
+        cause, psycopg.errors.QueryCanceled
+    )
 
 
 def _key(call: LedgerCall) -> tuple[str, str, str, str]:
