@@ -4,6 +4,8 @@ the chain of a key's writes replaying to its value, compare-and-set, and copies 
 from __future__ import annotations
 
 import itertools
+import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -21,7 +23,9 @@ import otel_agentcap as ac
 from otel_agentcap.capture.ledger import set_tool_ledger
 from otel_agentcap.errors import MemoryUnavailable
 from otel_agentcap.exporters.postgres import Database, PostgresMemory
+from otel_agentcap.exporters.postgres import memory as memory_module
 from otel_agentcap.exporters.postgres.ledger import PostgresToolLedger
+from otel_agentcap.model import EventRef
 from otel_agentcap.testing import capture_events
 
 pytestmark = pytest.mark.storage
@@ -428,6 +432,49 @@ def test_a_write_after_the_server_closed_the_idle_connections_succeeds(pg_dsn):
             assert memory["k"] == 2
     finally:
         database.close()
+
+
+@pytest.mark.fault
+@pytest.mark.parametrize("broken", ["after_the_commit", "before_the_server_read_it"])
+def test_a_write_whose_answer_was_lost_is_found_written_or_made_again(
+    database, pg_dsn, monkeypatch, broken
+):
+    """If the connection breaks after a write was sent (the client sees an error; the write may
+    have committed), the memory looks for the write's event on a new connection: a committed write
+    returns as written (compare_and_set returns its event, neither an error nor False on a retry),
+    one that was not committed is made again; the key holds one write of the value either way."""
+    real = memory_module.rows_waiting_for_locks_at_most
+    armed: list[bool] = []
+    lost: list[bool] = []
+
+    def lost_answer(conn: Any, db: Database, query: bytes, params: Any) -> Any:
+        if query != memory_module._WRITE or not armed or lost:
+            return real(conn, db, query, params)
+        lost.append(True)
+        if broken == "before_the_server_read_it":
+            with socket.socket(fileno=os.dup(conn.fileno())) as sock:
+                sock.shutdown(socket.SHUT_RDWR)
+        rows = real(conn, db, query, params)
+        with socket.socket(fileno=os.dup(conn.fileno())) as sock:
+            sock.shutdown(socket.SHUT_RDWR)
+        conn.execute(b"SELECT 1")  # the connection is lost: OperationalError, marked broken
+        return rows
+
+    monkeypatch.setattr(memory_module, "rows_waiting_for_locks_at_most", lost_answer)
+    memory = PostgresMemory("m", database=database)
+    run_id = _run_id()
+    with capture_events() as captured, ac.run(run_id), ac.agent("a"):
+        memory.set("k", "first")
+        armed.append(True)
+        ref = memory.compare_and_set("k", 1, "second")
+        assert lost == [True]
+        assert isinstance(ref, EventRef)
+        assert memory.lookup("k").version == 2
+        assert memory["k"] == "second"
+    chain = _chain(pg_dsn, run_id, "k")
+    assert [write["payload"]["after"] for write in chain] == ["first", "second"]
+    assert chain[-1]["id"] == ref.event_id
+    assert [w.payload["after"] for w in captured.of_type("memory_write")] == ["first", "second"]
 
 
 def test_concurrent_readers_and_writers_each_read_names_the_write_it_saw(database):

@@ -106,6 +106,18 @@ def _cancelled(exc: BaseException) -> bool:
     return False
 
 
+def answer_lost(exc: BaseException) -> bool:
+    """Whether ``exc``, raised by :meth:`Database.coordination` for a statement that was sent,
+    leaves the statement's commit unknown: the connection broke (or the server ended the session)
+    before its answer was read. A statement cancelled at the statement timeout was rolled back.
+    The caller must know the statement was sent: a connection that could not be made raises the
+    same way."""
+    cause = exc.__cause__ if isinstance(exc, ConnectionFailed) else None
+    return isinstance(cause, psycopg.OperationalError) and not isinstance(
+        cause, psycopg.errors.QueryCanceled
+    )
+
+
 def rows_waiting_for_locks_at_most(
     conn: psycopg.Connection[Any], database: Database, query: bytes, params: Any
 ) -> list[tuple[Any, ...]]:

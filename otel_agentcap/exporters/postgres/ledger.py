@@ -59,7 +59,7 @@ from psycopg.types.json import Jsonb
 from otel_agentcap.capture.ledger import LedgerCall, LedgerClaim
 from otel_agentcap.errors import AgentCapError
 from otel_agentcap.exporters.postgres.connection import first_line
-from otel_agentcap.exporters.postgres.database import Database
+from otel_agentcap.exporters.postgres.database import Database, answer_lost
 from otel_agentcap.exporters.postgres.errors import ConnectionFailed
 
 _logger = logging.getLogger(__name__)
@@ -299,7 +299,7 @@ class PostgresToolLedger:
                 except psycopg.errors.LockNotAvailable:
                     return None  # caught here: a lock is not an outage (no cool-down)
         except ConnectionFailed as exc:
-            if sent and _connection_lost(exc):
+            if sent and answer_lost(exc):
                 raise _AnswerLost(str(exc)) from exc
             raise
 
@@ -658,16 +658,6 @@ class PostgresToolLedger:
                 time.sleep(0.1)
         self._closed = True
         self._wake.set()
-
-
-def _connection_lost(exc: BaseException) -> bool:
-    """Whether ``exc`` (``ConnectionFailed`` from a statement that was sent) may have left the
-    statement committed: the connection broke (or the server ended the session) before its answer
-    was read. A statement cancelled at the statement timeout was rolled back."""
-    cause = exc.__cause__
-    return isinstance(cause, psycopg.OperationalError) and not isinstance(
-        cause, psycopg.errors.QueryCanceled
-    )
 
 
 def _key(call: LedgerCall) -> tuple[str, str, str, str]:

@@ -18,10 +18,15 @@ agents of the run in several processes share it with the guarantees of the in-pr
   back for values JSON cannot hold), so every read returns a new object.
 * When the database cannot be reached, reads and writes raise
   :class:`~otel_agentcap.errors.MemoryUnavailable`: the memory is the database.
+* A write of an agent whose connection broke after it was sent may have committed: its event is
+  looked for on a new connection. Found, the write was made and returns as such; not found, it is
+  made again (at most twice after lost answers). A write outside any agent records no event and
+  raises ``MemoryUnavailable`` then.
 """
 
 from __future__ import annotations
 
+import json
 import random
 import time
 from typing import Any, Final
@@ -43,7 +48,11 @@ from otel_agentcap.capture.memory import (
 )
 from otel_agentcap.context import AgentContext, current_agent, current_run
 from otel_agentcap.errors import MemoryUnavailable
-from otel_agentcap.exporters.postgres.database import Database, rows_waiting_for_locks_at_most
+from otel_agentcap.exporters.postgres.database import (
+    Database,
+    answer_lost,
+    rows_waiting_for_locks_at_most,
+)
 from otel_agentcap.exporters.postgres.recovery import span_context_of
 from otel_agentcap.model import EventRef, EventType, validate_id
 from otel_agentcap.pipeline.mapping import wall_time
@@ -63,6 +72,18 @@ _WRITE: Final = (
 #: Writes tried again after the key's last writer turned out to be ahead of the writer's clock,
 #: or after another write took the sequence (both rare); then the write fails.
 _MAX_ATTEMPTS: Final = 64
+#: A write's event, if its transaction committed: read after the write's answer was lost.
+_WRITTEN: Final = b"""
+SELECT causal_parent_ids, payload::text FROM agentcap.events
+WHERE run_id = %s AND event_id = %s AND event_type = 'memory_write'
+"""
+#: Writes whose answer was lost that are looked for and made again; then the write fails.
+_LOST_ANSWERS: Final = 3
+
+
+class _AnswerLost(MemoryUnavailable):
+    """A statement was sent and its connection broke: whether it committed is unknown."""
+
 
 _default_database: Database | None = None
 
@@ -122,10 +143,16 @@ class PostgresMemory(MemoryBase):
             )
         return run.run_id
 
-    def _query(self, query: bytes, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+    def _query(
+        self, query: bytes, params: tuple[Any, ...], *, after_failure: bool = False
+    ) -> list[tuple[Any, ...]]:
+        """The statement's rows; raises ``MemoryUnavailable`` (``_AnswerLost`` when the connection
+        broke after the statement was sent)."""
+        sent = False
         try:
-            with self._database.coordination(self._timeout) as conn:
+            with self._database.coordination(self._timeout, after_failure=after_failure) as conn:
                 try:
+                    sent = True
                     return rows_waiting_for_locks_at_most(conn, self._database, query, params)
                 except psycopg.errors.LockNotAvailable as exc:
                     locked = exc  # raised outside: a lock is not an outage (no cool-down)
@@ -135,7 +162,8 @@ class PostgresMemory(MemoryBase):
         except Exception as exc:
             if isinstance(exc, MemoryUnavailable):
                 raise
-            raise MemoryUnavailable(f"memory {self.name!r} is unavailable: {exc}") from exc
+            lost = _AnswerLost if sent and answer_lost(exc) else MemoryUnavailable
+            raise lost(f"memory {self.name!r} is unavailable: {exc}") from exc
 
     def keys(self) -> list[str]:
         return [str(row[0]) for row in self._query(_KEYS, (self._run(current_agent()), self.name))]
@@ -234,6 +262,7 @@ class PostgresMemory(MemoryBase):
         span_id = f"{context.span_id:016x}" if context.is_valid else None
         start = getattr(span, "start_time", None)
         when = wall_time(start if isinstance(start, int) else time.time_ns())
+        lost_answers = 0
         for attempt in range(_MAX_ATTEMPTS):
             # Again before each attempt: encoding the value ran the codec (the user's code, maybe),
             # and the agent may have timed out meanwhile; its write must not happen.
@@ -262,6 +291,17 @@ class PostgresMemory(MemoryBase):
                         span_id,
                     )
                 )
+            except _AnswerLost:
+                lost_answers += 1
+                if lost_answers >= _LOST_ANSWERS:
+                    raise
+                # Committed or not: its event tells (read on a new connection, at once).
+                written = self._query(_WRITTEN, (run_id, event.event_id), after_failure=True)
+                if not written:
+                    continue  # not committed: the write is made again
+                parents, payload = written[0]
+                row = ("written", None, json.loads(payload)["before_found"], None, None, None)
+                row += (parents, payload)
             except MemoryUnavailable as exc:
                 if isinstance(exc.__cause__, psycopg.errors.UniqueViolation):
                     continue  # the sequence was taken (clock ran locally): try the next one
