@@ -904,6 +904,49 @@ def test_a_claim_whose_answer_was_lost_is_recognised_and_the_call_stays_protecte
 
 
 @pytest.mark.fault
+@pytest.mark.parametrize("statement", ["release", "withdrawal"])
+@pytest.mark.parametrize("broken", ["after_the_commit", "before_the_server_read_it"])
+def test_a_release_whose_answer_was_lost_is_sent_again(
+    ledger, pg_dsn, monkeypatch, caplog, statement, broken
+):
+    """If the connection breaks after the release of a claim (or the withdrawal of an unstarted
+    one) was sent, it is sent again on a new connection: the claim is given up at once, so another
+    process takes the call over without waiting for the lease, and no failure is logged."""
+    call = LedgerCall(_run_id(), "a", "w", "t", "0" * 64, "at_least_once")
+    assert ledger.claim(call).state == "claimed"
+    query = ledger_module._RELEASE if statement == "release" else ledger_module._UNCLAIM
+    real = ledger._execute
+    lost: list[bool] = []
+
+    def lost_answer(conn: Any, sent: bytes, params: Any, **kwargs: Any) -> Any:
+        if sent != query or lost:
+            return real(conn, sent, params, **kwargs)
+        lost.append(True)
+        if broken == "before_the_server_read_it":
+            with socket.socket(fileno=os.dup(conn.fileno())) as sock:
+                sock.shutdown(socket.SHUT_RDWR)
+        cursor = real(conn, sent, params, **kwargs)
+        _break_connection(conn)
+        return cursor
+
+    monkeypatch.setattr(ledger, "_execute", lost_answer)
+    if statement == "release":
+        ledger.release(call, 1)
+    else:
+        ledger.release_unstarted(call, 1)
+    assert lost == [True]
+    assert ledger.stats().releases == 1
+    assert ledger.running_claims() == 0
+    assert "could not" not in caplog.text
+    database = Database(pg_dsn)
+    try:
+        answer = PostgresToolLedger(database, lease=2.0).claim(call)
+    finally:
+        database.close()
+    assert (answer.state, answer.attempt) == ("claimed", 2 if statement == "release" else 1)
+
+
+@pytest.mark.fault
 def test_a_claim_whose_answer_was_lost_runs_in_process_if_the_server_stays_unreachable(
     ledger, pg_dsn, monkeypatch
 ):

@@ -369,13 +369,7 @@ class PostgresToolLedger:
         when this process no longer notes the claim as running. Never raises."""
         key = _key(call)
         try:
-            with self._database.coordination(self._timeout) as conn:
-                self._count("round_trips")
-                try:
-                    self._execute(conn, _RELEASE, self._held(call, attempt, owner), lock_wait=True)
-                    locked = False
-                except psycopg.errors.LockNotAvailable:
-                    locked = True  # caught here: a lock is not an outage (no cool-down)
+            locked, _ = self._idempotent(_RELEASE, self._held(call, attempt, owner))
             if locked:
                 self._count("lock_waits")
                 raise _Locked("another session holds a lock on its row")
@@ -398,17 +392,7 @@ class PostgresToolLedger:
         unknown outcome; any other claim is released (:meth:`release`). Never raises."""
         key = _key(call)
         try:
-            with self._database.coordination(self._timeout) as conn:
-                self._count("round_trips")
-                try:
-                    row = self._execute(
-                        conn, _UNCLAIM, self._held(call, attempt, owner), lock_wait=True
-                    ).fetchone()
-                except psycopg.errors.LockNotAvailable:
-                    row = None
-                    locked = True  # caught here: a lock is not an outage (no cool-down)
-                else:
-                    locked = False
+            locked, row = self._idempotent(_UNCLAIM, self._held(call, attempt, owner))
             if locked:
                 self._count("lock_waits")
                 raise _Locked("another session holds a lock on its row")
@@ -453,6 +437,29 @@ class PostgresToolLedger:
         self.release_unstarted(call, held.attempt, held.owner)
 
     # ----------------------------------------------------------------- internals
+
+    def _idempotent(self, query: bytes, params: tuple[Any, ...]) -> tuple[bool, Any]:
+        """Run a statement that changes nothing when run again (a release, a withdrawal):
+        whether it gave up waiting for a lock, and its first row (None without one). When its
+        connection broke after it was sent (committed or not, the answer is lost), it is sent
+        once more at once, on a new connection."""
+        for after_failure in (False, True):
+            sent = False
+            try:
+                with self._database.coordination(
+                    self._timeout, after_failure=after_failure
+                ) as conn:
+                    self._count("round_trips")
+                    sent = True
+                    try:
+                        cursor = self._execute(conn, query, params, lock_wait=True)
+                        return False, cursor.fetchone() if cursor.description else None
+                    except psycopg.errors.LockNotAvailable:
+                        return True, None  # caught here: a lock is not an outage (no cool-down)
+            except ConnectionFailed as exc:
+                if after_failure or not (sent and answer_lost(exc)):
+                    raise
+        raise AssertionError("unreachable")
 
     def _held(
         self, call: LedgerCall, attempt: int, owner: str | None = None
