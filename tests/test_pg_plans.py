@@ -157,6 +157,7 @@ _COORDINATION = {
         ("succeeded", None, None, None, None, None, None, RUN, "coordinator", "inv-1", "x", "o", 1),
     ),
     "registered spawn": (recovery._FIND_REGISTERED, {"run": RUN, "child": "coordinator/c1"}),
+    "ledger claim read back": (ledger._MY_CLAIM, (RUN, "coordinator", "inv-1", "x", "o/1")),
 }
 
 

@@ -74,8 +74,9 @@ _WRITE: Final = (
 _MAX_ATTEMPTS: Final = 64
 #: A write's event, if its transaction committed: read after the write's answer was lost.
 _WRITTEN: Final = b"""
-SELECT causal_parent_ids, payload::text FROM agentcap.events
-WHERE run_id = %s AND event_id = %s AND event_type = 'memory_write'
+SELECT e.causal_parent_ids, e.payload::text FROM agentcap.events e
+WHERE e.run_id = %(run)s AND e.event_id = %(event)s AND e.event_type = 'memory_write'
+  AND e.run_started_at = (SELECT r.started_at FROM agentcap.runs r WHERE r.run_id = %(run)s)
 """
 #: Writes whose answer was lost that are looked for and made again; then the write fails.
 _LOST_ANSWERS: Final = 3
@@ -144,7 +145,7 @@ class PostgresMemory(MemoryBase):
         return run.run_id
 
     def _query(
-        self, query: bytes, params: tuple[Any, ...], *, after_failure: bool = False
+        self, query: bytes, params: Any, *, after_failure: bool = False
     ) -> list[tuple[Any, ...]]:
         """The statement's rows; raises ``MemoryUnavailable`` (``_AnswerLost`` when the connection
         broke after the statement was sent)."""
@@ -296,7 +297,9 @@ class PostgresMemory(MemoryBase):
                 if lost_answers >= _LOST_ANSWERS:
                     raise
                 # Committed or not: its event tells (read on a new connection, at once).
-                written = self._query(_WRITTEN, (run_id, event.event_id), after_failure=True)
+                written = self._query(
+                    _WRITTEN, {"run": run_id, "event": event.event_id}, after_failure=True
+                )
                 if not written:
                     continue  # not committed: the write is made again
                 parents, payload = written[0]
