@@ -749,7 +749,7 @@ def test_an_outcome_that_cannot_be_written_is_written_later(ledger, pg_dsn, monk
         # The first attempt, in the calling thread, fails; the ledger's own thread retries.
         if (
             threading.current_thread() is threading.main_thread()
-            and sys._getframe(1).f_code.co_name == "_write_completion"
+            and sys._getframe(1).f_code.co_name == "_send_completion"
         ):
             raise ConnectionError("server gone")
         return real(self, *args, **kwargs)
@@ -787,7 +787,7 @@ def test_an_outcome_whose_answer_was_lost_is_not_reported_as_taken_over(
 
     def lost_answer(self: Database, *args: Any, **kwargs: Any) -> Any:
         # The first outcome, written by the calling thread, commits and its answer is lost.
-        if sys._getframe(1).f_code.co_name != "_write_completion" or lost:
+        if sys._getframe(1).f_code.co_name != "_send_completion" or lost:
             return real(self, *args, **kwargs)
         lost.append(True)
 
@@ -944,6 +944,51 @@ def test_a_release_whose_answer_was_lost_is_sent_again(
     finally:
         database.close()
     assert (answer.state, answer.attempt) == ("claimed", 2 if statement == "release" else 1)
+
+
+@pytest.mark.fault
+@pytest.mark.parametrize("statement", ["outcome", "renewal"])
+def test_an_outcome_or_renewal_whose_answer_was_lost_leaves_the_ledger_in_use(
+    pg_dsn, monkeypatch, statement
+):
+    """If the connection breaks after an outcome or a lease renewal was committed, the statement
+    is sent again at once on a new connection: the outcome is written then, and the next call is
+    claimed in the ledger instead of running without it while PostgreSQL counts as unreachable."""
+    database = Database(pg_dsn)
+    ledger = PostgresToolLedger(database, lease=300.0)  # no renewal but the test's own
+    set_tool_ledger(ledger)
+    query = ledger_module._COMPLETE if statement == "outcome" else ledger_module._RENEW
+    real = ledger._execute
+    lost: list[bool] = []
+
+    def lost_answer(conn: Any, sent: bytes, params: Any, **kwargs: Any) -> Any:
+        cursor = real(conn, sent, params, **kwargs)
+        if sent == query and not lost:
+            lost.append(True)
+            _break_connection(conn)
+        return cursor
+
+    @ac.tool
+    def work(n: int) -> int:
+        if statement == "renewal" and n == 1:
+            with contextlib.suppress(ConnectionFailed):  # as the renewing thread does
+                ledger._renew()
+        return n + 1
+
+    monkeypatch.setattr(ledger, "_execute", lost_answer)
+    try:
+        with ac.run(_run_id()), ac.agent("a"):
+            assert work.invoke("w1", 1) == 2
+            assert work.invoke("w2", 2) == 3
+        stats = ledger.stats()
+    finally:
+        set_tool_ledger(None)
+        ledger.close()
+        database.close()
+    assert lost == [True]
+    assert (stats.claims, stats.unavailable, stats.completions) == (2, 0, 2)
+    assert stats.completions_deferred == 0
+    assert stats.renewals == (1 if statement == "renewal" else 0)
 
 
 @pytest.mark.fault

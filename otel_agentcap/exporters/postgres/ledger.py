@@ -523,16 +523,10 @@ class PostgresToolLedger:
         call = completion.call
         key = _key(call)
         try:
-            with self._database.coordination(self._timeout) as conn:
-                self._count("round_trips")
-                try:
-                    cursor = self._execute(conn, _COMPLETE, completion.params, lock_wait=True)
-                except psycopg.errors.LockNotAvailable:
-                    self._count("lock_waits")
-                    return False  # kept, written later (a lock is not an outage: no cool-down)
-                updated = cursor.rowcount
-                if updated != 1:
-                    updated = self._holds_outcome(conn, completion)
+            updated = self._send_completion(completion)
+            if updated is None:
+                self._count("lock_waits")
+                return False  # kept, written later (a lock is not an outage: no cool-down)
         except psycopg.Error as exc:
             # The statement itself failed (not the connection): retrying cannot help.
             _logger.error(
@@ -557,6 +551,32 @@ class PostgresToolLedger:
             )
         self._forget(key, completion.attempt)
         return True
+
+    def _send_completion(self, completion: _Completion) -> int | None:
+        """Write one outcome: 1 if the row holds it now, 0 if the claim was taken over, None if
+        the write gave up waiting for a lock. When the connection broke after the write was sent
+        (committed or not), it is sent once more at once on a new connection: a write that had
+        committed is recognised then (``_holds_outcome``)."""
+        for after_failure in (False, True):
+            sent = False
+            try:
+                with self._database.coordination(
+                    self._timeout, after_failure=after_failure
+                ) as conn:
+                    self._count("round_trips")
+                    sent = True
+                    try:
+                        cursor = self._execute(conn, _COMPLETE, completion.params, lock_wait=True)
+                    except psycopg.errors.LockNotAvailable:
+                        return None
+                    updated = cursor.rowcount
+                    if updated != 1:
+                        updated = self._holds_outcome(conn, completion)
+                    return updated
+            except ConnectionFailed as exc:
+                if after_failure or not (sent and answer_lost(exc)):
+                    raise
+        raise AssertionError("unreachable")
 
     def _holds_outcome(self, conn: psycopg.Connection[Any], completion: _Completion) -> int:
         """1 if the row holds ``completion`` already (an earlier write of it committed and its
@@ -603,13 +623,10 @@ class PostgresToolLedger:
         if not running:
             return
         columns = [list(column) for column in zip(*running, strict=True)]
-        with self._database.coordination(self._timeout) as conn:
-            self._count("round_trips")
-            try:
-                self._execute(conn, _RENEW, (self.lease, *columns), lock_wait=True)
-            except psycopg.errors.LockNotAvailable:
-                self._count("lock_waits")
-                return  # tried again at the next interval (no cool-down)
+        locked, _ = self._idempotent(_RENEW, (self.lease, *columns))
+        if locked:
+            self._count("lock_waits")
+            return  # tried again at the next interval (no cool-down)
         self._count("renewals")
 
     def _flush_pending(self) -> None:
