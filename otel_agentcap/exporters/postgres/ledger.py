@@ -20,6 +20,8 @@ body runs, an ``UPDATE`` with the outcome after it.
   new connection (``Database.coordination(after_failure=True)``) and a claim carrying this claim's
   token as its ``owner`` (the process's ``owner`` prefix, then a number) is taken as made; an
   uncommitted claim is sent again. Only when that fails is the ledger unavailable for the call.
+  An outcome, a renewal, a release or a withdrawal whose connection broke after it was sent is sent
+  once more the same way (none changes anything a second time).
 * A lock is not an outage. The ledger's statements wait at most ``LOCK_WAIT`` seconds (0.25 s,
   below the database's statement timeout) for a lock another session holds on the call's row or
   on the table (``SELECT ... FOR UPDATE`` in an open transaction, a claim whose commit is slow,
