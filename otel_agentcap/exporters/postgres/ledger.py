@@ -441,7 +441,7 @@ class PostgresToolLedger:
     # ----------------------------------------------------------------- internals
 
     def _idempotent(self, query: bytes, params: tuple[Any, ...]) -> tuple[bool, Any]:
-        """Run a statement that changes nothing when run again (a release, a withdrawal):
+        """Run a statement that may run twice (a release, a withdrawal, a lease renewal):
         whether it gave up waiting for a lock, and its first row (None without one). When its
         connection broke after it was sent (committed or not, the answer is lost), it is sent
         once more at once, on a new connection."""
