@@ -47,6 +47,8 @@ class ProgramOrder(SpanProcessor):
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.records: list[tuple[int, str, str, int]] = []
+        #: Spans whose stamp on_start did not see yet: their index in ``records``.
+        self.pending: dict[int, int] = {}
         self.active = False
 
     def _add(self, run_id: Any, agent_id: Any, seq: Any) -> None:
@@ -58,9 +60,27 @@ class ProgramOrder(SpanProcessor):
         a = span.attributes or {}
         if attr.EVENT_SEQ in a:
             self._add(a[attr.RUN_ID], a[attr.AGENT_ID], a[attr.EVENT_SEQ])
+        elif attr.EVENT_ID in a and self.active:
+            # A tool span starts with its event id only; the rest of its stamp is written right
+            # after, on this thread: its place in program order is taken now, filled in at the end.
+            with self.lock:
+                self.pending[span.get_span_context().span_id] = len(self.records)
+                self.records.append((threading.get_ident(), "", "", -1))
 
     def on_end(self, span: ReadableSpan) -> None:
         owner = span.attributes or {}  # a closing event takes run and agent from its span
+        context = span.get_span_context()
+        if self.pending and context is not None:
+            with self.lock:
+                index = self.pending.pop(context.span_id, None)
+                if index is not None and index < len(self.records):
+                    thread_id = self.records[index][0]
+                    self.records[index] = (
+                        thread_id,
+                        str(owner[attr.RUN_ID]),
+                        str(owner[attr.AGENT_ID]),
+                        int(owner[attr.EVENT_SEQ]),  # type: ignore[arg-type]
+                    )
         if attr.OUTCOME in owner:
             record = json.loads(str(owner[attr.OUTCOME]))
             self._add(owner[attr.RUN_ID], owner[attr.AGENT_ID], record["seq"])
@@ -244,6 +264,7 @@ def test_random_programs_keep_lamport_invariants(workers):
     events = [e for e in captured.events if e.run_id == run_id]
     records = [r for r in order.records if r[1] == run_id]
     order.records.clear()
+    order.pending.clear()
 
     # Invariant 1: unique per (run, agent) ...
     per_agent: dict[str, list[int]] = defaultdict(list)
@@ -299,6 +320,7 @@ def test_harness_captures_every_kind_of_event():
             order.active = False
     recorded = [r for r in order.records if r[1] == run_id]
     order.records.clear()
+    order.pending.clear()
     events = [e for e in captured.events if e.run_id == run_id]
     counts: dict[str, int] = defaultdict(int)
     for event in events:
@@ -456,6 +478,7 @@ def test_timed_out_executions_keep_lamport_invariants_and_act_no_more(workers):
     events = [e for e in captured.events if e.run_id == run_id]
     records = [r for r in order.records if r[1] == run_id]
     order.records.clear()
+    order.pending.clear()
     assert leaked == []
 
     # Invariants 1 and 2.

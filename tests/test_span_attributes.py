@@ -7,7 +7,11 @@ from typing import Any
 import pytest
 from opentelemetry.sdk.trace import SpanLimits, TracerProvider
 
-from otel_agentcap.pipeline.span_attributes import add_attributes, attributes_of
+from otel_agentcap.pipeline.span_attributes import (
+    add_attributes,
+    attributes_of,
+    set_attributes_in_order,
+)
 
 STAMPS: dict[str, Any] = {
     "agentcap.run.id": "run-with-a-long-id",
@@ -97,3 +101,37 @@ def test_spans_built_by_hand_are_read_without_a_warning():
     assert attributes_of(ReadableSpan("bare")) == {}
     assert (key in private_parts.warned()) == warned_before
 
+
+@pytest.mark.parametrize(
+    ("limits", "in_order"),
+    [
+        (SpanLimits(), True),
+        (SpanLimits(max_attribute_length=8), False),  # the public API: values cut as it cuts them
+        (SpanLimits(max_span_attributes=5), False),
+    ],
+)
+def test_attributes_set_in_order_are_those_of_a_span_started_with_them_all(
+    limits: SpanLimits, in_order: bool
+):
+    """A span started with one attribute then given all in order holds what a span started with
+    them all holds, in their order where the direct write applies."""
+    tracer = TracerProvider(span_limits=limits).get_tracer("test")
+    first = {"agentcap.event.seq": 7}
+    ordered = tracer.start_span("op", attributes=first)
+    set_attributes_in_order(ordered, STAMPS)
+    started = tracer.start_span("op", attributes=STAMPS)
+    assert dict(ordered.attributes) == dict(started.attributes)
+    if in_order:
+        assert list(ordered.attributes) == list(STAMPS)
+    ordered.end()
+    started.end()
+
+
+def test_attributes_set_in_order_keep_one_a_processor_added_on_start():
+    """An attribute the span got that is not among those set in order is kept."""
+    tracer = TracerProvider().get_tracer("test")
+    span = tracer.start_span("op", attributes={"agentcap.event.seq": 7})
+    span.set_attribute("user.added", "yes")
+    set_attributes_in_order(span, STAMPS)
+    assert dict(span.attributes) == {"user.added": "yes", **STAMPS}
+    span.end()

@@ -886,8 +886,8 @@ def test_a_claim_of_an_expired_call_still_in_the_table_runs_it_again():
 
 def test_tool_span_attributes_keep_their_order_and_the_body_sees_them_all():
     """An execute_tool span ends with its stamp, payload and GenAI attributes in one fixed order;
-    a span processor's on_start already sees the stamp and gen_ai.operation.name, and the body
-    sees every attribute."""
+    a span processor's on_start sees the event id and gen_ai.operation.name, and the body sees
+    every attribute in that order."""
     from opentelemetry import trace
     from opentelemetry.sdk.trace import SpanProcessor
 
@@ -930,6 +930,6 @@ def test_tool_span_attributes_keep_their_order_and_the_body_sees_them_all():
         attr.GEN_AI_TOOL_TYPE,
         attr.GEN_AI_TOOL_CALL_ID,
     ]
-    assert at_start == [stamp]
+    assert at_start == [[attr.EVENT_ID, attr.GEN_AI_OPERATION_NAME]]
     assert in_body == [stamp + rest]
     assert list(span.attributes or {}) == [*stamp, *rest, attr.OUTCOME]

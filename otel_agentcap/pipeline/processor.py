@@ -1,8 +1,10 @@
 """``AgentCapSpanProcessor``: stamps agent identity, Lamport sequence and causal parents on spans.
 
 Spans created by otel_agentcap's capture API already carry their stamps (set as start attributes,
-because the capture code needs the sequence itself, e.g. to chain memory writes). This processor
-stamps everything else that starts inside an agent:
+because the capture code needs the sequence itself, e.g. to chain memory writes; a tool's
+``execute_tool`` span starts with its event id only, which is what this processor looks for, and
+gets the rest of its stamp right after). This processor stamps everything else that starts inside
+an agent:
 
 * every span gets ``agentcap.run.id``, ``agentcap.agent.id`` and ``gen_ai.agent.id``/``name``;
 * spans that are captured operations of their own, such as model-call spans of the anthropic SDK

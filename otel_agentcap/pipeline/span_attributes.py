@@ -7,7 +7,8 @@ inside when there is one (the public mapping is the fallback), for reading only.
 property copies the span's events; :func:`has_events` answers without the copy.
 
 :func:`add_attributes` is the one write: the processor's stamps on a span that is starting, and the
-closing event of a capture-API span.
+closing event of a capture-API span; :func:`set_attributes_in_order` is the same write for the
+attributes of a tool span that started with only a few of them.
 
 Beware: private parts of the SDK's spans (``_attributes``, a ``BoundedAttributes`` with ``_dict``,
 ``_lock`` and ``_immutable``; ``_end_time``; ``_events``), read with ``getattr`` so that a release
@@ -80,6 +81,41 @@ def add_attributes(span: Any, attributes: Mapping[str, AttributeValue]) -> None:
     if direct:
         with lock:
             if maxlen is None or len(inner) + len(attributes) <= maxlen:
+                inner.update(attributes)
+                return
+    span.set_attributes(attributes)
+
+
+def set_attributes_in_order(span: Any, attributes: Mapping[str, AttributeValue]) -> None:
+    """Add ``attributes`` (valid attribute values, as for :func:`add_attributes`) to the recording
+    ``span`` so that it holds them in their order: a span the capture API started with a few of
+    them (what a sampler and ``on_start`` see) ends as if it had been started with them all.
+
+    The direct write (see :func:`add_attributes`) replaces the contents of the inner dict when
+    every attribute the span has is among ``attributes``; when a span processor's ``on_start``
+    added others, or the public API has to be used, the attributes are added (the span's own
+    first, then the rest in order)."""
+    try:
+        bounded = span._attributes  # noqa: SLF001 (see the module documentation)
+        inner = bounded._dict  # noqa: SLF001
+        lock = bounded._lock  # noqa: SLF001
+        immutable = bounded._immutable  # noqa: SLF001
+        ended = span._end_time  # noqa: SLF001
+        direct = (
+            type(inner) is dict
+            and lock is not None
+            and immutable is False
+            and bounded.max_value_len is None
+            and ended is None
+        )
+        maxlen = bounded.maxlen
+    except AttributeError:
+        direct = False
+    if direct:
+        with lock:
+            if maxlen is None or len(inner) + len(attributes) <= maxlen:
+                if inner.keys() <= attributes.keys():
+                    inner.clear()
                 inner.update(attributes)
                 return
     span.set_attributes(attributes)
