@@ -977,6 +977,7 @@ class Tool(Generic[P, R]):
             if attempt != 1:
                 key = f"{key}\x1fattempt{attempt}"
                 head_extra = f'{head_extra},"attempt":{attempt}'
+        result_id = None
         if ambient_causal_parents():
             start = stamp(
                 ctx, EventType.TOOL_INVOCATION, key=None if key is None else f"{key}:invocation"
@@ -993,6 +994,10 @@ class Tool(Generic[P, R]):
             agent_id = ctx.agent_id
             idempotency_key = f"seq:{seq}" if key is None else f"{key}:invocation"
             event_id = event_id_in(ctx.event_id_prefix, idempotency_key)
+            if key is not None:
+                # The result's id too, now, while the hash's code is in the instruction cache
+                # (its key is known; without a key it names the result's sequence, not known yet).
+                result_id = event_id_in(ctx.event_id_prefix, f"{key}:result")
             span_attributes = {
                 attr.RUN_ID: ctx.run_id,
                 attr.AGENT_ID: agent_id,
@@ -1042,7 +1047,7 @@ class Tool(Generic[P, R]):
         if entry is not None:
             entry.invocation_event = invocation
         finisher = _new_finisher(
-            (ctx, self, call_id, head, key, span, invocation, key_, entry, arguments)
+            (ctx, self, call_id, head, key, span, invocation, key_, entry, arguments, result_id)
         )
         if self.is_async:
             return cast(R, self._run_async(finisher, span, args, kwargs))
@@ -1147,6 +1152,9 @@ class _Finisher(NamedTuple):
     entry: _Invocation | None
     #: The call's input as JSON.
     arguments: str
+    #: The id of the tool_result event when computed with the invocation's (a call with a key and
+    #: no causal parents), else None.
+    result_id: str | None
 
     def succeeded(self, result: Any) -> None:
         ctx = self.ctx
@@ -1170,7 +1178,7 @@ class _Finisher(NamedTuple):
             # common case, no other causal parents: the same sequence, id and record.
             seq = ctx.clock.tick(invocation.seq)
             idempotency_key = f"seq:{seq}" if key is None else f"{key}:result"
-            event_id = event_id_in(ctx.event_id_prefix, idempotency_key)
+            event_id = self.result_id or event_id_in(ctx.event_id_prefix, idempotency_key)
         encoded, plain = jsonsafe.dumps_plain(result)
         payload = f'{self.payload_head},"result":{encoded}}}'  # tel.tool_payload_encoded
         if done is not None:
