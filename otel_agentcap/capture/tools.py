@@ -984,6 +984,8 @@ class Tool(Generic[P, R]):
             )
             seq = start.seq
             event_id = start.event_id
+            if key is not None:  # as below
+                result_id = event_id_in(ctx.event_id_prefix, f"{key}:result")
             span_attributes = start.attributes()
             links = start.links
             invocation = start.ref
@@ -1152,8 +1154,8 @@ class _Finisher(NamedTuple):
     entry: _Invocation | None
     #: The call's input as JSON.
     arguments: str
-    #: The id of the tool_result event when computed with the invocation's (a call with a key and
-    #: no causal parents), else None.
+    #: The id of the tool_result event when computed with the invocation's (a call with a key),
+    #: else None.
     result_id: str | None
 
     def succeeded(self, result: Any) -> None:
@@ -1169,6 +1171,7 @@ class _Finisher(NamedTuple):
                 key=None if key is None else f"{key}:result",
                 parents=(invocation,),
                 link=False,
+                event_id=self.result_id,
             )
             seq = done.seq
             event_id = done.event_id

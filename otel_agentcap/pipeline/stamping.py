@@ -65,6 +65,7 @@ def stamp(
     key: str | None = None,
     parents: Sequence[EventRef] = (),
     link: bool = True,
+    event_id: str | None = None,
 ) -> Stamp:
     """Allocate the next event of ``agent``: its sequence is above the agent's last one and above
     every causal parent's (explicit ``parents`` plus those bound with ``caused_by``).
@@ -75,6 +76,9 @@ def stamp(
     ``link=False`` leaves out the span links: a closing event (a tool's result, an agent's end)
     whose parents are its span's own start event and the ``caused_by`` parents the span linked to
     when it started.
+
+    ``event_id``: the event's id when the caller computed it already from ``key`` (the id is
+    always ``event_id_in(agent.event_id_prefix, key)``).
     """
     ambient = ambient_causal_parents()
     parent_ids: tuple[str, ...] = ()
@@ -110,7 +114,7 @@ def stamp(
             agent_id,
             agent.name,
             seq,
-            event_id_in(agent.event_id_prefix, idempotency_key),
+            event_id or event_id_in(agent.event_id_prefix, idempotency_key),
             event_type,
             idempotency_key,
             parent_ids,
