@@ -4,18 +4,21 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import json
 import os
 import re
 import shlex
+import shutil
 import sys
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
 import psycopg
 
@@ -299,31 +302,61 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_import(args: argparse.Namespace) -> int:
-    from otel_agentcap.exporters.postgres.database import Database
-    from otel_agentcap.transfer.load import import_file
+#: Bytes of the input ``import`` reads to tell its format: an agentcap-pb header fits.
+_IMPORT_PREFIX = 64 * 1024
+
+
+def _import_source(args: argparse.Namespace, stack: contextlib.ExitStack) -> tuple[Any, bytes]:
+    """The input of ``import`` (a seekable file: standard input is copied to a temporary file
+    when it is agentcap-pb) and, when it is not agentcap-pb, its bytes, read whole."""
+    from otel_agentcap.transfer import agentcap_pb
 
     try:
         if args.file == "-":
-            data = sys.stdin.buffer.read()
+            source: Any = sys.stdin.buffer
         else:
-            with open(args.file, "rb") as source:
-                data = source.read()
+            source = stack.enter_context(open(args.file, "rb"))  # noqa: SIM115 (the stack closes it)
+        prefix = source.read(_IMPORT_PREFIX)
+        if prefix.lstrip()[:1] != b"{" and agentcap_pb.is_agentcap_pb(prefix):
+            if args.file != "-" and source.seekable():
+                source.seek(0)
+                return source, b""
+            spool = stack.enter_context(tempfile.TemporaryFile())  # noqa: SIM115 (as above)
+            spool.write(prefix)
+            shutil.copyfileobj(source, spool, 1 << 20)
+            spool.seek(0)
+            return spool, b""
+        return None, prefix + source.read()
     except OSError as exc:
         raise CliError(f"cannot read {args.file}: {exc.strerror or exc}") from None
     except MemoryError:  # /dev/zero, say: the input is read whole
         raise CliError(f"cannot read {args.file}: out of memory") from None
-    dsn = _dsn(args)
-    # A bad DSN is a one-line error here; so is a lock held longer than --lock-timeout.
-    with _connect(dsn, lock_timeout=args.lock_timeout) as conn:
-        migrate(conn)
-    database = Database(dsn, name="import", lock_timeout=args.lock_timeout)
-    try:
-        result = import_file(database, data)
-    except ValueError as exc:
-        raise CliError(f"cannot import {args.file}: {exc}") from None
-    finally:
-        database.close()
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    from otel_agentcap.exporters.postgres.database import Database
+    from otel_agentcap.transfer.load import import_file, import_stream
+
+    with contextlib.ExitStack() as stack:
+        source, data = _import_source(args, stack)
+        dsn = _dsn(args)
+        # A bad DSN is a one-line error here; so is a lock held longer than --lock-timeout.
+        with _connect(dsn, lock_timeout=args.lock_timeout) as conn:
+            migrate(conn)
+        database = Database(dsn, name="import", lock_timeout=args.lock_timeout)
+        try:
+            if source is not None:
+                # agentcap-pb: read a message at a time (twice: checked, then written).
+                try:
+                    result = import_stream(database, source)
+                except OSError as exc:
+                    raise CliError(f"cannot read {args.file}: {exc.strerror or exc}") from None
+            else:
+                result = import_file(database, data)
+        except ValueError as exc:
+            raise CliError(f"cannot import {args.file}: {exc}") from None
+        finally:
+            database.close()
     # Records left out are a failure of the import (status 1), though the rest is stored.
     status = 1 if result.rejected else 0
     if args.json:
@@ -764,29 +797,82 @@ EXPORT_FORMATS: dict[str, Callable[[argparse.Namespace, psycopg.Connection[Any]]
 }
 #: Formats whose output is binary: not written to a terminal.
 BINARY_FORMATS: frozenset[str] = frozenset({"agentcap-pb"})
+#: Formats written to the output as the run is read (``transfer.formats``), not built whole.
+STREAMED_FORMATS: frozenset[str] = frozenset({"agentcap-pb", "otlp-json", "jaeger-json"})
+
+
+class _Stdout(io.RawIOBase):
+    """Standard output as a file ``export`` writes to, left open when closed."""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        return sys.stdout.buffer.write(data)
+
+    def close(self) -> None:
+        sys.stdout.flush()
+
+
+def _export_streamed(args: argparse.Namespace, conn: psycopg.Connection[Any]) -> int:
+    """Write a run in a format of ``otel_agentcap.transfer.formats`` to ``--output`` as it is
+    read (batch by batch for agentcap-pb); returns the bytes written. A file left part-written by
+    a failure is removed."""
+    from otel_agentcap.transfer.formats import export_run_to
+
+    if args.output == "-":
+        return export_run_to(conn, args.run_id, args.format, lambda: cast(BinaryIO, _Stdout()))
+    opened = False
+
+    def open_output() -> BinaryIO:
+        nonlocal opened
+        out = open(args.output, "wb")  # noqa: SIM115 (closed by export_run_to)
+        opened = True
+        return out
+
+    try:
+        return export_run_to(conn, args.run_id, args.format, open_output)
+    except OSError as exc:
+        _remove_part_written(args.output, opened)
+        raise CliError(f"cannot write {args.output}: {exc.strerror or exc}") from None
+    except BaseException:
+        _remove_part_written(args.output, opened)
+        raise
+
+
+def _remove_part_written(path: str, opened: bool) -> None:
+    if opened and os.path.isfile(path):
+        with contextlib.suppress(OSError):
+            os.unlink(path)
 
 
 def cmd_export(args: argparse.Namespace) -> int:
     writer = EXPORT_FORMATS[args.format]
     if args.output == "-" and args.format in BINARY_FORMATS and sys.stdout.isatty():
         raise CliError(f"{args.format} is binary: write it to a file with -o FILE, or redirect")
+    data: bytes | None = None
     with _reader(args) as conn:
         try:
-            data = writer(args, conn)
+            if args.format in STREAMED_FORMATS:
+                size = _export_streamed(args, conn)
+            else:
+                data = writer(args, conn)
+                size = len(data)
         except RunNotFound:
             raise CliError(
                 f"unknown run id: {_shown(repr(args.run_id))} (see: otel-agentcap runs)"
             ) from None
-    if args.output == "-":
+    if data is not None and args.output == "-":
         sys.stdout.buffer.write(data)
         sys.stdout.flush()
-    else:
+    elif data is not None:
         try:
             with open(args.output, "wb") as out:
                 out.write(data)
         except OSError as exc:
             raise CliError(f"cannot write {args.output}: {exc.strerror or exc}") from None
-        print(f"wrote {args.output} ({len(data):,} bytes)", file=sys.stderr)
+    if args.output != "-":
+        print(f"wrote {args.output} ({size:,} bytes)", file=sys.stderr)
     return 0
 
 

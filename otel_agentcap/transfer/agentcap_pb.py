@@ -1,19 +1,27 @@
 """``agentcap-pb``: a run as a length-delimited stream of ``agentcap.eventlog.v1.Batch`` messages
 (``proto/agentcap/eventlog/v1/eventlog.proto``): each message preceded by its size as a varint.
 The first batch holds the header (which counts the batches, so that a stream cut short between
-two of them reads as cut short), the run, its agents and span envelopes; events follow in batches
-of :data:`EVENTS_PER_BATCH`, then the conflicts."""
+two of them reads as cut short), the run, and its first :data:`ROWS_PER_BATCH` agents and span
+envelopes; the other agents, then the other span envelopes follow in batches of as many, then the
+events in batches of :data:`EVENTS_PER_BATCH`, then the conflict rows in batches of
+:data:`ROWS_PER_BATCH`. (Earlier versions put every agent and span envelope in the first batch
+and the conflict rows in one batch: the same bytes for a run with at most 1,000 of each; readers,
+these and earlier ones, take rows of any kind from any batch.)"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any, Final
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, replace
+from itertools import islice
+from typing import Any, BinaryIO, Final, TypeVar
 
 from otel_agentcap._proto import eventlog_pb2 as pb
 from otel_agentcap.transfer.snapshot import (
     AgentRow,
     ConflictRow,
     EventRow,
+    RowCounts,
+    RunReader,
     RunRow,
     RunSnapshot,
     SpanRow,
@@ -23,6 +31,9 @@ from otel_agentcap.version import __version__
 FORMAT: Final = "agentcap-pb"
 SCHEMA: Final = "agentcap.eventlog.v1"
 EVENTS_PER_BATCH: Final = 1000
+#: Agents, span envelopes and conflict rows a batch holds at most.
+ROWS_PER_BATCH: Final = 1000
+_Row = TypeVar("_Row")
 
 
 def _varint(n: int) -> bytes:
@@ -64,81 +75,161 @@ def _optional(message: Any, **fields: Any) -> Any:
     return message
 
 
-def batches(snapshot: RunSnapshot) -> Iterator[Any]:
-    run = snapshot.run
-    events = snapshot.events
-    count = 1 + -(-len(events) // EVENTS_PER_BATCH) + (1 if snapshot.conflicts else 0)
+def _run(run: RunRow) -> Any:
+    return _optional(
+        pb.Run(run_id=run.run_id, attributes_json=run.attributes_json),
+        started_at_unix_nano=None if run.started_at_us is None else run.started_at_us * 1000,
+        trace_id=run.trace_id,
+        root_span_id=run.root_span_id,
+    )
+
+
+def _agent(agent: AgentRow) -> Any:
+    return _optional(
+        pb.Agent(run_id=agent.run_id, agent_id=agent.agent_id),
+        name=agent.name,
+        parent_agent_id=agent.parent_agent_id,
+        spawned_at_event_id=agent.spawned_at_event_id,
+    )
+
+
+def _span(span: SpanRow) -> Any:
+    return _optional(
+        pb.Span(
+            run_id=span.run_id,
+            trace_id=span.trace_id,
+            span_id=span.span_id,
+            name=span.name,
+            kind=span.kind,
+            start_time_unix_nano=span.start_us * 1000,
+            end_time_unix_nano=span.end_us * 1000,
+            status_code=span.status_code,
+        ),
+        parent_span_id=span.parent_span_id,
+        status_message=span.status_message,
+        service_name=span.service_name,
+        scope_name=span.scope_name,
+    )
+
+
+def _conflict(conflict: ConflictRow) -> Any:
+    return _optional(
+        pb.Conflict(
+            reason=conflict.reason,
+            detected_at_unix_nano=conflict.detected_at_us * 1000,
+            row_digest=conflict.row_digest,
+            event=_event(conflict.event),
+        ),
+        existing_event_id=conflict.existing_event_id,
+    )
+
+
+def _chunks(rows: Iterable[_Row], size: int) -> Iterator[list[_Row]]:
+    iterator = iter(rows)
+    while chunk := list(islice(iterator, size)):
+        yield chunk
+
+
+def _batches_after_the_first(rows: int, size: int) -> int:
+    return -(-max(0, rows - size) // size)
+
+
+def batch_count(counts: RowCounts) -> int:
+    """How many messages :func:`layout` writes for a run with ``counts`` rows."""
+    return (
+        1
+        + _batches_after_the_first(counts.agents, ROWS_PER_BATCH)
+        + _batches_after_the_first(counts.spans, ROWS_PER_BATCH)
+        + -(-counts.events // EVENTS_PER_BATCH)
+        + -(-counts.conflicts // ROWS_PER_BATCH)
+    )
+
+
+def layout(
+    run: RunRow,
+    counts: RowCounts,
+    agents: Iterable[AgentRow],
+    spans: Iterable[SpanRow],
+    events: Iterable[EventRow],
+    conflicts: Iterable[ConflictRow],
+) -> Iterator[Any]:
+    """The messages of one run, built as they are yielded: each iterable is read once, in the
+    order agents, spans, events, conflicts, one batch at a time (of :data:`ROWS_PER_BATCH` rows,
+    :data:`EVENTS_PER_BATCH` events). ``counts`` gives the header's count of messages; an iterable
+    that gives another number of rows is a ``RuntimeError``."""
+    announced = batch_count(counts)
     head = pb.Batch(
         header=pb.Header(
             format=FORMAT,
             schema=SCHEMA,
             producer=f"otel-agentcap {__version__}",
-            batches=count,
+            batches=announced,
         )
     )
-    head.runs.append(
-        _optional(
-            pb.Run(run_id=run.run_id, attributes_json=run.attributes_json),
-            started_at_unix_nano=None if run.started_at_us is None else run.started_at_us * 1000,
-            trace_id=run.trace_id,
-            root_span_id=run.root_span_id,
-        )
-    )
-    for agent in snapshot.agents:
-        head.agents.append(
-            _optional(
-                pb.Agent(run_id=agent.run_id, agent_id=agent.agent_id),
-                name=agent.name,
-                parent_agent_id=agent.parent_agent_id,
-                spawned_at_event_id=agent.spawned_at_event_id,
-            )
-        )
-    for span in snapshot.spans:
-        head.spans.append(
-            _optional(
-                pb.Span(
-                    run_id=span.run_id,
-                    trace_id=span.trace_id,
-                    span_id=span.span_id,
-                    name=span.name,
-                    kind=span.kind,
-                    start_time_unix_nano=span.start_us * 1000,
-                    end_time_unix_nano=span.end_us * 1000,
-                    status_code=span.status_code,
-                ),
-                parent_span_id=span.parent_span_id,
-                status_message=span.status_message,
-                service_name=span.service_name,
-                scope_name=span.scope_name,
-            )
-        )
+    head.runs.append(_run(run))
+    agent_chunks = _chunks(agents, ROWS_PER_BATCH)
+    span_chunks = _chunks(spans, ROWS_PER_BATCH)
+    head.agents.extend(_agent(a) for a in next(agent_chunks, []))
+    head.spans.extend(_span(s) for s in next(span_chunks, []))
+    written = 1
+    seen = RowCounts(len(head.agents), len(head.spans), 0, 0)
     yield head
-    for start in range(0, len(events), EVENTS_PER_BATCH):
-        yield pb.Batch(events=[_event(row) for row in events[start : start + EVENTS_PER_BATCH]])
-    if snapshot.conflicts:
-        conflicts = pb.Batch()
-        for conflict in snapshot.conflicts:
-            conflicts.conflicts.append(
-                _optional(
-                    pb.Conflict(
-                        reason=conflict.reason,
-                        detected_at_unix_nano=conflict.detected_at_us * 1000,
-                        row_digest=conflict.row_digest,
-                        event=_event(conflict.event),
-                    ),
-                    existing_event_id=conflict.existing_event_id,
-                )
-            )
-        yield conflicts
+    rest: tuple[tuple[str, Iterator[list[Any]], Callable[[Any], Any]], ...] = (
+        ("agents", agent_chunks, _agent),
+        ("spans", span_chunks, _span),
+        ("events", _chunks(events, EVENTS_PER_BATCH), _event),
+        ("conflicts", _chunks(conflicts, ROWS_PER_BATCH), _conflict),
+    )
+    for kind, chunks, make in rest:
+        for chunk in chunks:
+            batch = pb.Batch()
+            getattr(batch, kind).extend(make(row) for row in chunk)
+            seen = replace(seen, **{kind: getattr(seen, kind) + len(chunk)})
+            written += 1
+            yield batch
+    if seen != counts or written != announced:
+        raise RuntimeError(f"the run's rows changed while it was exported: {seen} for {counts}")
+
+
+def batches(snapshot: RunSnapshot) -> Iterator[Any]:
+    counts = RowCounts(
+        len(snapshot.agents), len(snapshot.spans), len(snapshot.events), len(snapshot.conflicts)
+    )
+    return layout(
+        snapshot.run,
+        counts,
+        snapshot.agents,
+        snapshot.spans,
+        snapshot.events,
+        snapshot.conflicts,
+    )
+
+
+def _framed(batch: Any) -> bytes:
+    data = batch.SerializeToString(deterministic=True)
+    return _varint(len(data)) + bytes(data)
 
 
 def dumps(snapshot: RunSnapshot) -> bytes:
-    parts = []
-    for batch in batches(snapshot):
-        data = batch.SerializeToString(deterministic=True)
-        parts.append(_varint(len(data)))
-        parts.append(data)
-    return b"".join(parts)
+    return b"".join(_framed(batch) for batch in batches(snapshot))
+
+
+def write_run(reader: RunReader, out: BinaryIO) -> int:
+    """Write the run of ``reader`` to ``out`` batch by batch, as :func:`dumps` would give it:
+    memory holds one batch (and the rows a cursor fetched) at a time. Returns the bytes written."""
+    size = 0
+    for batch in layout(
+        reader.run,
+        reader.counts,
+        reader.agents(),
+        reader.spans(),
+        reader.events(),
+        reader.conflicts(),
+    ):
+        data = _framed(batch)
+        out.write(data)
+        size += len(data)
+    return size
 
 
 # --------------------------------------------------------------------------- reading
@@ -176,6 +267,41 @@ def read_batches(data: bytes) -> Iterator[Any]:
         except Exception as exc:  # google.protobuf.message.DecodeError
             raise ValueError(f"undecodable agentcap-pb message: {exc}") from None
         position = end
+        yield batch
+
+
+def _read_exactly(source: BinaryIO, size: int, where: str) -> bytes:
+    """``size`` bytes of ``source``, read in pieces (a corrupt size allocates nothing)."""
+    parts = []
+    left = size
+    while left:
+        part = source.read(min(left, 1 << 20))
+        if not part:
+            raise ValueError(f"truncated agentcap-pb stream ({where})")
+        parts.append(part)
+        left -= len(part)
+    return b"".join(parts)
+
+
+def read_stream(source: BinaryIO) -> Iterator[Any]:
+    """The ``Batch`` messages of the stream in the file ``source``, read one at a time (memory
+    holds one message); raises ``ValueError`` as :func:`read_batches` does."""
+    while True:
+        first = source.read(1)
+        if not first:
+            return
+        prefix = bytearray(first)
+        while prefix[-1] & 0x80:
+            if len(prefix) > 9:
+                raise ValueError("invalid length prefix in agentcap-pb stream")
+            prefix += _read_exactly(source, 1, "in a length prefix")
+        size, _ = _read_varint(bytes(prefix), 0)
+        data = _read_exactly(source, size, "in a message")
+        batch = pb.Batch()
+        try:
+            batch.ParseFromString(data)
+        except Exception as exc:  # google.protobuf.message.DecodeError
+            raise ValueError(f"undecodable agentcap-pb message: {exc}") from None
         yield batch
 
 
@@ -224,16 +350,79 @@ def _opt(message: Any, name: str) -> Any:
     return getattr(message, name) if message.HasField(name) else None
 
 
-def loads(data: bytes) -> list[RunSnapshot]:
-    """The runs of an agentcap-pb stream (normally one)."""
-    runs: dict[str, RunRow] = {}
-    agents: dict[str, list[AgentRow]] = {}
-    spans: dict[str, list[SpanRow]] = {}
-    events: dict[str, list[EventRow]] = {}
-    conflicts: dict[str, list[ConflictRow]] = {}
+@dataclass(frozen=True, slots=True)
+class BatchRows:
+    """The rows of one ``Batch`` message, in the form the log holds them."""
+
+    runs: list[RunRow]
+    agents: list[AgentRow]
+    spans: list[SpanRow]
+    events: list[EventRow]
+    conflicts: list[ConflictRow]
+
+
+def batch_rows(batch: Any) -> BatchRows:
+    return BatchRows(
+        [
+            RunRow(
+                run.run_id,
+                None
+                if not run.HasField("started_at_unix_nano")
+                else run.started_at_unix_nano // 1000,
+                run.attributes_json or "{}",
+                _opt(run, "trace_id"),
+                _opt(run, "root_span_id"),
+            )
+            for run in batch.runs
+        ],
+        [
+            AgentRow(
+                agent.run_id,
+                agent.agent_id,
+                _opt(agent, "name"),
+                _opt(agent, "parent_agent_id"),
+                _opt(agent, "spawned_at_event_id"),
+            )
+            for agent in batch.agents
+        ],
+        [
+            SpanRow(
+                span.run_id,
+                span.trace_id,
+                span.span_id,
+                _opt(span, "parent_span_id"),
+                span.name,
+                span.kind,
+                span.start_time_unix_nano // 1000,
+                span.end_time_unix_nano // 1000,
+                span.status_code,
+                _opt(span, "status_message"),
+                _opt(span, "service_name"),
+                _opt(span, "scope_name"),
+            )
+            for span in batch.spans
+        ],
+        [_event_row(event) for event in batch.events],
+        [
+            ConflictRow(
+                conflict.reason,
+                _opt(conflict, "existing_event_id"),
+                conflict.detected_at_unix_nano // 1000,
+                conflict.row_digest,
+                _event_row(conflict.event),
+            )
+            for conflict in batch.conflicts
+        ],
+    )
+
+
+def checked(batches: Iterable[Any]) -> Iterator[Any]:
+    """``batches`` (the messages of a stream), checked as they come: the first is a header of
+    this format, every header names this schema, and each header's count of messages came
+    (``ValueError`` otherwise, when the check fails)."""
     # Messages a header announced and how many of them came (0 of 0: the header did not say).
     announced = seen = 0
-    for index, batch in enumerate(read_batches(data)):
+    for index, batch in enumerate(batches):
         if index == 0 and (not batch.HasField("header") or batch.header.format != FORMAT):
             raise ValueError("not an agentcap-pb stream (no header)")
         if batch.HasField("header"):
@@ -244,56 +433,29 @@ def loads(data: bytes) -> list[RunSnapshot]:
             _check_count(announced, seen)
             announced, seen = batch.header.batches, 0
         seen += 1
-        for run in batch.runs:
-            started = _opt(run, "started_at_unix_nano")
-            runs[run.run_id] = RunRow(
-                run.run_id,
-                None if started is None else started // 1000,
-                run.attributes_json or "{}",
-                _opt(run, "trace_id"),
-                _opt(run, "root_span_id"),
-            )
-        for agent in batch.agents:
-            agents.setdefault(agent.run_id, []).append(
-                AgentRow(
-                    agent.run_id,
-                    agent.agent_id,
-                    _opt(agent, "name"),
-                    _opt(agent, "parent_agent_id"),
-                    _opt(agent, "spawned_at_event_id"),
-                )
-            )
-        for span in batch.spans:
-            spans.setdefault(span.run_id, []).append(
-                SpanRow(
-                    span.run_id,
-                    span.trace_id,
-                    span.span_id,
-                    _opt(span, "parent_span_id"),
-                    span.name,
-                    span.kind,
-                    span.start_time_unix_nano // 1000,
-                    span.end_time_unix_nano // 1000,
-                    span.status_code,
-                    _opt(span, "status_message"),
-                    _opt(span, "service_name"),
-                    _opt(span, "scope_name"),
-                )
-            )
-        for event in batch.events:
-            events.setdefault(event.run_id, []).append(_event_row(event))
-        for conflict in batch.conflicts:
-            row = _event_row(conflict.event)
-            conflicts.setdefault(row.run_id, []).append(
-                ConflictRow(
-                    conflict.reason,
-                    _opt(conflict, "existing_event_id"),
-                    conflict.detected_at_unix_nano // 1000,
-                    conflict.row_digest,
-                    row,
-                )
-            )
+        yield batch
     _check_count(announced, seen)
+
+
+def loads(data: bytes) -> list[RunSnapshot]:
+    """The runs of an agentcap-pb stream (normally one)."""
+    runs: dict[str, RunRow] = {}
+    agents: dict[str, list[AgentRow]] = {}
+    spans: dict[str, list[SpanRow]] = {}
+    events: dict[str, list[EventRow]] = {}
+    conflicts: dict[str, list[ConflictRow]] = {}
+    for batch in checked(read_batches(data)):
+        rows = batch_rows(batch)
+        for run in rows.runs:
+            runs[run.run_id] = run
+        for agent in rows.agents:
+            agents.setdefault(agent.run_id, []).append(agent)
+        for span in rows.spans:
+            spans.setdefault(span.run_id, []).append(span)
+        for event in rows.events:
+            events.setdefault(event.run_id, []).append(event)
+        for conflict in rows.conflicts:
+            conflicts.setdefault(conflict.event.run_id, []).append(conflict)
     # Every row a log holds of a run belongs to its run row, which an export writes first: rows
     # of a run with no record would make up a run (its start guessed from the events) or be lost.
     named: dict[str, Any] = {

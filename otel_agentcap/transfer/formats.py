@@ -7,10 +7,10 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, BinaryIO
 
 from otel_agentcap.transfer import agentcap_pb, jaeger_json, otlp_json
-from otel_agentcap.transfer.snapshot import RunSnapshot, load_run
+from otel_agentcap.transfer.snapshot import RunReader, RunSnapshot, load_run, read_run
 from otel_agentcap.transfer.traces import rebuild
 
 
@@ -24,6 +24,9 @@ class ExportFormat:
     binary: bool = False
     #: Whether ``otel-agentcap import`` reads it back.
     importable: bool = False
+    #: Writes the run batch by batch to a file and returns the bytes written, the same bytes as
+    #: ``write`` gives, in memory that does not grow with the run (None: ``write`` is used).
+    stream: Callable[[RunReader, BinaryIO], int] | None = None
 
 
 _lock = threading.Lock()
@@ -52,6 +55,24 @@ def export_run(conn: Any, run_id: str, format_name: str) -> bytes:
     return fmt.write(load_run(conn, run_id))
 
 
+def export_run_to(
+    conn: Any, run_id: str, format_name: str, open_output: Callable[[], BinaryIO]
+) -> int:
+    """Write the run ``run_id`` in the format ``format_name`` to the file ``open_output()``
+    opens (called once the run is found, and closed after) and return the bytes written: batch
+    by batch for a format that streams, else whole."""
+    fmt = export_formats().get(format_name)
+    if fmt is None:
+        raise ValueError(f"unknown export format {format_name!r}")
+    if fmt.stream is None:
+        data = fmt.write(load_run(conn, run_id))
+        with open_output() as out:
+            out.write(data)
+        return len(data)
+    with read_run(conn, run_id) as reader, open_output() as out:
+        return fmt.stream(reader, out)
+
+
 register_format(
     ExportFormat(
         "agentcap-pb",
@@ -59,6 +80,7 @@ register_format(
         agentcap_pb.dumps,
         binary=True,
         importable=True,
+        stream=agentcap_pb.write_run,
     )
 )
 register_format(

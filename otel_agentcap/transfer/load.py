@@ -9,13 +9,14 @@ id goes to ``agentcap.conflicts``, and nothing stored is ever changed.
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
-from typing import Any, Final, TypeVar
+from typing import Any, BinaryIO, Final, TypeVar
 
 import psycopg
 
@@ -35,7 +36,14 @@ from otel_agentcap.model import AgentRecord, Batch, Event, RunRecord, SpanRecord
 from otel_agentcap.pipeline.mapping import batch_from_spans
 from otel_agentcap.transfer import agentcap_pb
 from otel_agentcap.transfer.otlp_json import spans_from_json
-from otel_agentcap.transfer.snapshot import ConflictRow, EventRow, RunSnapshot, SpanRow
+from otel_agentcap.transfer.snapshot import (
+    AgentRow,
+    ConflictRow,
+    EventRow,
+    RunRow,
+    RunSnapshot,
+    SpanRow,
+)
 from otel_agentcap.transfer.traces import hex_id
 from otel_agentcap.validation import uuid_text
 
@@ -159,6 +167,17 @@ def _span_reason(span: SpanRow) -> str | None:
     return None
 
 
+def _log_left_out(run_id: str, what: str, count: int, reasons: Iterable[str]) -> None:
+    if count:
+        _log.warning(
+            "agentcap: %d %s(s) of run %r broke a validation rule and were left out, e.g.: %s",
+            count,
+            what,
+            run_id,
+            "; ".join(sorted(set(reasons))[:3]),
+        )
+
+
 def _without(
     run_id: str, rows: tuple[_Row, ...], what: str, reason_of: Callable[[_Row], str | None]
 ) -> tuple[tuple[_Row, ...], int]:
@@ -166,14 +185,7 @@ def _without(
     (logged once, naming up to three reasons), and how many those were."""
     reasons = [(row, reason_of(row)) for row in rows]
     bad = [reason for _, reason in reasons if reason is not None]
-    if bad:
-        _log.warning(
-            "agentcap: %d %s(s) of run %r broke a validation rule and were left out, e.g.: %s",
-            len(bad),
-            what,
-            run_id,
-            "; ".join(sorted(set(bad))[:3]),
-        )
+    _log_left_out(run_id, what, len(bad), bad)
     return tuple(row for row, reason in reasons if reason is None), len(bad)
 
 
@@ -436,6 +448,292 @@ def _import_snapshots(
         _count_unparsed(result, run_id, unparsed)
 
 
+# --------------------------------------------------------------------------- agentcap-pb, streamed
+
+#: Agent records and span envelopes a write holds at most (beside its events).
+RECORDS_PER_WRITE: Final = 5000
+
+
+@dataclass
+class _RunSurvey:
+    """What the first reading of a streamed file learnt of one run."""
+
+    run: RunRow
+    events: int = 0
+    conflicts: int = 0
+    first_wall_us: int | None = None
+    spans_left_out: int = 0
+    span_reasons: set[str] = field(default_factory=set)
+    conflicts_left_out: int = 0
+    conflict_reasons: set[str] = field(default_factory=set)
+
+
+def _keep_first(reasons: set[str], reason: str) -> None:
+    """Add ``reason``, keeping the few first in order that the warning names, not every one."""
+    reasons.add(reason)
+    if len(reasons) > 64:
+        kept = sorted(reasons)[:3]
+        reasons.clear()
+        reasons.update(kept)
+
+
+def _survey(source: BinaryIO) -> list[_RunSurvey] | None:
+    """Read the agentcap-pb stream of ``source`` once, a message at a time, checking all that
+    :func:`agentcap_pb.loads` and the conversion to batches check (``ValueError``, as they raise
+    it, when one fails): the runs it holds, in order. None when the file is not in the order an
+    export writes (each run's record, then its rows, each run once), which the whole-file reading
+    takes instead."""
+    runs: list[_RunSurvey] = []
+    seen: set[str] = set()
+    in_order = True
+    too_deep: str | None = None  # raised after the whole file was read, as loads() would
+    for batch in agentcap_pb.checked(agentcap_pb.read_stream(source)):
+        rows = agentcap_pb.batch_rows(batch)
+        if len(rows.runs) > 1 or any(r.run_id in seen for r in rows.runs):
+            in_order = False
+        for run in rows.runs:
+            seen.add(run.run_id)
+            runs.append(_RunSurvey(run))
+        if not in_order:
+            continue
+        current = runs[-1].run.run_id if runs else None
+        run_ids = {
+            *(a.run_id for a in rows.agents),
+            *(x.run_id for x in rows.spans),
+            *(e.run_id for e in rows.events),
+            *(c.event.run_id for c in rows.conflicts),
+        }
+        if run_ids - {current}:
+            in_order = False
+            continue
+        survey = runs[-1]
+        if too_deep is None:
+            try:
+                if rows.runs:
+                    run_attributes(survey.run.attributes_json)
+                for event in rows.events:
+                    _event(event)
+            except RecursionError:
+                too_deep = survey.run.run_id
+        survey.events += len(rows.events)
+        for event in rows.events:
+            if survey.first_wall_us is None or event.wall_time_us < survey.first_wall_us:
+                survey.first_wall_us = event.wall_time_us
+        for span in rows.spans:
+            reason = _span_reason(span)
+            if reason is not None:
+                survey.spans_left_out += 1
+                _keep_first(survey.span_reasons, reason)
+        for conflict in rows.conflicts:
+            reason = _conflict_reason(conflict)
+            if reason is None:
+                survey.conflicts += 1
+            else:
+                survey.conflicts_left_out += 1
+                _keep_first(survey.conflict_reasons, reason)
+    if not in_order:
+        return None
+    if too_deep is not None:
+        raise ValueError(
+            f"run {too_deep!r}: its attributes or a payload are JSON nested too deeply"
+        )
+    return runs
+
+
+def _head(run: RunRow, first_wall_us: int | None) -> Batch:
+    started = (
+        _time(run.started_at_us)
+        if run.started_at_us is not None
+        else None
+        if first_wall_us is None
+        else _time(first_wall_us)
+    )
+    return Batch(
+        runs=(
+            RunRecord(
+                run.run_id,
+                started,
+                run_attributes(run.attributes_json),
+                run.trace_id,
+                run.root_span_id,
+                start_recorded=run.started_at_us is not None,
+            ),
+        )
+    )
+
+
+def _agent_record(a: AgentRow) -> AgentRecord:
+    # A parent in the file is a known lineage; a row without one may be a root or an agent whose
+    # lineage its log did not know: left unknown.
+    return AgentRecord(
+        a.run_id,
+        a.agent_id,
+        a.name,
+        a.parent_agent_id,
+        a.spawned_at_event_id,
+        lineage_known=a.parent_agent_id is not None,
+    )
+
+
+def _span_record(s: SpanRow) -> SpanRecord:
+    return SpanRecord(
+        s.run_id,
+        s.trace_id,
+        s.span_id,
+        s.parent_span_id,
+        s.name,
+        s.kind,
+        _time(s.start_us),
+        _time(s.end_us),
+        s.status_code,
+        s.status_message,
+        s.service_name,
+        s.scope_name,
+    )
+
+
+class _RunWriter:
+    """Writes one run of a streamed file as its rows come: the run record, agents and span
+    envelopes with the first events, then the events in writes of :data:`EVENTS_PER_WRITE` (as
+    :func:`snapshot_batches` groups them, while a run has at most :data:`RECORDS_PER_WRITE`
+    agents and envelopes), then its conflict rows; it holds one write's rows at a time (and the
+    run's conflict rows, written last in one transaction)."""
+
+    def __init__(
+        self, database: Database, writer: EventWriter, survey: _RunSurvey, result: ImportResult
+    ) -> None:
+        self.database = database
+        self.writer = writer
+        self.survey = survey
+        self.result = result
+        self.head: Batch | None = _head(survey.run, survey.first_wall_us)
+        self.agents: list[AgentRecord] = []
+        self.spans: list[SpanRecord] = []
+        self.events: list[Event] = []
+        self.conflicts: list[ConflictRow] = []
+        self.written = self.events_written = self.unparsed = 0
+        self.conflicts_started = False
+
+    def add(self, rows: agentcap_pb.BatchRows) -> None:
+        if rows.agents or rows.spans:
+            if self.events or len(self.agents) + len(self.spans) >= RECORDS_PER_WRITE:
+                self._flush()
+            self.agents.extend(_agent_record(a) for a in rows.agents)
+            self.spans.extend(_span_record(x) for x in rows.spans if _span_reason(x) is None)
+        for event in rows.events:
+            self.events.append(_event(event))
+            if len(self.events) >= EVENTS_PER_WRITE:
+                self._flush()
+        self.conflicts.extend(c for c in rows.conflicts if _conflict_reason(c) is None)
+
+    def _flush(self) -> None:
+        batch = (self.head or Batch())._replace(
+            events=tuple(self.events), agents=tuple(self.agents), spans=tuple(self.spans)
+        )
+        self.head = None
+        self.events, self.agents, self.spans = [], [], []
+        if not (batch.events or batch.agents or batch.spans or batch.runs):
+            return
+        try:
+            self.result.add(self.writer.write(batch))
+        except InvalidPayload:
+            # A payload that is not the JSON it claims: write the batch again with every payload
+            # parsed, as the exporter and the OTLP ingest do.
+            self.result.add(self.writer.write(_reparsed(batch)))
+            self.unparsed += _unparsed_count(
+                e.payload for e in batch.events if isinstance(e.payload, jsonsafe.RawJson)
+            )
+        self.written += 1
+        self.events_written += len(batch.events)
+
+    def finish(self) -> None:
+        self._flush()
+        self.conflicts_started = True
+        snapshot = RunSnapshot(self.survey.run, (), (), (), tuple(self.conflicts))
+        added, conflicts_unparsed = _import_conflicts(self.database, snapshot)
+        self.result.conflicts_imported += added
+        self.unparsed += conflicts_unparsed
+
+    def stored(self) -> str:
+        """What of the run is stored, after a write failed."""
+        run_id = self.survey.run.run_id
+        if self.conflicts_started:
+            return f"run {run_id!r} but for its {self.survey.conflicts} conflict rows"
+        if self.written == 0:
+            return f"nothing of run {run_id!r}"
+        return (
+            f"of run {run_id!r} its run, agent and span records and {self.events_written} of its "
+            f"{self.survey.events} events"
+        )
+
+
+def import_stream(database: Database, source: BinaryIO) -> ImportResult:
+    """Load the agentcap-pb stream of the seekable file ``source`` into the log of ``database``,
+    reading it twice, one message at a time: first to check it whole (a file that cannot be read
+    stores nothing, as :func:`import_file` says), then to write it, a batch of rows at a time.
+    A file not in the order an export writes it is read whole, as :func:`import_file` reads it.
+    Raises as :func:`import_file` does."""
+    start = source.tell()
+    surveys = _survey(source)
+    source.seek(start)
+    if surveys is None:
+        return import_file(database, source.read(), _whole=True)
+    result = ImportResult("agentcap-pb")
+    for survey in surveys:
+        run_id = survey.run.run_id
+        _log_left_out(run_id, "span envelope", survey.spans_left_out, survey.span_reasons)
+        _log_left_out(run_id, "conflict row", survey.conflicts_left_out, survey.conflict_reasons)
+        if wrapped_attributes(survey.run.attributes_json):
+            _count_wrapped_attributes(result, run_id)
+        result.rejected += survey.spans_left_out + survey.conflicts_left_out
+    writer = EventWriter(database.pool)
+    try:
+        with instrumentation_suppressed():
+            database.ensure_schema()
+            _write_stream(database, writer, source, surveys, result)
+    finally:
+        writer.close()
+    return result
+
+
+def _write_stream(
+    database: Database,
+    writer: EventWriter,
+    source: BinaryIO,
+    surveys: list[_RunSurvey],
+    result: ImportResult,
+) -> None:
+    number = -1
+    current: _RunWriter | None = None
+    try:
+        for batch in agentcap_pb.read_stream(source):
+            rows = agentcap_pb.batch_rows(batch)
+            if rows.runs:
+                if current is not None:
+                    current.finish()
+                    _count_unparsed(result, current.survey.run.run_id, current.unparsed)
+                number += 1
+                current = _RunWriter(database, writer, surveys[number], result)
+                result.runs.append(current.survey.run.run_id)
+            assert current is not None  # _survey: every row follows its run's record
+            current.add(rows)
+        if current is not None:
+            current.finish()
+            _count_unparsed(result, current.survey.run.run_id, current.unparsed)
+    except (AgentCapStorageError, psycopg.Error) as exc:
+        if current is None or (number == 0 and current.written == 0):
+            raise  # nothing stored
+        _count_unparsed(result, current.survey.run.run_id, current.unparsed)
+        stored = [f"run {s.run.run_id!r} in full" for s in surveys[:number]]
+        rest = [s.run.run_id for s in surveys[number + 1 :]]
+        raise ImportIncomplete(
+            f"import stopped part-way ({first_line(exc)}); stored: "
+            + ", ".join([*stored, current.stored()])
+            + (f"; not stored: the runs after it ({', '.join(map(repr, rest))})" if rest else ""),
+            result,
+        ) from exc
+
+
 def _count_wrapped_attributes(result: ImportResult, run_id: str) -> None:
     result.unparsed_attributes += 1
     _log.warning(
@@ -553,7 +851,7 @@ def _otlp_spans(data: bytes, fmt: str) -> tuple[list[Any], list[str]]:
         raise ValueError(f"not agentcap-pb, OTLP/JSON or OTLP protobuf: {exc}") from None
 
 
-def import_file(database: Database, data: bytes) -> ImportResult:
+def import_file(database: Database, data: bytes, *, _whole: bool = False) -> ImportResult:
     """Load ``data`` into the log of ``database``; raises ``ValueError`` for a file it cannot read
     (nothing is stored) and ``AgentCapStorageError`` when a write fails: nothing of that write is
     stored, and :class:`ImportIncomplete` when earlier writes were."""
@@ -563,6 +861,8 @@ def import_file(database: Database, data: bytes) -> ImportResult:
     if unmarked.lstrip()[:1] == b"{":
         data = unmarked
     fmt = detect_format(data)
+    if fmt == "agentcap-pb" and not _whole:
+        return import_stream(database, io.BytesIO(data))
     result = ImportResult(fmt)
     writer = EventWriter(database.pool)
     try:

@@ -5,8 +5,10 @@ same log always exports to the same bytes."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import psycopg
 
@@ -130,6 +132,96 @@ def _event(values: tuple[Any, ...]) -> EventRow:
     )
 
 
+def _agent(r: tuple[Any, ...]) -> AgentRow:
+    return AgentRow(*r)
+
+
+def _span(r: tuple[Any, ...]) -> SpanRow:
+    return SpanRow(
+        r[0], r[1], r[2], r[3], r[4], int(r[5]), int(r[6]), int(r[7]), int(r[8]), r[9], r[10], r[11]
+    )
+
+
+def _conflict(r: tuple[Any, ...]) -> ConflictRow:
+    return ConflictRow(r[0], r[1], int(r[2]), r[3], _event(tuple(r[4:])))
+
+
+_COUNTS: Final = """
+SELECT (SELECT count(*) FROM agentcap.agents WHERE run_id = %(run)s),
+       (SELECT count(*) FROM agentcap.spans WHERE run_id = %(run)s AND run_started_at = %(at)s),
+       (SELECT count(*) FROM agentcap.events WHERE run_id = %(run)s AND run_started_at = %(at)s),
+       (SELECT count(*) FROM agentcap.conflicts
+        WHERE run_id = %(run)s AND run_started_at = %(at)s)
+"""
+
+#: Rows a server-side cursor of :class:`RunReader` fetches at a time.
+FETCH_ROWS: Final = 1000
+
+_Row = TypeVar("_Row")
+
+
+@dataclass(frozen=True, slots=True)
+class RowCounts:
+    agents: int
+    spans: int
+    events: int
+    conflicts: int
+
+
+class RunReader:
+    """A run as :func:`load_run` reads it, row by row: each kind of row from a server-side cursor
+    that fetches :data:`FETCH_ROWS` rows at a time, inside the repeatable-read transaction of
+    :func:`read_run`, so that memory does not grow with the run. Read each kind once, in the order
+    agents, spans, events, conflicts (one cursor is open at a time)."""
+
+    def __init__(
+        self, conn: psycopg.Connection[Any], run: RunRow, started: Any, counts: RowCounts
+    ) -> None:
+        self._conn = conn
+        self.run = run
+        self._routed = {"run": run.run_id, "at": started}
+        self.counts = counts
+
+    def _rows(
+        self, name: str, query: str, params: Any, make: Callable[[tuple[Any, ...]], _Row]
+    ) -> Iterator[_Row]:
+        with self._conn.cursor(name=f"agentcap_export_{name}") as cursor:
+            cursor.itersize = FETCH_ROWS
+            cursor.execute(query, params)
+            for row in cursor:
+                yield make(row)
+
+    def agents(self) -> Iterator[AgentRow]:
+        return self._rows("agents", _AGENTS, (self.run.run_id,), _agent)
+
+    def spans(self) -> Iterator[SpanRow]:
+        routed = (self.run.run_id, self._routed["at"])
+        return self._rows("spans", _SPANS, routed, _span)
+
+    def events(self) -> Iterator[EventRow]:
+        routed = (self.run.run_id, self._routed["at"])
+        return self._rows("events", _EVENTS, routed, _event)
+
+    def conflicts(self) -> Iterator[ConflictRow]:
+        routed = (self.run.run_id, self._routed["at"])
+        return self._rows("conflicts", _CONFLICTS, routed, _conflict)
+
+
+@contextmanager
+def read_run(conn: psycopg.Connection[Any], run_id: str) -> Iterator[RunReader]:
+    """A :class:`RunReader` of ``run_id``, valid inside the ``with`` block (one repeatable-read,
+    read-only transaction); raises ``RunNotFound`` when the log holds nothing of it."""
+    with conn.transaction():
+        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        run = conn.execute(_RUN, (run_id,)).fetchone()
+        if run is None:
+            raise RunNotFound(run_id)
+        counts = conn.execute(_COUNTS, {"run": run_id, "at": run[5]}).fetchone()
+        assert counts is not None
+        run_row = RunRow(run[0], None if run[1] is None else int(run[1]), run[2], run[3], run[4])
+        yield RunReader(conn, run_row, run[5], RowCounts(*(int(c) for c in counts)))
+
+
 def load_run(conn: psycopg.Connection[Any], run_id: str) -> RunSnapshot:
     """Everything the log holds of ``run_id``; raises ``RunNotFound`` when it holds nothing (every
     stored row of a run belongs to its runs row)."""
@@ -146,24 +238,8 @@ def load_run(conn: psycopg.Connection[Any], run_id: str) -> RunSnapshot:
     run_row = RunRow(run[0], None if run[1] is None else int(run[1]), run[2], run[3], run[4])
     return RunSnapshot(
         run_row,
-        tuple(AgentRow(*row) for row in agents),
-        tuple(
-            SpanRow(
-                r[0],
-                r[1],
-                r[2],
-                r[3],
-                r[4],
-                int(r[5]),
-                int(r[6]),
-                int(r[7]),
-                int(r[8]),
-                r[9],
-                r[10],
-                r[11],
-            )
-            for r in spans
-        ),
+        tuple(_agent(row) for row in agents),
+        tuple(_span(r) for r in spans),
         tuple(_event(row) for row in events),
-        tuple(ConflictRow(r[0], r[1], int(r[2]), r[3], _event(tuple(r[4:]))) for r in conflicts),
+        tuple(_conflict(r) for r in conflicts),
     )
