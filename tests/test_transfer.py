@@ -3,6 +3,7 @@ and on a run with every event type, the Jaeger JSON the UI reads, and deduplicat
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import resource
@@ -11,9 +12,9 @@ import sys
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, cast
 
 import psycopg
 import pytest
@@ -26,11 +27,19 @@ from otel_agentcap.exporters.postgres import PostgresSpanExporter, embedded
 from otel_agentcap.exporters.postgres.database import Database
 from otel_agentcap.exporters.postgres.migrate import migrate
 from otel_agentcap.exporters.postgres.writer import EventWriter
-from otel_agentcap.model import EVENT_TYPES, Batch, Event, RunRecord, SpanRecord, event_id_for
+from otel_agentcap.model import (
+    EVENT_TYPES,
+    AgentRecord,
+    Batch,
+    Event,
+    RunRecord,
+    SpanRecord,
+    event_id_for,
+)
 from otel_agentcap.testing import capture_events
 from otel_agentcap.transfer import agentcap_pb, load
-from otel_agentcap.transfer.formats import export_run
-from otel_agentcap.transfer.snapshot import ConflictRow
+from otel_agentcap.transfer.formats import export_run, export_run_to
+from otel_agentcap.transfer.snapshot import ConflictRow, load_run
 
 pytestmark = pytest.mark.storage
 
@@ -1051,3 +1060,224 @@ def test_an_otlp_protobuf_span_with_a_malformed_parent_span_id_is_left_out_and_c
     with psycopg.connect(pg_dsn) as conn:
         row = conn.execute("SELECT count(*) FROM agentcap.spans WHERE name = 'memory_write'")
         assert row.fetchone() == (0,)
+
+
+def _big_run(dsn: str, run_id: str, *, agents: int, spans: int, events: int) -> None:
+    """A hand-built run with more agents, span envelopes and events than one batch holds: each
+    event in a span of its own (the first ``spans`` events), agents taking turns."""
+    started = datetime(2026, 1, 5, tzinfo=UTC)
+    trace_id = "ab" * 16
+    names = [f"agent-{n:05d}" for n in range(agents)]
+    seqs = dict.fromkeys(names, 0)
+    rows: list[Event] = []
+    for n in range(events):
+        agent = names[n % agents]
+        seqs[agent] += 1
+        key = f"k{n}"
+        rows.append(
+            Event(
+                event_id_for(run_id, agent, key),
+                run_id,
+                agent,
+                seqs[agent],
+                "memory_write",
+                key,
+                started + timedelta(microseconds=n),
+                payload={"n": n, "text": "x" * (n % 50)},
+                trace_id=trace_id if n < spans else None,
+                span_id=f"{n + 1:016x}" if n < spans else None,
+            )
+        )
+    head = Batch(
+        events=tuple(rows[:500]),
+        agents=tuple(AgentRecord(run_id, name, name, lineage_known=True) for name in names),
+        runs=(RunRecord(run_id, started, {"size": events}, trace_id, f"{0:016x}"),),
+        spans=tuple(
+            SpanRecord(
+                run_id,
+                trace_id,
+                f"{n + 1:016x}",
+                None,
+                f"op {n}",
+                0,
+                started + timedelta(microseconds=n),
+                started + timedelta(microseconds=n + 1),
+            )
+            for n in range(spans)
+        ),
+    )
+    database = Database(dsn)
+    writer = EventWriter(database.pool)
+    try:
+        writer.write(head)
+        for start in range(500, len(rows), 500):
+            writer.write(Batch(events=tuple(rows[start : start + 500])))
+    finally:
+        writer.close()
+        database.close()
+
+
+def _messages(data: bytes) -> list[Any]:
+    return list(agentcap_pb.read_batches(data))
+
+
+def test_streamed_agentcap_pb_export_gives_the_bytes_of_the_whole_run(demo_log, pg_dsn):
+    """agentcap-pb written batch by batch from the log's cursors is, byte for byte, the export
+    built from the whole run in memory: for the demo run and a run with every event type (and a
+    conflict row); both put every agent and span envelope in the first message, as earlier
+    versions did, when a run has at most 1,000 of each."""
+    _stored_run(pg_dsn, "every-type")
+    for dsn, run_id in ((demo_log.dsn, demo_log.run_id), (pg_dsn, "every-type")):
+        with psycopg.connect(dsn) as conn:
+            whole = agentcap_pb.dumps(load_run(conn, run_id))
+            streamed = io.BytesIO()
+            size = export_run_to(
+                conn, run_id, "agentcap-pb", lambda s=streamed: cast(BinaryIO, _Unclosed(s))
+            )
+        assert streamed.getvalue() == whole and size == len(whole)
+        snapshot = agentcap_pb.loads(whole)[0]
+        first = _messages(whole)[0]
+        assert len(first.agents) == len(snapshot.agents) > 0
+        assert len(first.spans) == len(snapshot.spans) > 0
+
+
+class _Unclosed(io.RawIOBase):
+    """A ``BytesIO`` that a ``with`` block does not close."""
+
+    def __init__(self, target: io.BytesIO) -> None:
+        super().__init__()
+        self.target = target
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        return self.target.write(data)
+
+
+def test_agentcap_pb_export_of_a_big_run_is_written_while_its_rows_are_read(
+    pg_dsn, pg_empty_dsn, tmp_path
+):
+    """The agentcap-pb export of a run of several batches of each kind (2,500 agents, 3,500 span
+    envelopes, 4,500 events) writes each batch while the server-side cursor of its rows is still
+    open, holding no more events than a batch; the file has the messages its header counts, each
+    of at most 1,000 rows, and imports into an empty log and exports again to the same bytes
+    and rows, through the command line as through a file given to ``import_file``."""
+    run_id = "big"
+    _big_run(pg_dsn, run_id, agents=2500, spans=3500, events=4500)
+    seen: list[tuple[int, list[str]]] = []
+
+    class Watching(io.RawIOBase):
+        def writable(self) -> bool:
+            return True
+
+        def write(self, data: Any) -> int:
+            cursors = [r[0] for r in conn.execute("SELECT name FROM pg_cursors ORDER BY name")]
+            seen.append((len(data), cursors))
+            out.write(data)
+            return len(data)
+
+    out = io.BytesIO()
+    with psycopg.connect(pg_dsn) as conn:
+        export_run_to(conn, run_id, "agentcap-pb", lambda: cast(BinaryIO, Watching()))
+    data = out.getvalue()
+    messages = _messages(data)
+    assert len(messages) == len(seen) == messages[0].header.batches == 1 + 2 + 3 + 5
+    kinds = [
+        [kind for kind in ("agents", "spans", "events") if len(getattr(m, kind))] for m in messages
+    ]
+    assert kinds == [["agents", "spans"]] + [["agents"]] * 2 + [["spans"]] * 3 + [["events"]] * 5
+    assert all(max(len(m.agents), len(m.spans), len(m.events)) <= 1000 for m in messages)
+    # Each full batch went out while the cursor of its rows was open with rows left to read (the
+    # last, short batch of a kind is built once its cursor ran out).
+    assert all("agentcap_export_events" in cursors for _, cursors in seen[6:10])
+    assert all("agentcap_export_spans" in cursors for _, cursors in seen[:5])
+    assert "agentcap_export_events" not in seen[10][1]
+    with psycopg.connect(pg_dsn) as conn:
+        assert agentcap_pb.dumps(load_run(conn, run_id)) == data
+
+    path = tmp_path / "big.pb"
+    assert _export(pg_dsn, run_id, "agentcap-pb", path) == data
+    result = _import(pg_empty_dsn, path)
+    assert result["events_inserted"] == 4500 and result["rejected"] == 0
+    assert _export(pg_empty_dsn, run_id, "agentcap-pb", tmp_path / "again.pb") == data
+    assert _rows(pg_empty_dsn, run_id) == _rows(pg_dsn, run_id)
+
+
+class _Reads(io.BytesIO):
+    """A file that remembers the largest read asked of it."""
+
+    largest = 0
+
+    def read(self, size: int | None = -1) -> bytes:
+        self.largest = max(self.largest, sys.maxsize if size is None or size < 0 else size)
+        return super().read(size)
+
+
+def test_agentcap_pb_import_reads_a_message_at_a_time(pg_dsn, pg_empty_dsn, monkeypatch):
+    """Importing an agentcap-pb file of many messages reads it in pieces no larger than its
+    largest message (never whole), writes a write's worth of rows at a time, and counts what
+    the whole-file reading counted; a second import counts every event as a duplicate."""
+    run_id = "big"
+    _big_run(pg_dsn, run_id, agents=30, spans=1200, events=3300)
+    with psycopg.connect(pg_dsn) as conn:
+        data = export_run(conn, run_id, "agentcap-pb")
+    largest = max(len(m.SerializeToString()) for m in _messages(data))
+    writes: list[int] = []
+    original = EventWriter.write
+
+    def counted(self: EventWriter, batch: Batch) -> Any:
+        writes.append(len(batch.events) + len(batch.spans) + len(batch.agents))
+        return original(self, batch)
+
+    monkeypatch.setattr(EventWriter, "write", counted)
+    monkeypatch.setattr(load, "EVENTS_PER_WRITE", 1000)
+    migrate(pg_empty_dsn)
+    database = Database(pg_empty_dsn)
+    try:
+        source = _Reads(data)
+        result = load.import_stream(database, source)
+        assert 0 < source.largest <= largest
+        again = load.import_file(database, data)
+    finally:
+        database.close()
+    assert result.runs == [run_id] and result.events_inserted == 3300 and result.rejected == 0
+    assert again.duplicates == 3300 and again.events_inserted == 0
+    assert max(writes) <= 1000 + 1200 + 30 and len(writes) == 2 * 4
+    assert _rows(pg_empty_dsn, run_id) == _rows(pg_dsn, run_id)
+
+
+def test_import_of_an_agentcap_pb_file_corrupt_or_cut_in_a_late_message_stores_nothing(
+    pg_dsn, pg_empty_dsn, tmp_path
+):
+    """An agentcap-pb file of many messages cut inside its last message, or with a byte of its
+    last message's framing made wrong, is the one-line error naming what is wrong and stores
+    nothing (the whole file is checked before the first write); the file whole, given on
+    standard input, imports."""
+    run_id = "big"
+    _big_run(pg_dsn, run_id, agents=3, spans=10, events=2500)
+    whole = _export(pg_dsn, run_id, "agentcap-pb", tmp_path / "big.pb")
+    ends = []
+    position = 0
+    while position < len(whole):
+        size, position = agentcap_pb._read_varint(whole, position)
+        position += size
+        ends.append(position)
+    assert len(ends) == 4
+    cut = tmp_path / "cut.pb"
+    cut.write_bytes(whole[: ends[-1] - 10])
+    assert "truncated agentcap-pb stream (in a message)" in _import_error(pg_empty_dsn, cut)
+    corrupt = bytearray(whole)
+    corrupt[ends[-2] + 3] = 0xFF  # inside the last message: a field with no wire type
+    bad = tmp_path / "bad.pb"
+    bad.write_bytes(bytes(corrupt))
+    assert "undecodable agentcap-pb message" in _import_error(pg_empty_dsn, bad)
+    assert _event_count(pg_empty_dsn) == 0
+    done = subprocess.run(
+        [sys.executable, "-m", "otel_agentcap.cli", "import", "-", "--dsn", pg_empty_dsn, "--json"],
+        input=whole,
+        capture_output=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stderr.decode()
+    assert json.loads(done.stdout)["events_inserted"] == 2500
