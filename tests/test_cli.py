@@ -10,6 +10,7 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
+from typing import Any
 
 import psycopg
 import pytest
@@ -234,6 +235,51 @@ def test_export_html_writes_one_self_contained_file(pg_dsn, tmp_path):
     ]
     bad = _cli("export", "exported", "--format", "pdf", "--dsn", pg_dsn)
     assert bad.returncode == 2 and "invalid choice" in bad.stderr
+
+
+@pytest.mark.storage
+def test_export_of_agentcap_pb_to_stdout_or_a_file_and_a_failure_leaves_no_part_written_file(
+    pg_dsn, tmp_path, monkeypatch, capsysbinary
+):
+    """export --format agentcap-pb writes the same bytes to standard output as to a file (which
+    it names with its size); an unknown run creates no file; a database error part-way through
+    the events is one line, exit 1, and removes the file it had begun to write."""
+    from otel_agentcap.cli import main
+    from otel_agentcap.testing.synthetic import synthetic_run, write_batches
+    from otel_agentcap.transfer import snapshot
+
+    write_batches(pg_dsn, synthetic_run("exported", 2500, agents=3))
+    command = ["export", "exported", "--format", "agentcap-pb", "--dsn", pg_dsn]
+    piped = subprocess.run(
+        [sys.executable, "-m", "otel_agentcap.cli", *command], capture_output=True, timeout=120
+    )
+    assert piped.returncode == 0 and len(piped.stdout) > 0, piped.stderr
+    target = tmp_path / "run.pb"
+    written = _cli(*command, "-o", str(target))
+    assert written.returncode == 0 and target.read_bytes() == piped.stdout
+    assert written.stderr == f"wrote {target} ({len(piped.stdout):,} bytes)\n"
+    missing = tmp_path / "missing.pb"
+    unknown = _cli("export", "nope", "--format", "agentcap-pb", "--dsn", pg_dsn, "-o", str(missing))
+    assert unknown.returncode == 1 and not missing.exists()
+
+    broken = tmp_path / "broken.pb"
+    events = snapshot.RunReader.events
+    begun: list[bool] = []
+
+    def failing(self: snapshot.RunReader) -> Any:
+        for number, row in enumerate(events(self)):
+            if number == 1500:
+                begun.append(broken.exists())
+                raise psycopg.OperationalError("server closed the connection unexpectedly")
+            yield row
+
+    monkeypatch.setattr(snapshot.RunReader, "events", failing)
+    capsysbinary.readouterr()
+    assert main([*command, "-o", str(broken)]) == 1
+    assert begun == [True] and not broken.exists()
+    assert capsysbinary.readouterr().err == (
+        b"otel-agentcap: database error: server closed the connection unexpectedly\n"
+    )
 
 
 @pytest.mark.storage
