@@ -1141,6 +1141,20 @@ def test_streamed_agentcap_pb_export_gives_the_bytes_of_the_whole_run(demo_log, 
         assert len(first.spans) == len(snapshot.spans) > 0
 
 
+@pytest.mark.parametrize("fmt", ["otlp-json", "jaeger-json"])
+def test_trace_exports_written_a_span_at_a_time_are_the_whole_documents(demo_log, pg_dsn, fmt):
+    """otlp-json and jaeger-json written to the file a span at a time are, byte for byte, the
+    documents built whole: for the demo run and a run with every event type."""
+    _stored_run(pg_dsn, "every-type")
+    for dsn, run_id in ((demo_log.dsn, demo_log.run_id), (pg_dsn, "every-type")):
+        with psycopg.connect(dsn) as conn:
+            whole = export_run(conn, run_id, fmt)
+            streamed = io.BytesIO()
+            size = export_run_to(conn, run_id, fmt, lambda s=streamed: cast(BinaryIO, _Unclosed(s)))
+        assert streamed.getvalue() == whole and size == len(whole)
+        assert json.loads(whole)
+
+
 class _Unclosed(io.RawIOBase):
     """A ``BytesIO`` that a ``with`` block does not close."""
 

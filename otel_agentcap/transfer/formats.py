@@ -24,8 +24,9 @@ class ExportFormat:
     binary: bool = False
     #: Whether ``otel-agentcap import`` reads it back.
     importable: bool = False
-    #: Writes the run batch by batch to a file and returns the bytes written, the same bytes as
-    #: ``write`` gives, in memory that does not grow with the run (None: ``write`` is used).
+    #: Writes the run to a file as it is built and returns the bytes written, the same bytes as
+    #: ``write`` gives (None: ``write`` is used): agentcap-pb a batch at a time, in memory that
+    #: does not grow with the run; the trace formats a span at a time, from the whole trace.
     stream: Callable[[RunReader, BinaryIO], int] | None = None
 
 
@@ -89,6 +90,7 @@ register_format(
         "the run's trace as an OTLP/JSON ExportTraceServiceRequest",
         lambda snapshot: otlp_json.dumps(rebuild(snapshot)),
         importable=True,
+        stream=lambda reader, out: otlp_json.write(rebuild(reader.snapshot()), out),
     )
 )
 register_format(
@@ -96,5 +98,6 @@ register_format(
         "jaeger-json",
         "the run's trace as Jaeger's /api/traces JSON (the Jaeger UI opens it from a file)",
         lambda snapshot: jaeger_json.dumps(rebuild(snapshot)),
+        stream=lambda reader, out: jaeger_json.write(rebuild(reader.snapshot()), out),
     )
 )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, BinaryIO
 
 from otel_agentcap.transfer.traces import Attribute, RunTrace, TraceSpan
 
@@ -104,3 +104,39 @@ def to_jaeger(trace: RunTrace) -> dict[str, Any]:
 
 def dumps(trace: RunTrace) -> bytes:
     return (json.dumps(to_jaeger(trace), ensure_ascii=False, separators=(",", ":")) + "\n").encode()
+
+
+def _compact(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def write(trace: RunTrace, out: BinaryIO) -> int:
+    """Write the bytes :func:`dumps` gives to ``out`` a span at a time (the document is never
+    whole in memory; the trace is); returns how many were written."""
+    size = 0
+
+    def emit(text: str) -> None:
+        nonlocal size
+        data = text.encode()
+        out.write(data)
+        size += len(data)
+
+    emit('{"data":[')
+    for number, trace_id in enumerate(trace.trace_ids):
+        spans = [s for s in trace.spans if s.envelope.trace_id == trace_id]
+        processes: dict[str, dict[str, Any]] = {}
+        by_service: dict[str, str] = {}
+        process_ids = []
+        for span in spans:
+            service = span.envelope.service_name or UNKNOWN_SERVICE
+            process_id = by_service.get(service)
+            if process_id is None:
+                process_id = by_service[service] = f"p{len(by_service) + 1}"
+                processes[process_id] = {"serviceName": service, "tags": []}
+            process_ids.append(process_id)
+        emit(("," if number else "") + '{"traceID":' + _compact(trace_id) + ',"spans":[')
+        for position, (span, process_id) in enumerate(zip(spans, process_ids, strict=True)):
+            emit(("," if position else "") + _compact(_span(span, process_id)))
+        emit('],"processes":' + _compact(processes) + ',"warnings":null}')
+    emit('],"total":0,"limit":0,"offset":0,"errors":null}\n')
+    return size

@@ -8,7 +8,7 @@ import base64
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, BinaryIO
 
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
@@ -96,6 +96,40 @@ def to_otlp(trace: RunTrace) -> dict[str, Any]:
 
 def dumps(trace: RunTrace) -> bytes:
     return (json.dumps(to_otlp(trace), ensure_ascii=False, separators=(",", ":")) + "\n").encode()
+
+
+def _compact(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def write(trace: RunTrace, out: BinaryIO) -> int:
+    """Write the bytes :func:`dumps` gives to ``out`` a span at a time (the document is never
+    whole in memory; the trace is); returns how many were written."""
+    groups: dict[str | None, dict[str | None, list[TraceSpan]]] = {}
+    for span in trace.spans:
+        scopes = groups.setdefault(span.envelope.service_name, {})
+        scopes.setdefault(span.envelope.scope_name, []).append(span)
+    size = 0
+
+    def emit(text: str) -> None:
+        nonlocal size
+        data = text.encode()
+        out.write(data)
+        size += len(data)
+
+    emit('{"resourceSpans":[')
+    for number, (service, scopes) in enumerate(groups.items()):
+        resource = {"attributes": key_values([("service.name", service)] if service else [])}
+        emit(("," if number else "") + '{"resource":' + _compact(resource) + ',"scopeSpans":[')
+        for index, (scope, spans) in enumerate(scopes.items()):
+            head = {"name": scope} if scope else {}
+            emit(("," if index else "") + '{"scope":' + _compact(head) + ',"spans":[')
+            for position, span in enumerate(spans):
+                emit(("," if position else "") + _compact(_span(span)))
+            emit("]}")
+        emit("]}")
+    emit("]}\n")
+    return size
 
 
 # --------------------------------------------------------------------------- reading

@@ -206,6 +206,16 @@ class RunReader:
         routed = (self.run.run_id, self._routed["at"])
         return self._rows("conflicts", _CONFLICTS, routed, _conflict)
 
+    def snapshot(self) -> RunSnapshot:
+        """Every row of the run, in memory (what :func:`load_run` gives)."""
+        return RunSnapshot(
+            self.run,
+            tuple(self.agents()),
+            tuple(self.spans()),
+            tuple(self.events()),
+            tuple(self.conflicts()),
+        )
+
 
 @contextmanager
 def read_run(conn: psycopg.Connection[Any], run_id: str) -> Iterator[RunReader]:
