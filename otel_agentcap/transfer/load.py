@@ -854,7 +854,8 @@ def _otlp_spans(data: bytes, fmt: str) -> tuple[list[Any], list[str]]:
 def import_file(database: Database, data: bytes, *, _whole: bool = False) -> ImportResult:
     """Load ``data`` into the log of ``database``; raises ``ValueError`` for a file it cannot read
     (nothing is stored) and ``AgentCapStorageError`` when a write fails: nothing of that write is
-    stored, and :class:`ImportIncomplete` when earlier writes were."""
+    stored, and :class:`ImportIncomplete` when earlier writes were. agentcap-pb goes through
+    :func:`import_stream` (``_whole``: read it whole, for a file not in export order)."""
     if not data.strip():
         raise ValueError("the input is empty: nothing to import")
     unmarked = data.removeprefix(_UTF8_BOM)  # JSON saved with a byte order mark
