@@ -6,6 +6,7 @@ import json
 import os
 import re
 import signal
+import stat
 import subprocess
 import sys
 import urllib.error
@@ -242,8 +243,9 @@ def test_export_of_agentcap_pb_to_stdout_or_a_file_and_a_failure_leaves_no_part_
     pg_dsn, tmp_path, monkeypatch, capsysbinary
 ):
     """export --format agentcap-pb writes the same bytes to standard output as to a file (which
-    it names with its size); an unknown run creates no file; a database error part-way through
-    the events is one line, exit 1, and removes the file it had begun to write."""
+    it names with its size, with the permissions a new file gets); an unknown run creates no
+    file; a database error part-way through the events is one line, exit 1, and leaves neither a
+    part-written file nor a temporary one, and an existing file as it was."""
     from otel_agentcap.cli import main
     from otel_agentcap.testing.synthetic import synthetic_run, write_batches
     from otel_agentcap.transfer import snapshot
@@ -258,28 +260,40 @@ def test_export_of_agentcap_pb_to_stdout_or_a_file_and_a_failure_leaves_no_part_
     written = _cli(*command, "-o", str(target))
     assert written.returncode == 0 and target.read_bytes() == piped.stdout
     assert written.stderr == f"wrote {target} ({len(piped.stdout):,} bytes)\n"
+    umask = os.umask(0)
+    os.umask(umask)
+    assert target.stat().st_mode & 0o777 == 0o666 & ~umask
+    # A device (or a FIFO) is written in place, not replaced by a file.
+    assert main([*command, "-o", os.devnull]) == 0
+    assert stat.S_ISCHR(os.stat(os.devnull).st_mode)
     missing = tmp_path / "missing.pb"
     unknown = _cli("export", "nope", "--format", "agentcap-pb", "--dsn", pg_dsn, "-o", str(missing))
     assert unknown.returncode == 1 and not missing.exists()
 
     broken = tmp_path / "broken.pb"
     events = snapshot.RunReader.events
-    begun: list[bool] = []
+    begun: list[list[str]] = []
 
     def failing(self: snapshot.RunReader) -> Any:
         for number, row in enumerate(events(self)):
             if number == 1500:
-                begun.append(broken.exists())
+                begun.append(sorted(p.name for p in tmp_path.iterdir()))
                 raise psycopg.OperationalError("server closed the connection unexpectedly")
             yield row
 
     monkeypatch.setattr(snapshot.RunReader, "events", failing)
     capsysbinary.readouterr()
     assert main([*command, "-o", str(broken)]) == 1
-    assert begun == [True] and not broken.exists()
+    # Written under a temporary name beside the target, removed on failure.
+    assert len(begun) == 1 and "broken.pb" not in begun[0]
+    assert [n for n in begun[0] if n.startswith(".broken.pb.") and n.endswith(".part")]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.pb"]
     assert capsysbinary.readouterr().err == (
         b"otel-agentcap: database error: server closed the connection unexpectedly\n"
     )
+    assert main([*command, "-o", str(target)]) == 1
+    assert target.read_bytes() == piped.stdout  # the earlier export, untouched
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.pb"]
 
 
 @pytest.mark.storage

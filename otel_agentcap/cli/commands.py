@@ -816,33 +816,84 @@ class _Stdout(io.RawIOBase):
 
 def _export_streamed(args: argparse.Namespace, conn: psycopg.Connection[Any]) -> int:
     """Write a run in a format of ``otel_agentcap.transfer.formats`` to ``--output`` as it is
-    read (batch by batch for agentcap-pb); returns the bytes written. A file left part-written by
-    a failure is removed."""
+    read (batch by batch for agentcap-pb); returns the bytes written (see :func:`_write_output`)."""
     from otel_agentcap.transfer.formats import export_run_to
 
-    if args.output == "-":
-        return export_run_to(conn, args.run_id, args.format, lambda: cast(BinaryIO, _Stdout()))
+    return _write_output(
+        args.output, lambda open_output: export_run_to(conn, args.run_id, args.format, open_output)
+    )
+
+
+def _write_whole(output: str, data: bytes) -> int:
+    """Write ``data`` to ``output`` (see :func:`_write_output`)."""
+
+    def write(open_output: Callable[[], BinaryIO]) -> int:
+        with open_output() as out:
+            out.write(data)
+        return len(data)
+
+    return _write_output(output, write)
+
+
+def _write_output(output: str, write: Callable[[Callable[[], BinaryIO]], int]) -> int:
+    """``write(open_output)`` to ``output`` (``-``: standard output); returns what it returns.
+
+    A file is written under a temporary name beside it and renamed over ``--output`` once
+    complete, so a failure part-way leaves no part-written file and an existing file as it was.
+    An output that is not a regular file (a FIFO, a device), or a directory where no temporary
+    file can be made, is written in place (a regular file begun then is removed on failure)."""
+    if output == "-":
+        return write(lambda: cast(BinaryIO, _Stdout()))
+    target = Path(output)
+    in_place = target.exists() and not target.is_file()
+    part: str | None = None
     opened = False
 
     def open_output() -> BinaryIO:
-        nonlocal opened
-        out = open(args.output, "wb")  # noqa: SIM115 (closed by export_run_to)
+        nonlocal part, opened
+        if not in_place:
+            try:
+                fd, part = tempfile.mkstemp(
+                    dir=target.parent, prefix=f".{target.name}.", suffix=".part"
+                )
+            except OSError:
+                part = None
+            else:
+                os.chmod(part, _new_file_mode(target))
+                return os.fdopen(fd, "wb")
+        out = open(target, "wb")  # noqa: SIM115 (closed by export_run_to)
         opened = True
         return out
 
     try:
-        return export_run_to(conn, args.run_id, args.format, open_output)
+        size = write(open_output)
+        if part is not None:
+            os.replace(part, target)
+        return size
     except OSError as exc:
-        _remove_part_written(args.output, opened)
-        raise CliError(f"cannot write {args.output}: {exc.strerror or exc}") from None
+        _remove_part_written(part, output, opened)
+        raise CliError(f"cannot write {output}: {exc.strerror or exc}") from None
     except BaseException:
-        _remove_part_written(args.output, opened)
+        _remove_part_written(part, output, opened)
         raise
 
 
-def _remove_part_written(path: str, opened: bool) -> None:
-    if opened and os.path.isfile(path):
-        with contextlib.suppress(OSError):
+def _new_file_mode(target: Path) -> int:
+    """The permissions ``open(target, "w")`` would leave: the existing file's, else 0o666 less
+    the umask."""
+    try:
+        return target.stat().st_mode & 0o7777
+    except OSError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
+def _remove_part_written(part: str | None, path: str, opened: bool) -> None:
+    with contextlib.suppress(OSError):
+        if part is not None:
+            os.unlink(part)
+        elif opened and os.path.isfile(path):
             os.unlink(path)
 
 
@@ -857,20 +908,12 @@ def cmd_export(args: argparse.Namespace) -> int:
                 size = _export_streamed(args, conn)
             else:
                 data = writer(args, conn)
-                size = len(data)
         except RunNotFound:
             raise CliError(
                 f"unknown run id: {_shown(repr(args.run_id))} (see: otel-agentcap runs)"
             ) from None
-    if data is not None and args.output == "-":
-        sys.stdout.buffer.write(data)
-        sys.stdout.flush()
-    elif data is not None:
-        try:
-            with open(args.output, "wb") as out:
-                out.write(data)
-        except OSError as exc:
-            raise CliError(f"cannot write {args.output}: {exc.strerror or exc}") from None
+    if data is not None:
+        size = _write_whole(args.output, data)
     if args.output != "-":
         print(f"wrote {args.output} ({size:,} bytes)", file=sys.stderr)
     return 0
