@@ -446,3 +446,12 @@ def test_dumps_str_keyed_writes_what_dumps_writes() -> None:
     ]
     for value in cases:
         assert jsonsafe.dumps_str_keyed(value, 100) == jsonsafe.dumps(value, 100)
+
+
+def test_raw_or_loads_parses_only_text_with_what_jsonb_rejects():
+    """raw_or_loads passes text as RawJson unless it holds a NUL escape, a surrogate escape (any
+    case) or a lone surrogate, which it parses and makes safe."""
+    for text in ('{"v": "\\u00e9"}', '{"v": 1}', '"é"', "not json"):
+        assert type(jsonsafe.raw_or_loads(text)) is jsonsafe.RawJson
+    for text in ('{"v": "\\u0000"}', '"\\ud800"', '"\\uD800"', '"a\\u00e9\\uDC00"', '"\ud800"'):
+        assert type(jsonsafe.raw_or_loads(text)) is not jsonsafe.RawJson

@@ -81,8 +81,6 @@ from .rows import (
     uuid_array,
 )
 
-#: Attributes that make a span other than the common kind (see the module doc).
-_RARE: Final = frozenset((SUPERSEDED, attr.RUN_ROOT, attr.RUN_ATTRIBUTES))
 _MODEL_CALL: Final = EventType.MODEL_CALL.value
 #: The plain text of every event type but ``model_call`` (model calls are matched by call id).
 _PLAIN_TYPES: Final[dict[object, str]] = {t: t.value for t in EventType if t.value != _MODEL_CALL}
@@ -90,6 +88,8 @@ _ONE_MICRO: Final = timedelta(microseconds=1)
 #: The length of a span id field (16 hex digits).
 _SPAN_ID_HEAD: Final = _I32.pack(16)
 _ROW_ORDER: Final = operator.itemgetter(1, 2, 3)
+#: The largest span id 16 hex digits hold.
+_MAX_SPAN_ID: Final = 2**64 - 1
 
 
 class OnePass(NamedTuple):
@@ -159,6 +159,7 @@ def _prepare(
     agent_keys: set[tuple[object, ...]] = set()
     names = _CleanTexts()
     traces: dict[int, str] = {}
+    parent_texts: dict[object, str] = {}
     fromtimestamp = datetime.fromtimestamp
     shapes: dict[tuple[int, int, int, int], tuple[Any, ...]] = {}
     fields = _TextFields()
@@ -304,7 +305,12 @@ def _prepare(
             if attr.RUN_ROOT in attributes:
                 raise _NotCommon
             continue  # not stamped: no record
-        if not _RARE.isdisjoint(attributes) or getattr(span, "own_event_queued", False):
+        if (
+            SUPERSEDED in attributes
+            or attr.RUN_ROOT in attributes
+            or attr.RUN_ATTRIBUTES in attributes
+            or getattr(span, "own_event_queued", False)
+        ):
             raise _NotCommon
         if has_events(span) and any(e.name.startswith(attr.SPAN_EVENT_PREFIX) for e in span.events):
             raise _NotCommon  # a closing event recorded as a span event (earlier versions)
@@ -346,9 +352,13 @@ def _prepare(
             trace_id = traces[trace_int] = trace_id_hex(trace_int)
             if len(trace_id) > MAX_TRACE_TEXT:
                 raise _NotCommon  # the general path rejects its events
-        span_id = f"{ctx.span_id:016x}"
-        if len(span_id) != 16:
-            raise _NotCommon
+        span_int = ctx.span_id
+        if type(span_int) is int and 0 <= span_int <= _MAX_SPAN_ID:
+            span_id = span_int.to_bytes(8, "big").hex()  # as f"{span_int:016x}", cheaper
+        else:
+            span_id = f"{span_int:016x}"
+            if len(span_id) != 16:
+                raise _NotCommon
         # As ``mapping.wall_time``.
         at = fromtimestamp((span.start_time or 0) / 1e9, tz=UTC)
         start_micros = add_event(
@@ -412,7 +422,9 @@ def _prepare(
             raise _NotCommon
         parent = getattr(span, "parent", None)
         parent_id = parent.span_id if parent is not None else 0
-        parent_text = f"{parent_id:016x}" if parent_id else None
+        parent_text = parent_texts.get(parent_id)  # the spans of an agent share their parent
+        if parent_text is None and parent_id:
+            parent_text = parent_texts[parent_id] = f"{parent_id:016x}"
         # Kind, status, scope and resource are objects the spans share: their parts of the
         # envelope are made once per batch (the spans, alive, keep their ids unique).
         resource = getattr(span, "resource", None)
