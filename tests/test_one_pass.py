@@ -279,7 +279,7 @@ _hostile = st.fixed_dictionaries(
         "parent": _mostly(0xFFFF, None, 0, 1, 2**64 - 1),
         "trace_id": _mostly(TRACE, 7, 2**600),
         "start": _mostly(NOW_NS, NOW_NS - 10**12, 0, NOW_NS + 10**18),
-        "end": _mostly(NOW_NS + 1000, 0, NOW_NS - 10**12),
+        "end": _mostly(NOW_NS + 1000, 0, NOW_NS - 10**12, 10**21, 2**63 - 1, -(10**20)),
     }
 )
 #: Values the one pass takes (what the capture API writes), some of them unusual.
@@ -490,3 +490,75 @@ def test_an_unexpected_failure_of_the_one_pass_is_counted_and_logged_once(monkey
     assert stats.one_pass_failures == 2
     logged = [r for r in caplog.records if "one pass failed" in r.getMessage()]
     assert len(logged) == 1 and "a bug of the one pass" in logged[0].getMessage()
+
+
+@pytest.mark.storage
+def test_rows_are_built_when_the_prebuilt_copy_data_cannot_be_used(pg_dsn: str) -> None:
+    """When the run start the one pass built its COPY data with is not the stored one, the
+    writer builds the rows the one pass deferred and stores what the general path stores, on
+    the direct and the staging path."""
+    from psycopg_pool import ConnectionPool
+
+    from otel_agentcap.exporters.postgres.writer import EventWriter
+
+    suffix = uuid.uuid4().hex[:8]
+    batches = {}
+    for direct in (True, False):
+        spans = [s for s in _captured(f"deferred-{direct}-{suffix}")]
+        batches[direct] = [
+            s
+            for s in spans
+            if attr.EVENT_ID in attributes_of(s) and attributes_of(s).get(attr.OUTCOME) is None
+        ]
+    dumps = []
+    for one_pass_on in (True, False):
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            conn.execute(
+                "TRUNCATE agentcap.events, agentcap.agents, agentcap.runs, agentcap.conflicts,"
+                " agentcap.spans, agentcap.record_conflicts RESTART IDENTITY"
+            )
+        with ConnectionPool(pg_dsn, min_size=1, max_size=2, open=True) as pool:
+            writer = EventWriter(pool)
+            for direct, spans in batches.items():
+                one = prepare_spans(spans, staging=not direct, known_start=lambda run: START)
+                assert one is not None and one.data is not None
+                if one_pass_on:
+                    result = writer.write_prepared(
+                        one.prepared,
+                        direct=direct,
+                        data=one.data,
+                        span_data=one.span_data,
+                        starts=one.starts,
+                    )
+                else:
+                    result = writer.write_prepared(
+                        prepare(_map(spans, raw_payloads=True)), direct=direct
+                    )
+                assert result.inserted == one.events
+        dumps.append(_dump(pg_dsn))
+    assert dumps[0]["events"] and dumps[0]["spans"]
+    assert dumps[0] == dumps[1]
+
+
+@settings(max_examples=2000, deadline=None)
+@given(
+    st.one_of(
+        st.integers(min_value=0, max_value=2**63 - 1),
+        # Half a microsecond and around it, where the rounding decides.
+        st.integers(min_value=946_684_800 * 10**6, max_value=4 * 10**15).map(
+            lambda us: us * 1000 + 500
+        ),
+        st.integers(min_value=946_684_800 * 10**6, max_value=4 * 10**15).flatmap(
+            lambda us: st.sampled_from([us * 1000 + 499, us * 1000 + 501, us * 1000 + 999])
+        ),
+    )
+)
+def test_span_times_in_microseconds_are_the_general_paths(ns: int) -> None:
+    """A span time in nanoseconds gives the microseconds of the datetime the general path
+    makes of it (rounded as datetime.fromtimestamp rounds), without the datetime."""
+    seconds = ns / 1e9
+    try:
+        expected = one_pass_module._micros(datetime.fromtimestamp(seconds, tz=UTC))
+    except (OverflowError, ValueError, OSError):
+        return  # no datetime: the one pass rejects such a time by its range
+    assert one_pass_module._seconds_micros(seconds) == expected

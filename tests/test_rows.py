@@ -6,16 +6,19 @@ import json
 import struct
 import uuid
 from datetime import UTC, datetime, timedelta, timezone
+from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from otel_agentcap import jsonsafe
 from otel_agentcap.exporters.postgres.rows import (
+    DeferredRows,
     copy_data,
     payload_dumps,
     prepare,
     span_copy_data,
+    span_row_runs,
 )
 from otel_agentcap.model import EVENT_TYPES, Batch, Event, SpanRecord, event_id_for
 
@@ -235,3 +238,24 @@ def test_raw_payload_text_over_the_limit_that_is_not_json_is_stored_as_its_marke
     for text in ('{"v":"' + "x" * 100, '{"v":"' + "x" * 100 + '"}'):
         assert dumps(jsonsafe.RawJson(text)) == dumps(jsonsafe.loads(text))
         assert b"$agentcap.truncated" in dumps(jsonsafe.RawJson(text))
+
+
+def test_deferred_rows_are_built_only_when_read() -> None:
+    """DeferredRows gives its runs and length without building a row, builds each row once when
+    read, and equals the list of those rows."""
+    built: list[tuple[Any, ...]] = []
+
+    def make(item: tuple[Any, ...]) -> tuple[Any, ...]:
+        built.append(item)
+        return ("row", *item)
+
+    rows = DeferredRows([("r1", 1), ("r2", 2), ("r1", 3)], make, 0)
+    assert len(rows) == 3 and rows
+    assert span_row_runs(rows) == {"r1", "r2"}
+    assert rows.run_counts() == {"r1": 2, "r2": 1}
+    assert built == []
+    assert rows == [("row", "r1", 1), ("row", "r2", 2), ("row", "r1", 3)]
+    assert list(rows) == rows[:]
+    assert len(built) == 3
+    assert rows != [("row", "r1", 1)]
+    assert not DeferredRows([], make, 0)

@@ -48,7 +48,6 @@ from otel_agentcap.validation import (
     MAX_FUTURE,
     MAX_KEY_BYTES,
     MAX_TRACE_TEXT,
-    MIN_WALL_TIME,
     Validator,
     uuid_text,
 )
@@ -70,6 +69,7 @@ from .rows import (
     _TIMES_CODE_FIELDS,
     _UUID_FIELD,
     DEFAULT_MAX_PAYLOAD_CHARS,
+    DeferredRows,
     EventRow,
     PreparedBatch,
     SpanRow,
@@ -141,18 +141,21 @@ def _prepare(
     now = time.time_ns()
     validator = Validator(now)
     max_seq = validator.max_seq
-    max_time = datetime.fromtimestamp(now / 1e9, tz=UTC) + MAX_FUTURE
+    max_micros = _seconds_micros(now / 1e9) + _MAX_FUTURE_MICROS
     dumps = payload_dumps(max_payload_chars)
     prefixes: dict[tuple[str, str], bytes] = {}
     #: The bytes of each event id of the batch (also: no id twice).
     ids: dict[str, bytes] = {}
     #: Each span's envelope row and COPY tuple by its span id (also: no span twice).
-    envelopes: dict[str, tuple[SpanRow, bytes]] = {}
+    envelopes: dict[str, tuple[tuple[Any, ...], bytes]] = {}
     #: The run and trace of every span so far, when the same for all (else None).
     span_group: tuple[str, str] | None = None
-    rows: list[EventRow] = []
+    #: The compact form of each event row (see ``_event_row``).
+    rows: list[tuple[Any, ...]] = []
     chunks: list[bytes] = []
-    started: dict[str, datetime] = {}
+    #: The earliest time of each run's events: in microseconds since PostgreSQL's epoch, and
+    #: as ``_at`` takes it.
+    started: dict[str, tuple[int, float | datetime]] = {}
     start_fields: dict[str, bytes] = {}
     starts: dict[str, datetime] | None = {}
     agents: dict[AgentRecord, None] = {}
@@ -160,7 +163,6 @@ def _prepare(
     names = _CleanTexts()
     traces: dict[int, str] = {}
     parent_texts: dict[object, str] = {}
-    fromtimestamp = datetime.fromtimestamp
     shapes: dict[tuple[int, int, int, int], tuple[Any, ...]] = {}
     fields = _TextFields()
     head = _STAGING_FIELDS if staging else _EVENT_FIELDS
@@ -181,14 +183,17 @@ def _prepare(
         seq: object,
         event_type: object,
         key: object,
-        at: datetime,
+        at: float | datetime,
+        micros: int,
         parents: object,
         payload: Any,
         trace_id: str,
         span_id: str,
-    ) -> int:
-        """Validate one event as ``Validator.event`` does, and add its row and COPY tuple;
-        its time in microseconds since PostgreSQL's epoch."""
+    ) -> None:
+        """Validate one event as ``Validator.event`` does, and add its compact row and COPY
+        tuple. ``at`` is its time as ``_at`` takes it, ``micros`` the same time in microseconds
+        since PostgreSQL's epoch (compared as integers: the same as comparing the datetimes,
+        which are microseconds too, and cheaper)."""
         nonlocal last_order, ordered, starts
         if type(event_type) is not str or event_type not in EVENT_TYPES:
             raise _NotCommon
@@ -210,7 +215,7 @@ def _prepare(
             and event_id not in ids
             and type(seq) is int
             and 0 <= seq <= max_seq
-            and MIN_WALL_TIME <= at <= max_time
+            and 0 <= micros <= max_micros  # MIN_WALL_TIME is PostgreSQL's epoch
             and type(parents) is tuple
             and len(parents) <= MAX_CAUSAL_PARENTS
         ):
@@ -232,7 +237,7 @@ def _prepare(
         last_order = order
         first = started.get(run_id)
         if first is None:
-            started[run_id] = at
+            started[run_id] = (micros, at)
             if starts is not None:
                 start = known_start(run_id)
                 if start is None:
@@ -240,31 +245,25 @@ def _prepare(
                 else:
                     starts[run_id] = start
                     start_fields[run_id] = pack_int8(8, _micros(start))
-        elif at < first:
-            started[run_id] = at
-        value = None if payload is None else Jsonb(payload, dumps)
+        elif micros < first[0]:
+            started[run_id] = (micros, at)
         rows.append(
-            _new_row(
-                (
-                    raw_id,
-                    run_id,
-                    agent_id,
-                    seq,
-                    at,
-                    event_type,
-                    parent_ids,
-                    key,
-                    trace_id,
-                    span_id,
-                    value,
-                    None,
-                    None,
-                )
+            (
+                raw_id,
+                run_id,
+                agent_id,
+                seq,
+                at,
+                event_type,
+                parent_ids,
+                key,
+                trace_id,
+                span_id,
+                payload,
             )
         )
-        micros: int = (at - _PG_EPOCH) // _ONE_MICRO
         if starts is None:
-            return micros
+            return
         if payload is None:
             json_field = _NULL
         else:
@@ -296,7 +295,6 @@ def _prepare(
                 )
             )
         )
-        return micros
 
     for span in spans:
         attributes = attributes_of(span)
@@ -359,9 +357,10 @@ def _prepare(
             span_id = f"{span_int:016x}"
             if len(span_id) != 16:
                 raise _NotCommon
-        # As ``mapping.wall_time``.
-        at = fromtimestamp((span.start_time or 0) / 1e9, tz=UTC)
-        start_micros = add_event(
+        # As ``mapping.wall_time``, without the datetime (``_at`` makes it when it is read).
+        at = (span.start_time or 0) / 1e9
+        start_micros = _seconds_micros(at)
+        add_event(
             get(attr.EVENT_ID),
             run_id,
             agent_id,
@@ -369,12 +368,16 @@ def _prepare(
             plain_type,
             key,
             at,
+            start_micros,
             parents,
             payload,
             trace_id,
             span_id,
         )
-        end = fromtimestamp(end_time / 1e9, tz=UTC)
+        end = end_time / 1e9
+        end_micros = _seconds_micros(end)
+        if not 0 <= end_micros <= max_micros:
+            _at(end)  # an unusual end: raises here, as the datetime of the general path would
         outcome = get(attr.OUTCOME)
         if outcome is not None:
             closing = record_event(outcome, attributes, end_time, trace_id, span_id)
@@ -391,6 +394,7 @@ def _prepare(
                 closing_type,
                 closing.idempotency_key,
                 closing.wall_time,
+                _micros(closing.wall_time),
                 closing.causal_parent_ids,
                 closing.payload,
                 trace_id,
@@ -453,7 +457,7 @@ def _prepare(
             )
         kind, code, message_text, service_text, scope_text, kind_field, shape_tail = shape
         name_text = names[name]
-        row: SpanRow = (
+        row = (
             run_id,
             trace_id,
             span_id,
@@ -486,7 +490,7 @@ def _prepare(
                         8,
                         start_micros,
                         8,
-                        (end - _PG_EPOCH) // _ONE_MICRO,
+                        end_micros,
                         2,
                         code,
                     ),
@@ -500,8 +504,9 @@ def _prepare(
     for record in records:
         if validator.agent(record) is not None:
             raise _NotCommon
-    for run_id, at in started.items():
-        if validator.run(RunRecord(run_id, at)) is not None:
+    run_starts = {run_id: _at(at) for run_id, (_, at) in started.items()}
+    for run_id, start in run_starts.items():
+        if validator.run(RunRecord(run_id, start)) is not None:
             raise _NotCommon
     if not ordered:
         order = sorted(range(len(rows)), key=lambda i: _ROW_ORDER(rows[i]))
@@ -519,16 +524,32 @@ def _prepare(
         else sorted(envelopes.values(), key=_FIRST)
     )
     agent_rows, agent_offers = merge_agents(records, ())
+
+    def event_row(compact: tuple[Any, ...]) -> EventRow:
+        """The event row of a compact one (the same tuple with ``at`` a datetime and the
+        payload wrapped), as the general path builds it."""
+        payload = compact[10]
+        return _new_row(
+            (
+                *compact[:4],
+                _at(compact[4]),
+                *compact[5:10],
+                None if payload is None else Jsonb(payload, dumps),
+                None,
+                None,
+            )
+        )
+
     prepared = PreparedBatch(
-        rows,
+        DeferredRows(rows, event_row, 1, direct_candidate=True),
         0,
-        [(run_id, started[run_id], None, None, None) for run_id in sorted(started)],
+        [(run_id, run_starts[run_id], None, None, None) for run_id in sorted(run_starts)],
         agent_rows,
         [],
         agent_offers,
         (),
         0,
-        [row for row, _ in span_pairs],
+        DeferredRows([row for row, _ in span_pairs], _span_row, 0),
     )
     if starts is None:
         return OnePass(prepared, len(rows), None, None, None)
@@ -546,3 +567,31 @@ _FIRST: Final = operator.itemgetter(0)
 
 def _micros(value: datetime) -> int:
     return (value - _PG_EPOCH) // _ONE_MICRO
+
+
+#: ``MAX_FUTURE`` in microseconds.
+_MAX_FUTURE_MICROS: Final = MAX_FUTURE // _ONE_MICRO
+#: PostgreSQL's epoch (2000-01-01) in seconds since the Unix epoch.
+_PG_EPOCH_SECONDS: Final = 946_684_800
+
+
+def _seconds_micros(seconds: float) -> int:
+    """``datetime.fromtimestamp(seconds, tz=UTC)`` in microseconds since PostgreSQL's epoch,
+    rounded as ``fromtimestamp`` rounds (the fraction of a second, in microseconds, half to
+    even), without building the datetime."""
+    whole = int(seconds)
+    return (whole - _PG_EPOCH_SECONDS) * 1_000_000 + round((seconds - whole) * 1e6)
+
+
+def _at(value: float | datetime) -> datetime:
+    """A time the one pass kept as seconds since the Unix epoch (a span's start or end), as
+    ``mapping.wall_time`` makes it; a datetime as it is."""
+    if type(value) is float:
+        return datetime.fromtimestamp(value, tz=UTC)
+    assert isinstance(value, datetime)
+    return value
+
+
+def _span_row(compact: tuple[Any, ...]) -> SpanRow:
+    """The envelope row of a compact one (its start and end as seconds)."""
+    return (*compact[:6], _at(compact[6]), _at(compact[7]), *compact[8:])

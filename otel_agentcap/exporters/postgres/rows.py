@@ -15,10 +15,11 @@ import json
 import operator
 import struct
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Final, NamedTuple
+from typing import Any, Final, Generic, NamedTuple, TypeVar
 
 from psycopg.types.json import Jsonb
 
@@ -99,10 +100,91 @@ RunRow = tuple[str, datetime | None, Jsonb | None, str | None, str | None]
 #: ``EventRow`` from one tuple of its fields, built in C (a row per event is made).
 _new_row = from_fields(EventRow)
 
+_Item = TypeVar("_Item")
+
+
+class DeferredRows(Sequence[_Item], Generic[_Item]):
+    """Rows built only when read, from compact tuples (``one_pass``): when the COPY data built
+    with them is used, the writer needs only how many there are and their runs, and building
+    every row (datetimes, ``Jsonb`` wrappers) was a large part of the delivery thread's work.
+    ``run_index`` is the place of the run id in each compact tuple; ``direct_candidate`` says
+    no row collides with another of the batch and every event type is one the table takes.
+    Read from one thread at a time (the writer's); equal to a list of the same rows."""
+
+    __slots__ = ("_built", "_items", "_make", "_run_index", "direct_candidate")
+
+    def __init__(
+        self,
+        items: list[tuple[Any, ...]],
+        make: Callable[[tuple[Any, ...]], _Item],
+        run_index: int,
+        *,
+        direct_candidate: bool = False,
+    ) -> None:
+        self._items = items
+        self._make = make
+        self._run_index = run_index
+        self._built: list[_Item] | None = None
+        self.direct_candidate = direct_candidate
+
+    def _rows(self) -> list[_Item]:
+        built = self._built
+        if built is None:
+            built = self._built = list(map(self._make, self._items))
+        return built
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __bool__(self) -> bool:
+        return bool(self._items)
+
+    def __iter__(self) -> Iterator[_Item]:
+        return iter(self._rows())
+
+    def __getitem__(self, index: Any) -> Any:
+        return self._rows()[index]
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, DeferredRows):
+            other = other._rows()
+        return isinstance(other, list) and self._rows() == other
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def run_counts(self) -> Counter[str]:
+        """How many rows each run has (without building the rows)."""
+        return Counter(map(operator.itemgetter(self._run_index), self._items))
+
+
+def row_runs(rows: Sequence[EventRow]) -> set[str]:
+    """The runs of event rows (of ``DeferredRows`` without building them)."""
+    if type(rows) is DeferredRows:
+        return set(rows.run_counts())
+    return set(map(_RUN_ID, rows))
+
+
+def row_run_counts(rows: Sequence[EventRow]) -> Counter[str]:
+    """How many event rows each run has (of ``DeferredRows`` without building them)."""
+    if type(rows) is DeferredRows:
+        return rows.run_counts()
+    return Counter(map(_RUN_ID, rows))
+
+
+def span_row_runs(rows: Sequence[SpanRow]) -> set[str]:
+    """The runs of span envelope rows (of ``DeferredRows`` without building them)."""
+    if type(rows) is DeferredRows:
+        return set(rows.run_counts())
+    return set(map(_FIRST_FIELD, rows))
+
+
+_RUN_ID: Final = operator.attrgetter("run_id")
+_FIRST_FIELD: Final = operator.itemgetter(0)
+
 
 @dataclass(frozen=True, slots=True)
 class PreparedBatch:
-    events: list[EventRow]
+    events: Sequence[EventRow]
     in_batch_duplicates: int
     #: One row per run named by the batch: what it offers to store.
     runs: list[RunRow]
@@ -116,7 +198,7 @@ class PreparedBatch:
     rejected: tuple[str, ...] = ()
     #: How many of those were events.
     events_rejected: int = 0
-    spans: list[SpanRow] = field(default_factory=list)
+    spans: Sequence[SpanRow] = field(default_factory=list)
 
 
 def clean_text(value: str) -> str:

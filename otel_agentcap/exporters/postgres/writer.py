@@ -59,15 +59,14 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
-import operator
 import os
 import re
 import socket
 import threading
 import time
 import uuid
-from collections import Counter, OrderedDict
-from collections.abc import Iterable, Iterator, Mapping
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final
@@ -110,12 +109,16 @@ from .rows import (
     EVENT_COLUMNS,
     STAGING_COLUMNS,
     AgentRow,
+    DeferredRows,
     EventRow,
     PreparedBatch,
     SpanRow,
     copy_data,
     prepare,
+    row_run_counts,
+    row_runs,
     span_copy_data,
+    span_row_runs,
 )
 
 _log = logging.getLogger(__name__)
@@ -664,7 +667,7 @@ class EventWriter:
         self,
         conn: psycopg.Connection[Any],
         starts: Mapping[str, datetime],
-        events: list[EventRow],
+        events: Sequence[EventRow],
         *,
         staged: bool,
     ) -> None:
@@ -678,7 +681,7 @@ class EventWriter:
         # Counted by run first (in C), then by partition: a partition lookup per run, not per row.
         rows_by_start: dict[datetime, int] = {}
         lower_of = self._partitions.lower_of
-        for run_id, count in Counter(map(_RUN_ID, events)).items():
+        for run_id, count in row_run_counts(events).items():
             lower = lower_of(starts[run_id])
             rows_by_start[lower] = rows_by_start.get(lower, 0) + count
         due = self._analyze.add(rows_by_start)
@@ -731,8 +734,8 @@ class EventWriter:
         starts = {run: start for run, start in read.items() if start is not None}
         # The runs of the rows, gathered in C; the rows are filtered only when a run is not
         # taken (expired or gone), which is rare.
-        event_runs = set(map(_RUN_ID, batch.events))
-        span_runs = set(map(_FIRST, batch.spans))
+        event_runs = row_runs(batch.events)
+        span_runs = span_row_runs(batch.spans)
         kept = (
             batch.events
             if event_runs.issubset(starts)
@@ -802,7 +805,7 @@ class EventWriter:
                 )
             row = conn.execute(
                 self._classify_full if full else self._classify_fast,
-                start_bounds(opened.starts[r.run_id] for r in opened.events),
+                start_bounds(opened.starts[run] for run in row_runs(opened.events)),
             ).fetchone()
             assert row is not None
             inserted, new, duplicates, conflicts = (int(v) for v in row)
@@ -1066,9 +1069,9 @@ class _Opened:
     does not take."""
 
     starts: dict[str, datetime]
-    events: list[EventRow]
+    events: Sequence[EventRow]
     expired: int
-    spans: list[SpanRow]
+    spans: Sequence[SpanRow]
     #: Runs of the batch the log does not take.
     gone: list[str]
     #: Run and agent records of the batch that differ from the stored rows (now filed).
@@ -1094,7 +1097,7 @@ def _usable(
         return None
     if len(opened.spans if spans else opened.events) != len(batch.spans if spans else batch.events):
         return None
-    runs = {row[0] for row in batch.spans} if spans else {row.run_id for row in batch.events}
+    runs = span_row_runs(batch.spans) if spans else row_runs(batch.events)
     if any(prebuilt.starts.get(run) != opened.starts.get(run) for run in runs):
         return None
     return prebuilt.data
@@ -1135,13 +1138,12 @@ def _quiet_pipeline(conn: psycopg.Connection[Any]) -> Iterator[object]:
     pipeline.__exit__(None, None, None)
 
 
-_RUN_ID: Final = operator.attrgetter("run_id")
-_FIRST: Final = operator.itemgetter(0)
-
-
-def _direct_candidate(rows: Iterable[EventRow]) -> bool:
+def _direct_candidate(rows: Sequence[EventRow]) -> bool:
     """Whether the direct path can store ``rows`` as they are: no row collides with another row
-    of the batch, and every event type is one the table takes."""
+    of the batch, and every event type is one the table takes (known without reading the rows
+    for ``DeferredRows`` that say so)."""
+    if type(rows) is DeferredRows and rows.direct_candidate:
+        return True
     return all(r.batch_reason is None and r.event_type in EVENT_TYPES for r in rows)
 
 
