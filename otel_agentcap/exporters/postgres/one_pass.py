@@ -88,6 +88,8 @@ _ONE_MICRO: Final = timedelta(microseconds=1)
 #: The length of a span id field (16 hex digits).
 _SPAN_ID_HEAD: Final = _I32.pack(16)
 _ROW_ORDER: Final = operator.itemgetter(1, 2, 3)
+#: How many pieces each event's COPY tuple is made of.
+_PIECES: Final = 17
 #: The largest span id 16 hex digits hold.
 _MAX_SPAN_ID: Final = 2**64 - 1
 
@@ -153,6 +155,7 @@ def _prepare(
     #: The compact form of each event row (see ``_event_row``).
     rows: list[tuple[Any, ...]] = []
     chunks: list[bytes] = []
+    add_pieces = chunks.extend
     #: The earliest time of each run's events: in microseconds since PostgreSQL's epoch, and
     #: as ``_at`` takes it.
     started: dict[str, tuple[int, float | datetime]] = {}
@@ -165,7 +168,7 @@ def _prepare(
     parent_texts: dict[object, str] = {}
     shapes: dict[tuple[int, int, int, int], tuple[Any, ...]] = {}
     fields = _TextFields()
-    head = _STAGING_FIELDS if staging else _EVENT_FIELDS
+    lead = (_STAGING_FIELDS if staging else _EVENT_FIELDS) + _UUID_FIELD
     tail = _NULL + _NULL if staging else b""
     pack_i32 = _I32.pack
     pack_int8 = _INT8_FIELD.pack
@@ -265,34 +268,35 @@ def _prepare(
         if starts is None:
             return
         if payload is None:
-            json_field = _NULL
+            json_head = _NULL
+            json = b""
         else:
             if type(payload) is RawJson and len(payload) <= max_payload_chars:
                 json = payload.encode()  # as ``dumps`` does
             else:
                 json = dumps(payload)
-            json_field = pack_jsonb_head(len(json) + 1, 1) + json
-        chunks.append(
-            b"".join(
-                (
-                    head,
-                    _UUID_FIELD,
-                    raw_id,
-                    fields[run_id],
-                    fields[agent_id],
-                    pack_seq_time(8, seq, 8, micros),
-                    fields[event_type],
-                    pack_i32(len(parent_ids)),
-                    parent_ids,
-                    pack_i32(len(key_data)),
-                    key_data,
-                    fields[trace_id],
-                    _SPAN_ID_HEAD,
-                    span_id.encode(),
-                    json_field,
-                    tail,
-                    start_fields[run_id],
-                )
+            json_head = pack_jsonb_head(len(json) + 1, 1)
+        # The tuple's pieces, joined once for the whole batch (no copy of each tuple, nor of
+        # each payload): always _PIECES of them, so a tuple can be moved when rows are sorted.
+        add_pieces(
+            (
+                lead,
+                raw_id,
+                fields[run_id],
+                fields[agent_id],
+                pack_seq_time(8, seq, 8, micros),
+                fields[event_type],
+                pack_i32(len(parent_ids)),
+                parent_ids,
+                pack_i32(len(key_data)),
+                key_data,
+                fields[trace_id],
+                _SPAN_ID_HEAD,
+                span_id.encode(),
+                json_head,
+                json,
+                tail,
+                start_fields[run_id],
             )
         )
 
@@ -512,7 +516,7 @@ def _prepare(
         order = sorted(range(len(rows)), key=lambda i: _ROW_ORDER(rows[i]))
         rows = [rows[i] for i in order]
         if starts is not None:
-            chunks = [chunks[i] for i in order]
+            chunks = [piece for i in order for piece in chunks[i * _PIECES : (i + 1) * _PIECES]]
         for previous, current in itertools.pairwise(rows):
             if _ROW_ORDER(previous) == _ROW_ORDER(current):
                 raise _NotCommon
