@@ -3,6 +3,8 @@
 Enable with ``pytest_plugins = ["otel_agentcap.testing.postgres"]``. The server is the one named by
 ``AGENTCAP_TEST_DSN`` (any database on it; the plugin creates and drops its own databases), or else
 an embedded server in a temporary directory that is stopped and deleted at the end of the session.
+The migrations run once per session, into a template database; each test's database is a copy of
+it (``CREATE DATABASE ... TEMPLATE``), which takes a fraction of the time of migrating anew.
 """
 
 from __future__ import annotations
@@ -52,15 +54,40 @@ def pg_server_dsn() -> Iterator[str]:
         root.rmdir() if root.exists() and not any(root.iterdir()) else None
 
 
-@pytest.fixture()
-def pg_dsn(pg_server_dsn: str) -> Iterator[str]:
-    """DSN of a new database with the agentcap schema migrated, dropped after the test."""
-    name = f"agentcap_test_{uuid.uuid4().hex[:16]}"
+@pytest.fixture(scope="session")
+def pg_template_database(pg_server_dsn: str) -> Iterator[str]:
+    """Name of a database migrated once for the session, that ``pg_dsn`` copies for each test.
+
+    Nobody may connect to it once migrated (``ALLOW_CONNECTIONS false``): PostgreSQL copies a
+    database only while no session is connected to it, autovacuum's included."""
+    name = f"agentcap_template_{uuid.uuid4().hex[:16]}"
     _create_database(pg_server_dsn, name)
-    dsn = embedded.dsn_for(pg_server_dsn, name)
     try:
-        migrate(dsn)
-        yield dsn
+        migrate(embedded.dsn_for(pg_server_dsn, name))
+        with psycopg.connect(pg_server_dsn, autocommit=True) as conn:
+            conn.execute(
+                sql.SQL("ALTER DATABASE {} WITH ALLOW_CONNECTIONS false").format(
+                    sql.Identifier(name)
+                )
+            )
+        yield name
+    finally:
+        _drop_database(pg_server_dsn, name)
+
+
+@pytest.fixture()
+def pg_dsn(pg_server_dsn: str, pg_template_database: str) -> Iterator[str]:
+    """DSN of a new database with the agentcap schema migrated, dropped after the test (a copy
+    of the session's migrated template: the same schema, functions, partitions and settings)."""
+    name = f"agentcap_test_{uuid.uuid4().hex[:16]}"
+    with psycopg.connect(pg_server_dsn, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+                sql.Identifier(name), sql.Identifier(pg_template_database)
+            )
+        )
+    try:
+        yield embedded.dsn_for(pg_server_dsn, name)
     finally:
         _drop_database(pg_server_dsn, name)
 
