@@ -135,3 +135,31 @@ def test_threads_that_put_at_once_never_take_the_queue_past_its_bound(tmp_path, 
         assert queue.counters.spans_dropped == placed.count(None)
     finally:
         queue.close(remove_if_empty=False)
+
+
+def test_a_queue_directory_still_unusable_when_retried_keeps_spans_in_memory(
+    tmp_path, monkeypatch
+):
+    """A queue directory that cannot be created, tried again when a span is put after the retry
+    delay and still failing: the span is kept in memory and the failure counted (the retry once
+    waited forever on a lock its own thread held)."""
+    import threading
+
+    from otel_agentcap.exporters.durable import queue as queue_module
+    from otel_agentcap.exporters.faults import FaultLog
+
+    monkeypatch.setattr(queue_module, "_DISK_RETRY_S", 0.0)
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    queue = queue_module.DiskQueue(QueueDirectory(blocker / "queue", "db"), faults=FaultLog())
+    placed: list[object] = []
+    putter = threading.Thread(target=lambda: placed.append(queue.put(b"x" * 100)), daemon=True)
+    putter.start()
+    putter.join(60)  # a hang, not a duration: the put takes milliseconds
+    try:
+        assert not putter.is_alive(), "put() hung retrying the queue directory"
+        assert placed == ["memory"]
+        assert queue.counters.disk_errors == 2
+    finally:
+        if not putter.is_alive():
+            queue.close(remove_if_empty=False)

@@ -339,6 +339,8 @@ class DiskQueue:
         self._on_drop = on_drop
         self.counters = QueueCounters()
         self._lock = threading.Lock()
+        # Held while a put opens the own log again (not _lock: a failure counts under _lock).
+        self._reopen_lock = threading.Lock()
         self._room = threading.Condition(threading.Lock())
         self._reserve_lock = threading.Lock()
         self._reserved = 0  # bytes of records being placed (see put)
@@ -486,7 +488,7 @@ class DiskQueue:
                     self.on_append()
                 return "disk"
         elif own is None and time.monotonic() >= self._disk_retry_at:
-            with self._lock:
+            with self._reopen_lock:
                 if self.own is None and time.monotonic() >= self._disk_retry_at:
                     self._open_own()
             if self.own is not None:
