@@ -23,8 +23,10 @@ check: install
 	$(BIN)/ruff format --check otel_agentcap
 	$(BIN)/mypy
 
+# Two workers (pytest-xdist), each with an embedded PostgreSQL of its own; a test module's tests
+# run on one worker, so module-scoped fixtures (a seeded log, a server that tests stop) are made once.
 pytest: install
-	$(BIN)/pytest
+	$(BIN)/pytest -n 2 --dist loadfile
 
 test: check pytest
 

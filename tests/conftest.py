@@ -39,10 +39,17 @@ collect_ignore = [name for name, needed in _NEEDS_ANTHROPIC.items() if needed > 
 # The durable queue of everything configure() sets up in tests (and in the processes tests
 # start, which inherit the environment) lives in a directory of this session, not in the
 # user's state directory.
-# Made (and removed at exit) only by the process that starts the session.
+# Made (and removed at exit) only by the process that starts the session. Under pytest-xdist each
+# worker has a directory of its own inside it: a process adopts the queues other processes left in
+# its directory, which must not be another worker's.
 if "AGENTCAP_QUEUE_DIR" not in os.environ:
     os.environ["AGENTCAP_QUEUE_DIR"] = tempfile.mkdtemp(prefix="agentcap-test-queue-")
     atexit.register(shutil.rmtree, os.environ["AGENTCAP_QUEUE_DIR"], ignore_errors=True)
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+if _WORKER and not os.environ.get("AGENTCAP_TEST_QUEUE_WORKER"):
+    os.environ["AGENTCAP_TEST_QUEUE_WORKER"] = _WORKER
+    os.environ["AGENTCAP_QUEUE_DIR"] = os.path.join(os.environ["AGENTCAP_QUEUE_DIR"], _WORKER)
+    os.makedirs(os.environ["AGENTCAP_QUEUE_DIR"], exist_ok=True)
 
 
 @pytest.fixture(autouse=True)
