@@ -192,13 +192,15 @@ def _prepare(
         micros: int,
         parents: object,
         payload: Any,
+        raw: bytes | None,
         trace_id: str,
         span_id: str,
     ) -> None:
         """Validate one event as ``Validator.event`` does, and add its compact row and COPY
         tuple. ``at`` is its time as ``_at`` takes it, ``micros`` the same time in microseconds
         since PostgreSQL's epoch (compared as integers: the same as comparing the datetimes,
-        which are microseconds too, and cheaper)."""
+        which are microseconds too, and cheaper). ``raw``, when not None, is ``payload`` (the
+        text of a ``RawJson`` within the limit, not yet wrapped) as UTF-8."""
         nonlocal last_order, ordered, starts
         if type(event_type) is not str or event_type not in EVENT_TYPES:
             raise _NotCommon
@@ -271,11 +273,15 @@ def _prepare(
                 trace_id,
                 span_id,
                 payload,
+                raw is not None,
             )
         )
         if starts is None:
             return
-        if payload is None:
+        if raw is not None:
+            json = raw
+            json_head = pack_jsonb_head(len(json) + 1, 1)
+        elif payload is None:
             json_head = _NULL
             json = b""
         else:
@@ -349,12 +355,23 @@ def _prepare(
         if type(parents) is list:
             parents = tuple(parents)
         text = get(attr.EVENT_PAYLOAD)
+        raw = None
         if text is None:
             payload = None
-        elif type(text) is str:
+        elif type(text) is not str:
+            raise _NotCommon
+        elif len(text) > max_payload_chars or (
+            "\\" in text and ("\\u0000" in text or "\\ud" in text or "\\uD" in text)
+        ):
             payload = jsonsafe.raw_or_loads(text)
         else:
-            raise _NotCommon
+            # ``jsonsafe.raw_or_loads``, inline, its ``RawJson`` made only when the row is read.
+            try:
+                raw = text.encode()
+            except UnicodeEncodeError:  # a lone surrogate
+                payload = jsonsafe.loads(text)
+            else:
+                payload = text
         trace_int = ctx.trace_id
         trace_id = traces.get(trace_int)
         if trace_id is None:
@@ -382,6 +399,7 @@ def _prepare(
             start_micros,
             parents,
             payload,
+            raw,
             trace_id,
             span_id,
         )
@@ -408,6 +426,7 @@ def _prepare(
                 _micros(closing.wall_time),
                 closing.causal_parent_ids,
                 closing.payload,
+                None,
                 trace_id,
                 span_id,
             )
@@ -538,8 +557,11 @@ def _prepare(
 
     def event_row(compact: tuple[Any, ...]) -> EventRow:
         """The event row of a compact one (the same tuple with ``at`` a datetime and the
-        payload wrapped), as the general path builds it."""
+        payload wrapped, a ``RawJson`` when the last item says so), as the general path builds
+        it."""
         payload = compact[10]
+        if compact[11]:
+            payload = RawJson(payload)
         return _new_row(
             (
                 *compact[:4],
