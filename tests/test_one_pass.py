@@ -562,3 +562,10 @@ def test_span_times_in_microseconds_are_the_general_paths(ns: int) -> None:
     except (OverflowError, ValueError, OSError):
         return  # no datetime: the one pass rejects such a time by its range
     assert one_pass_module._seconds_micros(seconds) == expected
+
+
+def test_sdk_spans_are_read_through_their_private_attributes_with_this_sdk():
+    """With the installed SDK the one pass reads a ReadableSpan's private attributes (what its
+    properties return), so its common spans do not take the slower property reads."""
+    assert one_pass_module._SDK_SPAN is ReadableSpan
+    assert one_pass_module._sdk_span() is ReadableSpan

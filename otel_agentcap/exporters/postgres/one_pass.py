@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final, NamedTuple
 
+from opentelemetry.sdk.trace import ReadableSpan
 from psycopg.types.json import Jsonb
 
 from otel_agentcap import attributes as attr
@@ -329,8 +330,39 @@ def _prepare(
             raise _NotCommon
         if has_events(span) and any(e.name.startswith(attr.SPAN_EVENT_PREFIX) for e in span.events):
             raise _NotCommon  # a closing event recorded as a span event (earlier versions)
-        end_time = span.end_time
-        ctx = span.context
+        if type(span) is _SDK_SPAN:
+            # What the SDK's properties give (each a Python call), read directly: the span the
+            # SDK hands to ``on_end`` is of this class, and the delivery keeps it.
+            sdk: Any = span
+            end_time = sdk._end_time  # noqa: SLF001 (see _sdk_span)
+            ctx = sdk._context  # noqa: SLF001
+            start_time = sdk._start_time  # noqa: SLF001
+            name = sdk._name  # noqa: SLF001
+            parent = sdk._parent  # noqa: SLF001
+            resource: object = sdk._resource  # noqa: SLF001
+            shape_key = (
+                id(sdk._kind),  # noqa: SLF001
+                id(sdk._status),  # noqa: SLF001
+                id(sdk._instrumentation_scope),  # noqa: SLF001
+                id(resource),
+            )
+        else:
+            end_time = span.end_time
+            ctx = span.context
+            start_time = span.start_time
+            name = span.name
+            parent = getattr(span, "parent", None)
+            resource = getattr(span, "resource", None)
+            if resource is None:  # a span read back from the queue
+                resource = getattr(span, "resource_attributes", None)
+            # Kind, status, scope and resource are objects the spans share: their parts of the
+            # envelope are made once per batch (the spans, alive, keep their ids unique).
+            shape_key = (
+                id(getattr(span, "kind", None)),
+                id(getattr(span, "status", None)),
+                id(getattr(span, "instrumentation_scope", None)),
+                id(resource),
+            )
         if not end_time or ctx is None:
             # Not ended, or ended at 0 (the general path's envelope then ends at its start).
             raise _NotCommon
@@ -386,7 +418,7 @@ def _prepare(
             if len(span_id) != 16:
                 raise _NotCommon
         # As ``mapping.wall_time``, without the datetime (``_at`` makes it when it is read).
-        at = (span.start_time or 0) / 1e9
+        at = (start_time or 0) / 1e9
         start_micros = _seconds_micros(at)
         add_event(
             get(attr.EVENT_ID),
@@ -451,25 +483,12 @@ def _prepare(
                 span_group = (run_id, trace_id)
         elif span_group[0] != run_id or span_group[1] != trace_id:
             span_group = None
-        name = span.name
         if type(name) is not str:
             raise _NotCommon
-        parent = getattr(span, "parent", None)
         parent_id = parent.span_id if parent is not None else 0
         parent_text = parent_texts.get(parent_id)  # the spans of an agent share their parent
         if parent_text is None and parent_id:
             parent_text = parent_texts[parent_id] = f"{parent_id:016x}"
-        # Kind, status, scope and resource are objects the spans share: their parts of the
-        # envelope are made once per batch (the spans, alive, keep their ids unique).
-        resource = getattr(span, "resource", None)
-        if resource is None:  # a span read back from the queue
-            resource = getattr(span, "resource_attributes", None)
-        shape_key = (
-            id(getattr(span, "kind", None)),
-            id(getattr(span, "status", None)),
-            id(getattr(span, "instrumentation_scope", None)),
-            id(resource),
-        )
         shape = shapes.get(shape_key)
         if shape is None:
             kind, code, message, scope = span_shape(span)
@@ -596,6 +615,35 @@ def _prepare(
 
 
 _FIRST: Final = operator.itemgetter(0)
+
+#: The properties of an SDK ``ReadableSpan`` the one pass reads, and what each returns.
+_SDK_PARTS: Final = (
+    ("end_time", "_end_time"),
+    ("context", "_context"),
+    ("start_time", "_start_time"),
+    ("name", "_name"),
+    ("parent", "_parent"),
+    ("resource", "_resource"),
+    ("kind", "_kind"),
+    ("status", "_status"),
+    ("instrumentation_scope", "_instrumentation_scope"),
+)
+
+
+def _sdk_span() -> type | None:
+    """``ReadableSpan`` when its properties return its private attributes of ``_SDK_PARTS``
+    (checked on one span, once), which the one pass then reads directly; else None (another
+    SDK version: the properties are read)."""
+    try:
+        probe = ReadableSpan(name="probe", start_time=1, end_time=2)
+        if all(getattr(probe, public) is getattr(probe, part) for public, part in _SDK_PARTS):
+            return ReadableSpan
+    except Exception:  # any change of the SDK: the properties are read
+        pass
+    return None
+
+
+_SDK_SPAN: Final = _sdk_span()
 
 
 def _micros(value: datetime) -> int:
