@@ -555,13 +555,15 @@ def test_rows_are_built_when_the_prebuilt_copy_data_cannot_be_used(pg_dsn: str) 
 )
 def test_span_times_in_microseconds_are_the_general_paths(ns: int) -> None:
     """A span time in nanoseconds gives the microseconds of the datetime the general path
-    makes of it (rounded as datetime.fromtimestamp rounds), without the datetime."""
+    makes of it (rounded as datetime.fromtimestamp rounds), without the datetime; as a span's
+    start and end, the COPY data the general path gives."""
     seconds = ns / 1e9
     try:
         expected = one_pass_module._micros(datetime.fromtimestamp(seconds, tz=UTC))
     except (OverflowError, ValueError, OSError):
         return  # no datetime: the one pass rejects such a time by its range
     assert one_pass_module._seconds_micros(seconds) == expected
+    _check([_span(start=ns, end=ns)])
 
 
 def test_sdk_spans_are_read_through_their_private_attributes_with_this_sdk():

@@ -91,7 +91,7 @@ _ONE_MICRO: Final = timedelta(microseconds=1)
 _SPAN_ID_HEAD: Final = _I32.pack(16)
 _ROW_ORDER: Final = operator.itemgetter(1, 2, 3)
 #: How many pieces each event's COPY tuple is made of.
-_PIECES: Final = 16
+_PIECES: Final = 15
 #: The largest span id 16 hex digits hold.
 _MAX_SPAN_ID: Final = 2**64 - 1
 
@@ -196,6 +196,7 @@ def _prepare(
         raw: bytes | None,
         trace_id: str,
         span_id: str,
+        span_field: bytes,
     ) -> None:
         """Validate one event as ``Validator.event`` does, and add its compact row and COPY
         tuple. ``at`` is its time as ``_at`` takes it, ``micros`` the same time in microseconds
@@ -305,8 +306,7 @@ def _prepare(
                 pack_i32(len(key_data)),
                 key_data,
                 fields[trace_id],
-                _SPAN_ID_HEAD,
-                span_id.encode(),
+                span_field,
                 json_head,
                 json,
                 tail,
@@ -419,7 +419,10 @@ def _prepare(
                 raise _NotCommon
         # As ``mapping.wall_time``, without the datetime (``_at`` makes it when it is read).
         at = (start_time or 0) / 1e9
-        start_micros = _seconds_micros(at)
+        whole = int(at)  # ``_seconds_micros``, inline (for the start and end of every span)
+        start_micros = (whole - _PG_EPOCH_SECONDS) * 1_000_000 + round((at - whole) * 1e6)
+        #: The span id's COPY field (in the event's tuple and the envelope's).
+        span_field = _SPAN_ID_HEAD + span_id.encode()
         add_event(
             get(attr.EVENT_ID),
             run_id,
@@ -434,9 +437,11 @@ def _prepare(
             raw,
             trace_id,
             span_id,
+            span_field,
         )
         end = end_time / 1e9
-        end_micros = _seconds_micros(end)
+        whole = int(end)
+        end_micros = (whole - _PG_EPOCH_SECONDS) * 1_000_000 + round((end - whole) * 1e6)
         if not 0 <= end_micros <= max_micros:
             _at(end)  # an unusual end: raises here, as the datetime of the general path would
         outcome = get(attr.OUTCOME)
@@ -461,6 +466,7 @@ def _prepare(
                 None,
                 trace_id,
                 span_id,
+                span_field,
             )
         # The agent rows: built once per agent identity in the batch.
         if plain_type == "agent_start" or plain_type == "agent_spawn":
@@ -530,8 +536,7 @@ def _prepare(
                     _SPAN_FIELDS,
                     fields[run_id],
                     fields[trace_id],
-                    _SPAN_ID_HEAD,
-                    span_id.encode(),
+                    span_field,
                     fields[parent_text],
                     fields[name_text],
                     kind_field,
