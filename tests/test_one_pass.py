@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode
 
@@ -161,6 +161,7 @@ def _span(
     event_id: object = "derived",
     extra: dict[str, Any] | None = None,
     name: str = "memory_write",
+    events: Sequence[Event] = (),
 ) -> ReadableSpan:
     attributes: dict[str, Any] = {
         attr.RUN_ID: run,
@@ -188,6 +189,7 @@ def _span(
         parent=None if parent is None else SpanContext(trace_id, parent, is_remote=False),
         resource=RESOURCE,
         attributes=attributes,
+        events=events,
         kind=SpanKind.INTERNAL,
         status=Status(StatusCode.UNSET),
         start_time=start,
@@ -233,6 +235,7 @@ def test_rare_batches_take_the_general_path():
         [_span(parents=("not-a-uuid",))],
         [_span(start=0)],
         [_span(span_id=2**70)],
+        [_span(events=[Event(attr.SPAN_EVENT_PREFIX + "tool_result", {})])],  # earlier versions
     ]
     assert prepare_spans([good], staging=False, known_start=lambda run: START) is not None
     for spans in rare:

@@ -315,7 +315,17 @@ def _prepare(
         )
 
     for span in spans:
-        attributes = attributes_of(span)
+        direct = type(span) is _SDK_SPAN
+        if direct:
+            sdk: Any = span
+            # ``attributes_of`` and ``has_events``, inline (see _sdk_span).
+            attributes = getattr(sdk._attributes, "_dict", None)  # noqa: SLF001
+            if type(attributes) is not dict:
+                attributes = attributes_of(span)
+            span_events = sdk._events  # noqa: SLF001
+        else:
+            attributes = attributes_of(span)
+            span_events = span.events if has_events(span) else ()
         get = attributes.get
         if attr.EVENT_ID not in attributes:
             if attr.RUN_ROOT in attributes:
@@ -328,12 +338,11 @@ def _prepare(
             or getattr(span, "own_event_queued", False)
         ):
             raise _NotCommon
-        if has_events(span) and any(e.name.startswith(attr.SPAN_EVENT_PREFIX) for e in span.events):
+        if span_events and any(e.name.startswith(attr.SPAN_EVENT_PREFIX) for e in span_events):
             raise _NotCommon  # a closing event recorded as a span event (earlier versions)
-        if type(span) is _SDK_SPAN:
+        if direct:
             # What the SDK's properties give (each a Python call), read directly: the span the
             # SDK hands to ``on_end`` is of this class, and the delivery keeps it.
-            sdk: Any = span
             end_time = sdk._end_time  # noqa: SLF001 (see _sdk_span)
             ctx = sdk._context  # noqa: SLF001
             start_time = sdk._start_time  # noqa: SLF001
@@ -641,7 +650,11 @@ def _sdk_span() -> type | None:
     SDK version: the properties are read)."""
     try:
         probe = ReadableSpan(name="probe", start_time=1, end_time=2)
-        if all(getattr(probe, public) is getattr(probe, part) for public, part in _SDK_PARTS):
+        if (
+            all(getattr(probe, public) is getattr(probe, part) for public, part in _SDK_PARTS)
+            and tuple(probe._events) == probe.events  # noqa: SLF001
+            and hasattr(probe, "_attributes")
+        ):
             return ReadableSpan
     except Exception:  # any change of the SDK: the properties are read
         pass
