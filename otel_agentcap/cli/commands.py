@@ -798,7 +798,7 @@ EXPORT_FORMATS: dict[str, Callable[[argparse.Namespace, psycopg.Connection[Any]]
 #: Formats whose output is binary: not written to a terminal.
 BINARY_FORMATS: frozenset[str] = frozenset({"agentcap-pb"})
 #: Formats written to the output as the run is read (``transfer.formats``), not built whole.
-STREAMED_FORMATS: frozenset[str] = frozenset({"agentcap-pb", "otlp-json", "jaeger-json"})
+_STREAMED_FORMATS: frozenset[str] = frozenset({"agentcap-pb", "otlp-json", "jaeger-json"})
 
 
 class _Stdout(io.RawIOBase):
@@ -904,7 +904,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     data: bytes | None = None
     with _reader(args) as conn:
         try:
-            if args.format in STREAMED_FORMATS:
+            if args.format in _STREAMED_FORMATS:
                 size = _export_streamed(args, conn)
             else:
                 data = writer(args, conn)
