@@ -14,6 +14,7 @@ import sys
 import textwrap
 import threading
 import time
+import types
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -1188,3 +1189,48 @@ def test_a_call_whose_agent_timed_out_while_it_claimed_never_starts_its_body(
     error = captured.of_type("agent_error")[0]
     assert all(e.seq > error.seq for e in captured.of_type("tool_invocation"))
     assert len(captured.of_type("tool_invocation")) == 1
+
+
+@pytest.mark.fault
+def test_a_claim_given_up_leaves_the_retry_that_claimed_the_call_again_noted(
+    ledger, pg_dsn, monkeypatch
+):
+    """A claim given up (its body never started) whose row a retry in the same process claims
+    again before the give-up finishes leaves the retry's claim noted: the retry's outcome is
+    recorded, not lost as if its claim had been taken over."""
+    call = LedgerCall(_run_id(), "a", "w", "t", "0" * 64, "at_most_once")
+    assert ledger.claim(call).state == "claimed"
+    real = ledger._execute
+    retried: list[Any] = []
+
+    def retry_right_after_the_withdrawal(conn: Any, sent: bytes, params: Any, **kwargs: Any) -> Any:
+        cursor = real(conn, sent, params, **kwargs)
+        if sent != ledger_module._UNCLAIM or retried:
+            return cursor
+        answer = cursor.fetchone()  # the withdrawal is done; the retry claims before it returns
+        retried.append(ledger.claim(call))
+        return types.SimpleNamespace(description=cursor.description, fetchone=lambda: answer)
+
+    monkeypatch.setattr(ledger, "_execute", retry_right_after_the_withdrawal)
+    ledger.release_unstarted(call, 1)
+    monkeypatch.setattr(ledger, "_execute", real)
+    [retry] = retried
+    assert (retry.state, retry.attempt) == ("claimed", 1)
+    assert ledger.running_claims() == 1
+    ledger.complete(
+        call,
+        retry.attempt,
+        succeeded=True,
+        result=2,
+        error=None,
+        codec="json",
+        invocation_event_id="",
+        result_event_id=str(uuid.uuid4()),
+        result_event_seq=3,
+    )
+    ledger.close()
+    stats = ledger.stats()
+    assert (stats.completions, stats.completions_lost) == (1, 0)
+    assert _rows(
+        pg_dsn, "SELECT status FROM agentcap.tool_ledger WHERE run_id = %s", call.run_id
+    ) == [("succeeded",)]

@@ -370,8 +370,9 @@ class PostgresToolLedger:
         """Give up claim ``attempt`` of ``call`` (its body was interrupted); ``owner`` is its token
         when this process no longer notes the claim as running. Never raises."""
         key = _key(call)
+        held = self._held(call, attempt, owner)
         try:
-            locked, _ = self._idempotent(_RELEASE, self._held(call, attempt, owner))
+            locked, _ = self._idempotent(_RELEASE, held)
             if locked:
                 self._count("lock_waits")
                 raise _Locked("another session holds a lock on its row")
@@ -385,7 +386,7 @@ class PostgresToolLedger:
                 call.tool,
                 exc_info=True,
             )
-        self._forget(key, attempt)
+        self._forget(key, attempt, held[4])
 
     def release_unstarted(self, call: LedgerCall, attempt: int, owner: str | None = None) -> None:
         """Give up the caller's claim before its body started (its caller was cancelled while
@@ -393,8 +394,9 @@ class PostgresToolLedger:
         body, also for an ``at_most_once`` call, whose released claim would otherwise read as an
         unknown outcome; any other claim is released (:meth:`release`). Never raises."""
         key = _key(call)
+        held = self._held(call, attempt, owner)
         try:
-            locked, row = self._idempotent(_UNCLAIM, self._held(call, attempt, owner))
+            locked, row = self._idempotent(_UNCLAIM, held)
             if locked:
                 self._count("lock_waits")
                 raise _Locked("another session holds a lock on its row")
@@ -408,10 +410,10 @@ class PostgresToolLedger:
                 first_line(exc),
             )
         if not removed:
-            self.release(call, attempt, owner)
+            self.release(call, attempt, held[4])
             return
         self._count("releases")
-        self._forget(key, attempt)
+        self._forget(key, attempt, held[4])
 
     def withdraw_interrupted(self, call: LedgerCall) -> None:
         """The caller was interrupted (``KeyboardInterrupt``, ``SystemExit``) inside
@@ -537,7 +539,7 @@ class PostgresToolLedger:
                 call.tool,
                 exc,
             )
-            self._forget(key, completion.attempt)
+            self._forget(key, completion.attempt, completion.params[-2])
             return True
         except Exception:
             return False
@@ -551,7 +553,7 @@ class PostgresToolLedger:
                 call.tool,
                 completion.attempt,
             )
-        self._forget(key, completion.attempt)
+        self._forget(key, completion.attempt, completion.params[-2])
         return True
 
     def _send_completion(self, completion: _Completion) -> int | None:
@@ -591,9 +593,13 @@ class PostgresToolLedger:
         ).fetchone()
         return 1 if row is not None else 0
 
-    def _forget(self, key: tuple[str, str, str, str], attempt: int) -> None:
+    def _forget(self, key: tuple[str, str, str, str], attempt: int, owner: str) -> None:
+        """Stop noting (and renewing) claim ``attempt`` of ``key`` whose token is ``owner``. A
+        later claim of the same call noted since (a retry in this process that claimed the row
+        again after this claim was given up, even with the same attempt) is kept: its outcome and
+        renewals name its own token."""
         held = self._running.get(key)
-        if held is not None and held.attempt == attempt:
+        if held is not None and held.attempt == attempt and held.owner == owner:
             self._running.pop(key, None)
 
     def _start_thread(self) -> None:
