@@ -81,21 +81,29 @@ def _span(span: TraceSpan, process_id: str) -> dict[str, Any]:
     }
 
 
+def _processes(spans: Sequence[TraceSpan]) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """The processes of one trace's ``spans`` (one per service, ``p1``, ``p2``, ... in order of
+    first use) and each span's process id."""
+    processes: dict[str, dict[str, Any]] = {}
+    by_service: dict[str, str] = {}
+    process_ids = []
+    for span in spans:
+        service = span.envelope.service_name or UNKNOWN_SERVICE
+        process_id = by_service.get(service)
+        if process_id is None:
+            process_id = by_service[service] = f"p{len(by_service) + 1}"
+            processes[process_id] = {"serviceName": service, "tags": []}
+        process_ids.append(process_id)
+    return processes, process_ids
+
+
 def to_jaeger(trace: RunTrace) -> dict[str, Any]:
     """The ``/api/traces`` response body holding the run's trace(s)."""
     data = []
     for trace_id in trace.trace_ids:
         spans = [s for s in trace.spans if s.envelope.trace_id == trace_id]
-        processes: dict[str, dict[str, Any]] = {}
-        by_service: dict[str, str] = {}
-        out_spans = []
-        for span in spans:
-            service = span.envelope.service_name or UNKNOWN_SERVICE
-            process_id = by_service.get(service)
-            if process_id is None:
-                process_id = by_service[service] = f"p{len(by_service) + 1}"
-                processes[process_id] = {"serviceName": service, "tags": []}
-            out_spans.append(_span(span, process_id))
+        processes, process_ids = _processes(spans)
+        out_spans = [_span(span, pid) for span, pid in zip(spans, process_ids, strict=True)]
         data.append(
             {"traceID": trace_id, "spans": out_spans, "processes": processes, "warnings": None}
         )
@@ -124,16 +132,7 @@ def write(trace: RunTrace, out: BinaryIO) -> int:
     emit('{"data":[')
     for number, trace_id in enumerate(trace.trace_ids):
         spans = [s for s in trace.spans if s.envelope.trace_id == trace_id]
-        processes: dict[str, dict[str, Any]] = {}
-        by_service: dict[str, str] = {}
-        process_ids = []
-        for span in spans:
-            service = span.envelope.service_name or UNKNOWN_SERVICE
-            process_id = by_service.get(service)
-            if process_id is None:
-                process_id = by_service[service] = f"p{len(by_service) + 1}"
-                processes[process_id] = {"serviceName": service, "tags": []}
-            process_ids.append(process_id)
+        processes, process_ids = _processes(spans)
         emit(("," if number else "") + '{"traceID":' + _compact(trace_id) + ',"spans":[')
         for position, (span, process_id) in enumerate(zip(spans, process_ids, strict=True)):
             emit(("," if position else "") + _compact(_span(span, process_id)))
