@@ -50,7 +50,9 @@ def _sdk_parts_missing() -> None:
     )
 
 
-def add_attributes(span: Any, attributes: Mapping[str, AttributeValue]) -> None:
+def add_attributes(
+    span: Any, attributes: Mapping[str, AttributeValue], *, in_order: bool = False
+) -> None:
     """Add ``attributes`` (valid attribute values: str, int, tuples of str) to the recording
     ``span``: a span processor's stamps in ``on_start``, or the closing event of a span the
     capture API started.
@@ -81,6 +83,8 @@ def add_attributes(span: Any, attributes: Mapping[str, AttributeValue]) -> None:
     if direct:
         with lock:
             if maxlen is None or len(inner) + len(attributes) <= maxlen:
+                if in_order and inner.keys() <= attributes.keys():
+                    inner.clear()  # see set_attributes_in_order
                 inner.update(attributes)
                 return
     span.set_attributes(attributes)
@@ -95,30 +99,7 @@ def set_attributes_in_order(span: Any, attributes: Mapping[str, AttributeValue])
     every attribute the span has is among ``attributes``; when a span processor's ``on_start``
     added others, or the public API has to be used, the attributes are added (the span's own
     first, then the rest in order)."""
-    try:
-        bounded = span._attributes  # noqa: SLF001 (see the module documentation)
-        inner = bounded._dict  # noqa: SLF001
-        lock = bounded._lock  # noqa: SLF001
-        immutable = bounded._immutable  # noqa: SLF001
-        ended = span._end_time  # noqa: SLF001
-        direct = (
-            type(inner) is dict
-            and lock is not None
-            and immutable is False
-            and bounded.max_value_len is None
-            and ended is None
-        )
-        maxlen = bounded.maxlen
-    except AttributeError:
-        direct = False
-    if direct:
-        with lock:
-            if maxlen is None or len(inner) + len(attributes) <= maxlen:
-                if inner.keys() <= attributes.keys():
-                    inner.clear()
-                inner.update(attributes)
-                return
-    span.set_attributes(attributes)
+    add_attributes(span, attributes, in_order=True)
 
 
 def has_events(span: Any) -> bool:
