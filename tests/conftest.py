@@ -7,6 +7,7 @@ import tempfile
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import settings
 
 from otel_agentcap.testing import forget_runs
 
@@ -35,6 +36,11 @@ _NEEDS_ANTHROPIC: dict[str, tuple[int, ...]] = {
     "test_anthropic_instrumentor.py": (2, 14),
 }
 collect_ignore = [name for name, needed in _NEEDS_ANTHROPIC.items() if needed > ANTHROPIC_RELEASE]
+
+# No property test has a deadline: hypothesis's default (200 ms an example) is a timed assertion,
+# and with two test workers on two cores an example that takes 1 ms took 330 ms once (CI).
+settings.register_profile("agentcap", deadline=None)
+settings.load_profile("agentcap")
 
 # The durable queue of everything configure() sets up in tests (and in the processes tests
 # start, which inherit the environment) lives in a directory of this session, not in the
