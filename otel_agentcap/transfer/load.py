@@ -267,19 +267,7 @@ def snapshot_batches(snapshot: RunSnapshot) -> list[Batch]:
     )
     head = Batch(
         events=tuple(events[:EVENTS_PER_WRITE]),
-        agents=tuple(
-            # A parent in the file is a known lineage; a row without one may be a root or an
-            # agent whose lineage its log did not know: left unknown.
-            AgentRecord(
-                a.run_id,
-                a.agent_id,
-                a.name,
-                a.parent_agent_id,
-                a.spawned_at_event_id,
-                lineage_known=a.parent_agent_id is not None,
-            )
-            for a in snapshot.agents
-        ),
+        agents=tuple(_agent_record(a) for a in snapshot.agents),
         runs=(
             RunRecord(
                 run.run_id,
@@ -290,23 +278,7 @@ def snapshot_batches(snapshot: RunSnapshot) -> list[Batch]:
                 start_recorded=run.started_at_us is not None,
             ),
         ),
-        spans=tuple(
-            SpanRecord(
-                s.run_id,
-                s.trace_id,
-                s.span_id,
-                s.parent_span_id,
-                s.name,
-                s.kind,
-                _time(s.start_us),
-                _time(s.end_us),
-                s.status_code,
-                s.status_message,
-                s.service_name,
-                s.scope_name,
-            )
-            for s in snapshot.spans
-        ),
+        spans=tuple(_span_record(s) for s in snapshot.spans),
     )
     rest = [
         Batch(events=tuple(events[start : start + EVENTS_PER_WRITE]))
