@@ -11,6 +11,7 @@ import json
 from collections.abc import Sequence
 from typing import Any, BinaryIO
 
+from otel_agentcap.transfer.json_text import TextOut, compact
 from otel_agentcap.transfer.traces import Attribute, RunTrace, TraceSpan
 
 UNKNOWN_SERVICE = "unknown_service"
@@ -114,28 +115,18 @@ def dumps(trace: RunTrace) -> bytes:
     return (json.dumps(to_jaeger(trace), ensure_ascii=False, separators=(",", ":")) + "\n").encode()
 
 
-def _compact(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
-
-
 def write(trace: RunTrace, out: BinaryIO) -> int:
     """Write the bytes :func:`dumps` gives to ``out`` a span at a time (the document is never
     whole in memory; the trace is); returns how many were written."""
-    size = 0
-
-    def emit(text: str) -> None:
-        nonlocal size
-        data = text.encode()
-        out.write(data)
-        size += len(data)
-
+    text = TextOut(out)
+    emit = text.emit
     emit('{"data":[')
     for number, trace_id in enumerate(trace.trace_ids):
         spans = [s for s in trace.spans if s.envelope.trace_id == trace_id]
         processes, process_ids = _processes(spans)
-        emit(("," if number else "") + '{"traceID":' + _compact(trace_id) + ',"spans":[')
+        emit(("," if number else "") + '{"traceID":' + compact(trace_id) + ',"spans":[')
         for position, (span, process_id) in enumerate(zip(spans, process_ids, strict=True)):
-            emit(("," if position else "") + _compact(_span(span, process_id)))
-        emit('],"processes":' + _compact(processes) + ',"warnings":null}')
+            emit(("," if position else "") + compact(_span(span, process_id)))
+        emit('],"processes":' + compact(processes) + ',"warnings":null}')
     emit('],"total":0,"limit":0,"offset":0,"errors":null}\n')
-    return size
+    return text.size

@@ -13,6 +13,7 @@ from typing import Any, BinaryIO
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from otel_agentcap.attributes import LINK_EVENT_ID
+from otel_agentcap.transfer.json_text import TextOut, compact
 from otel_agentcap.transfer.traces import Attribute, RunTrace, TraceSpan
 
 
@@ -98,10 +99,6 @@ def dumps(trace: RunTrace) -> bytes:
     return (json.dumps(to_otlp(trace), ensure_ascii=False, separators=(",", ":")) + "\n").encode()
 
 
-def _compact(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
-
-
 def write(trace: RunTrace, out: BinaryIO) -> int:
     """Write the bytes :func:`dumps` gives to ``out`` a span at a time (the document is never
     whole in memory; the trace is); returns how many were written."""
@@ -109,27 +106,21 @@ def write(trace: RunTrace, out: BinaryIO) -> int:
     for span in trace.spans:
         scopes = groups.setdefault(span.envelope.service_name, {})
         scopes.setdefault(span.envelope.scope_name, []).append(span)
-    size = 0
-
-    def emit(text: str) -> None:
-        nonlocal size
-        data = text.encode()
-        out.write(data)
-        size += len(data)
-
+    text = TextOut(out)
+    emit = text.emit
     emit('{"resourceSpans":[')
     for number, (service, scopes) in enumerate(groups.items()):
         resource = {"attributes": key_values([("service.name", service)] if service else [])}
-        emit(("," if number else "") + '{"resource":' + _compact(resource) + ',"scopeSpans":[')
+        emit(("," if number else "") + '{"resource":' + compact(resource) + ',"scopeSpans":[')
         for index, (scope, spans) in enumerate(scopes.items()):
             head = {"name": scope} if scope else {}
-            emit(("," if index else "") + '{"scope":' + _compact(head) + ',"spans":[')
+            emit(("," if index else "") + '{"scope":' + compact(head) + ',"spans":[')
             for position, span in enumerate(spans):
-                emit(("," if position else "") + _compact(_span(span)))
+                emit(("," if position else "") + compact(_span(span)))
             emit("]}")
         emit("]}")
     emit("]}\n")
-    return size
+    return text.size
 
 
 # --------------------------------------------------------------------------- reading
