@@ -243,31 +243,35 @@ def test_a_disk_that_fills_up_falls_back_to_memory(pg_dsn, tmp_path):
 
 
 def test_a_database_that_hangs_does_not_hold_up_the_agent(pg_dsn, tmp_path):
-    """While a transaction holds a lock every write, every sequence reservation and every tool
-    ledger claim waits on, capture goes on: at most two operations (entering the agent included)
-    wait for a statement timeout, none longer than the capture path's 2 s; once the lock goes,
-    every event is stored. (Operations of a few hundred ms are the tool ledger's commits on a
-    loaded disk, not the lock.)"""
+    """While a transaction holds a lock every write and every sequence reservation waits on,
+    capture goes on: at most two operations (entering the agent included) wait for a statement
+    timeout (the capture path's 2 s), and none waits for the lock to go; once it goes, every
+    event is stored. (Operations of a few hundred ms are the tool ledger's commits on a loaded
+    disk, not the lock.)
+
+    The tool ledger is not locked here: a tool call whose ledger row is locked waits for the
+    lock by design (it never runs without the ledger; tests/test_pg_ledger.py). The bound on the
+    slowest operation is half the time the lock is held, not the 2 s timeout plus a guess at
+    scheduling delay: on CI's two loaded cores entering the agent took 3.3 s. An operation that
+    waited for the lock would take the lock's whole time less the worker's start-up."""
     locker = psycopg.connect(pg_dsn)
-    locker.execute(
-        "LOCK TABLE agentcap.events, agentcap.agent_sequences, agentcap.tool_ledger "
-        "IN ACCESS EXCLUSIVE MODE"
-    )
+    locker.execute("LOCK TABLE agentcap.events, agentcap.agent_sequences IN ACCESS EXCLUSIVE MODE")
     proc = start_worker(
         pg_dsn,
         "run-hang",
         "a",
-        ops=4000,
+        ops=6400,
         rate=800,
         queue_dir=tmp_path / "queue",
         extra=("--latencies",),
     )
-    time.sleep(6)
+    lock_held_s = 9.0
+    time.sleep(lock_held_s)
     locker.rollback()
     locker.close()
     result, err = finish(proc)
-    assert result["over_1s"] <= 2, result["slowest"]
-    assert max(result["slowest"]) < 3.0, result["slowest"]
+    assert result["over_1s"] <= 2, result["slowest_ops"]
+    assert max(result["slowest"]) < lock_held_s / 2, result["slowest_ops"]
     assert log_summary(pg_dsn, "run-hang")["events"] == result["events"]
     assert "Traceback" not in err
 

@@ -68,13 +68,13 @@ def tool(x: int) -> int:
 
 ops = 0
 events = 0
-slowest: list[float] = []
+slowest: list[tuple[float, str]] = []
 started = time.monotonic()
 entering = time.perf_counter()
 # resume: several processes (and a restarted one) serve the same run.
 with ac.run(args.run_id, resume=True), ac.agent("shared"):
     if args.latencies:
-        slowest.append(time.perf_counter() - entering)  # the agent's start is an operation too
+        slowest.append((time.perf_counter() - entering, "enter"))  # an operation too
     events += 1  # agent_start
     for i in range(args.ops):
         if args.rate:
@@ -95,7 +95,7 @@ with ac.run(args.run_id, resume=True), ac.agent("shared"):
             events += 2
         ops += 1
         if args.latencies:
-            slowest.append(time.perf_counter() - t0)
+            slowest.append((time.perf_counter() - t0, f"{('write', 'read', 'tool')[kind]} {i}"))
         if counter is not None:
             counter[0:16] = struct.pack("<QQ", ops, events)
 events += 1  # agent_end
@@ -110,8 +110,9 @@ out = {
     "elapsed_s": time.monotonic() - started,
 }
 if args.latencies:
-    out["slowest"] = sorted(slowest)[-5:]
-    out["over_250ms"] = sum(1 for s in slowest if s > 0.25)
-    out["over_1s"] = sum(1 for s in slowest if s > 1.0)
+    out["slowest"] = [s for s, _ in sorted(slowest)[-5:]]
+    out["slowest_ops"] = [f"{name}: {s:.3f} s" for s, name in sorted(slowest)[-5:]]
+    out["over_250ms"] = sum(1 for s, _ in slowest if s > 0.25)
+    out["over_1s"] = sum(1 for s, _ in slowest if s > 1.0)
 print(json.dumps(out), flush=True)
 sys.exit(0)
