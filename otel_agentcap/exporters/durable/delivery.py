@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from otel_agentcap.exporters.postgres.exporter import Part, PartOutcome, PostgresSpanExporter
+from otel_agentcap.exporters.postgres.one_pass import PAUSE_EVERY
 
 from .frames import SEGMENT_HEADER, encode_frame
 from .queue import AdoptedSource, Chunk, DiskQueue, MemorySource, OwnSource, Source
@@ -206,8 +207,14 @@ class Delivery:
             spans: list[Any] = []
             records: list[Any] = []
             undecodable: list[bytes] = []
+            pause = self._exporter.pause_for_writers
+            countdown = PAUSE_EVERY
             for record in chunk.records:
                 if type(record) is bytes:
+                    countdown -= 1
+                    if not countdown:
+                        countdown = PAUSE_EVERY
+                        pause()
                     try:
                         spans.append(decode_span(record))
                     except UnknownRecord:

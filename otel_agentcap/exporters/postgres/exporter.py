@@ -15,7 +15,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
@@ -308,18 +308,25 @@ def _map(spans: Sequence[SpanLike], *, raw_payloads: bool) -> Batch:
     return batch._replace(events=tuple(events))
 
 
-def map_part(part: Part, run_starts: RunStartCache) -> Part:
+def map_part(
+    part: Part, run_starts: RunStartCache, pause: Callable[[], None] | None = None
+) -> Part:
     """Map ``part``'s spans to rows (CPU work, on the caller's thread): in one pass when every
     span is of the common kind (``one_pass``), else mapped, prepared and encoded step by step.
     The rows carry their run's start: their COPY data is built here when every run's start is
     known (a start never changes once stored); otherwise the writer builds it once it has read
-    the starts, in its transaction. A part that cannot be mapped gets its ``error``."""
+    the starts, in its transaction. A part that cannot be mapped gets its ``error``. ``pause``
+    is called now and then during the one pass (``WriterThreads.pause``)."""
     spans = part.spans
     direct = part.direct
     try:
         failures: list[Exception] = []
         one = prepare_spans(
-            spans, staging=not direct, known_start=run_starts.start, failures=failures
+            spans,
+            staging=not direct,
+            known_start=run_starts.start,
+            failures=failures,
+            pause=pause,
         )
         if one is not None:
             part.prepared, part.mapped, part.data, part.span_data, part.starts = one
@@ -439,6 +446,11 @@ class PostgresSpanExporter(SpanExporter):
     def writer_count(self) -> int:
         return self._writers.count
 
+    def pause_for_writers(self) -> None:
+        """For a thread that maps or decodes spans for :meth:`prepare_parts` while earlier parts
+        are stored: call it between slices of that work (see ``WriterThreads.pause``)."""
+        self._writers.pause()
+
     def stats(self) -> ExportStats:
         with self._stats_lock:
             return ExportStats(**asdict(self._stats))
@@ -498,7 +510,10 @@ class PostgresSpanExporter(SpanExporter):
         records: list[object] | None,
         direct: bool = False,
     ) -> Part:
-        part = map_part(Part(index, spans, records, direct=direct), self._writers.run_starts)
+        writers = self._writers
+        part = map_part(
+            Part(index, spans, records, direct=direct), writers.run_starts, writers.pause
+        )
         failure = part.one_pass_failure
         if failure is not None:
             with self._stats_lock:

@@ -108,6 +108,10 @@ class OnePass(NamedTuple):
     starts: dict[str, datetime] | None
 
 
+#: Spans mapped between two calls of ``prepare_spans``'s ``pause`` (about 1 ms of work).
+PAUSE_EVERY: Final = 32
+
+
 class _NotCommon(Exception):
     """A span or a batch the one pass leaves to the general path."""
 
@@ -119,15 +123,17 @@ def prepare_spans(
     known_start: Callable[[str], datetime | None],
     max_payload_chars: int = DEFAULT_MAX_PAYLOAD_CHARS,
     failures: list[Exception] | None = None,
+    pause: Callable[[], None] | None = None,
 ) -> OnePass | None:
     """``rows.prepare(exporter._map(spans, raw_payloads=True))`` and its COPY data
     (``rows.copy_data`` with ``staging``, ``rows.span_copy_data``), built in one pass; None when
     a span is not of the common kind (see the module doc). ``known_start`` gives the stored
     start of a run, or None when it is not known (then no COPY data is built). An exception
     other than the one pass's own refusal (a value the general path reports span by span, or a
-    bug of the one pass) also gives None, and is appended to ``failures`` when given."""
+    bug of the one pass) also gives None, and is appended to ``failures`` when given.
+    ``pause`` is called after every ``PAUSE_EVERY`` spans (see ``WriterThreads.pause``)."""
     try:
-        return _prepare(spans, staging, known_start, max_payload_chars)
+        return _prepare(spans, staging, known_start, max_payload_chars, pause)
     except _NotCommon:
         return None
     except Exception as exc:
@@ -141,6 +147,7 @@ def _prepare(
     staging: bool,
     known_start: Callable[[str], datetime | None],
     max_payload_chars: int,
+    pause: Callable[[], None] | None,
 ) -> OnePass:
     now = time.time_ns()
     validator = Validator(now)
@@ -314,7 +321,13 @@ def _prepare(
             )
         )
 
+    countdown = PAUSE_EVERY
     for span in spans:
+        countdown -= 1
+        if not countdown:
+            countdown = PAUSE_EVERY
+            if pause is not None:
+                pause()
         direct = type(span) is _SDK_SPAN
         if direct:
             sdk: Any = span

@@ -27,6 +27,8 @@ from .writer import EventWriter, RunStartCache
 _logger = logging.getLogger(__name__)
 _T = TypeVar("_T")
 DEFAULT_WRITERS: Final = 2
+#: How long :meth:`WriterThreads.pause` sleeps while a writer is storing.
+HANDOFF_PAUSE: Final = 0.0001
 
 
 def partition_of(run_id: object, agent_id: object, count: int) -> int:
@@ -116,6 +118,22 @@ class WriterThreads:
             return future
         self._writers[index].jobs.put((fn, future))
         return future
+
+    def pause(self) -> None:
+        """Called by a thread that maps the next batch, between slices of that work: while a
+        writer is storing, sleep ``HANDOFF_PAUSE`` seconds, so that the writer's thread takes
+        the GIL as soon as its server answers.
+
+        Without the pause a writer woken by its socket waits for the GIL until the mapping
+        thread is made to drop it, after the interpreter's switch interval (5 ms by default, a
+        setting of the host's that a library must leave alone), and PostgreSQL sits idle
+        meanwhile: a batch is several such waits (each statement's answer, each full socket
+        buffer of COPY data). Mapping is not what limits delivery (it takes less time per event
+        than the server's COPY), so its thread can give up that time."""
+        for writer in self._writers:
+            if writer.busy.is_set():
+                time.sleep(HANDOFF_PAUSE)
+                return
 
     def close(self, timeout: float = 5.0) -> bool:
         """Stop the threads once their queued work is done; waits up to ``timeout`` seconds in

@@ -1,0 +1,109 @@
+"""The mapping thread pauses between slices of its work while a writer stores (so the writer's
+thread gets the GIL when its server answers, not after the interpreter's switch interval), and
+only then: the pause changes no row, and costs nothing while the writers are idle."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+import otel_agentcap as oa
+from otel_agentcap import attributes as attr
+from otel_agentcap.exporters.durable.delivery import Delivery
+from otel_agentcap.exporters.durable.directory import QueueDirectory
+from otel_agentcap.exporters.durable.queue import DiskQueue
+from otel_agentcap.exporters.durable.records import encode_span
+from otel_agentcap.exporters.faults import FaultLog
+from otel_agentcap.exporters.postgres import PostgresSpanExporter
+from otel_agentcap.exporters.postgres import parallel as parallel_module
+from otel_agentcap.exporters.postgres.one_pass import PAUSE_EVERY, prepare_spans
+from otel_agentcap.exporters.postgres.parallel import HANDOFF_PAUSE, WriterThreads
+from otel_agentcap.pipeline.span_attributes import attributes_of
+from otel_agentcap.testing import capture_events
+
+
+def _memory_spans(count: int) -> list[Any]:
+    memory = oa.Memory("pause")
+    with capture_events() as captured, oa.run(f"pause-{uuid.uuid4().hex[:8]}"):
+        with oa.agent("writer"):
+            for i in range(count):
+                memory[f"k{i}"] = {"i": i}
+    return [s for s in captured.spans if s.name == "memory_write"]
+
+
+def test_the_one_pass_calls_pause_after_every_slice_and_builds_the_same_rows():
+    spans = _memory_spans(3 * PAUSE_EVERY + 5)
+    assert all(attr.EVENT_ID in attributes_of(s) for s in spans)
+    calls: list[int] = []
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    paused = prepare_spans(
+        spans, staging=False, known_start=lambda run: start, pause=lambda: calls.append(1)
+    )
+    plain = prepare_spans(spans, staging=False, known_start=lambda run: start)
+    assert paused is not None and plain is not None
+    assert len(calls) == 3
+    # The COPY data holds every field of every row.
+    assert paused.data is not None and paused.data == plain.data
+    assert paused.span_data == plain.span_data and paused.events == plain.events == len(spans)
+
+
+def test_writers_pause_the_caller_only_while_one_of_them_stores(monkeypatch):
+    slept: list[float] = []
+    monkeypatch.setattr(parallel_module.time, "sleep", slept.append)
+    # The writers connect only when a job uses their connection: none here does.
+    writers = WriterThreads("host=/nonexistent dbname=none", 2)
+    try:
+        writers.pause()
+        assert slept == []  # idle writers: no pause
+        storing, release = threading.Event(), threading.Event()
+
+        def store(_writer: object) -> None:
+            storing.set()
+            release.wait(10)
+
+        done = writers.submit(1, store)
+        assert storing.wait(10)
+        writers.pause()
+        assert slept == [HANDOFF_PAUSE]
+        release.set()
+        done.result(10)
+        writers.pause()
+        assert slept == [HANDOFF_PAUSE]
+    finally:
+        release.set()
+        writers.close()
+
+
+def test_delivery_pauses_while_it_decodes_records_read_back_from_disk(
+    pg_dsn: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Records read back from disk (a backlog, an adopted queue) are decoded on the delivery
+    thread too: it calls the pause after every slice of them; every event is still stored."""
+    spans = _memory_spans(4 * PAUSE_EVERY)
+    exporter = PostgresSpanExporter(pg_dsn, writers=1)
+    calls: list[int] = []
+    real_pause = exporter.pause_for_writers
+
+    def counted_pause() -> None:
+        calls.append(1)
+        real_pause()
+
+    monkeypatch.setattr(exporter, "pause_for_writers", counted_pause)
+    queue = DiskQueue(QueueDirectory(tmp_path / "queue", pg_dsn), faults=FaultLog())
+    for span in spans:
+        queue.put(encode_span(span), 1, None)  # no span kept in memory: decoded from its record
+    queue.sync()
+    delivery = Delivery(queue, exporter, batch_spans=len(spans), schedule_delay=0.01)
+    try:
+        assert delivery.flush(60)
+    finally:
+        delivery.stop(5)
+        queue.close(remove_if_empty=True)
+        exporter.shutdown()
+    assert exporter.stats().events_inserted == len(spans)
+    # Decoding: one call per slice of records; mapping goes through the writers' own pause.
+    assert len(calls) == len(spans) // PAUSE_EVERY
