@@ -28,10 +28,10 @@ from otel_agentcap.testing import capture_events
 
 def _memory_spans(count: int) -> list[Any]:
     memory = oa.Memory("pause")
-    with capture_events() as captured, oa.run(f"pause-{uuid.uuid4().hex[:8]}"):
-        with oa.agent("writer"):
-            for i in range(count):
-                memory[f"k{i}"] = {"i": i}
+    run_id = f"pause-{uuid.uuid4().hex[:8]}"
+    with capture_events() as captured, oa.run(run_id), oa.agent("writer"):
+        for i in range(count):
+            memory[f"k{i}"] = {"i": i}
     return [s for s in captured.spans if s.name == "memory_write"]
 
 
