@@ -6,19 +6,28 @@ import asyncio
 import copy
 import functools
 import gc
+import json
 import pickle
 import threading
 import time
+import types
 import uuid
 import warnings
 from collections.abc import Callable
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import otel_agentcap as oa
 from otel_agentcap import attributes as attr
+from otel_agentcap.capture._telemetry import Encoded, outcome_record
 from otel_agentcap.capture.tools import invocations
+from otel_agentcap.clock import LamportClock
+from otel_agentcap.context import current_agent
+from otel_agentcap.model import EventRef, EventType
+from otel_agentcap.pipeline.stamping import stamp
 from otel_agentcap.testing import capture_events
 
 
@@ -933,3 +942,81 @@ def test_tool_span_attributes_keep_their_order_and_the_body_sees_them_all():
     assert at_start == [[attr.EVENT_ID, attr.GEN_AI_OPERATION_NAME]]
     assert in_body == [stamp + rest]
     assert list(span.attributes or {}) == [*stamp, *rest, attr.OUTCOME]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    distinct=st.integers(1, attr.MAX_CAUSAL_LINKS + 4),
+    repeated=st.lists(st.integers(0, attr.MAX_CAUSAL_LINKS + 3), max_size=4),
+    spanless=st.sets(st.integers(0, attr.MAX_CAUSAL_LINKS + 7), max_size=4),
+    invocation_id=st.one_of(st.none(), st.just("c1")),
+)
+def test_a_call_under_caused_by_records_what_stamp_gives_for_its_parents(
+    distinct: int, repeated: list[int], spanless: set[int], invocation_id: str | None
+) -> None:
+    """Under caused_by (parents repeated, without a span, more than MAX_CAUSAL_LINKS), each of
+    two calls records the stamp, links and outcome record that stamp() gives for the same parents
+    passed explicitly, on a clock at the same point."""
+
+    @oa.tool
+    def echo(x: int) -> int:
+        return x
+
+    memory = oa.Memory("m")
+    with capture_events() as captured, oa.run(_run_id()), oa.agent("a"):
+        pool = [memory.set(f"k{i}", i) for i in range(attr.MAX_CAUSAL_LINKS + 4)]
+        order = list(range(distinct))
+        for index in repeated:  # parents named twice
+            order.insert(index % (len(order) + 1), index % distinct)
+        refs = [pool[index] for index in order]
+        parents = tuple(
+            EventRef(ref.event_id, ref.seq, ref.agent_id) if position in spanless else ref
+            for position, ref in enumerate(refs)
+            if ref is not None
+        )
+        ctx = current_agent()
+        assert ctx is not None
+        clock_before: list[int] = []
+        with oa.caused_by(*parents):
+            for n in range(2):
+                clock_before.append(ctx.clock.last)
+                if invocation_id is None:
+                    echo(n)
+                else:
+                    echo.invoke(invocation_id, n)  # the second: the id reused, other input
+        reference = types.SimpleNamespace(
+            run_id=ctx.run_id,
+            agent_id=ctx.agent_id,
+            name=ctx.name,
+            event_id_prefix=ctx.event_id_prefix,
+            clock=None,
+        )
+    spans = [s for s in captured.spans if s.name == "execute_tool echo"]
+    assert len(spans) == 2
+    for span, last in zip(spans, clock_before, strict=True):
+        attributes = dict(span.attributes)
+        reference.clock = LamportClock(ctx.run_id, ctx.agent_id)
+        reference.clock.observe(last)
+        start = stamp(
+            reference,  # type: ignore[arg-type]
+            EventType.TOOL_INVOCATION,
+            key=attributes.get(attr.EVENT_IDEMPOTENCY_KEY),
+            parents=parents,
+        )
+        stamped = list(start.attributes().items())
+        assert list(attributes.items())[: len(stamped)] == stamped
+        assert [(link.context, dict(link.attributes)) for link in span.links] == [
+            (link.context, dict(link.attributes)) for link in start.links
+        ]
+        record = attributes[attr.OUTCOME]
+        key = json.loads(record)["key"]
+        reference.clock.observe(start.seq)
+        done = stamp(
+            reference,  # type: ignore[arg-type]
+            EventType.TOOL_RESULT,
+            key=None if key.startswith("seq:") else key,
+            parents=(start.ref, *parents),
+            link=False,
+        )
+        payload = record[record.index(',"payload":') + len(',"payload":') : -1]
+        assert record == outcome_record(done, Encoded(payload))

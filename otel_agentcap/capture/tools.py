@@ -59,7 +59,7 @@ from otel_agentcap.model import (
     validate_id,
 )
 from otel_agentcap.pipeline.span_attributes import set_attributes_in_order
-from otel_agentcap.pipeline.stamping import Stamp, stamp
+from otel_agentcap.pipeline.stamping import ambient_parents, stamp
 from otel_agentcap.runs import lifetimes
 
 P = ParamSpec("P")
@@ -978,41 +978,35 @@ class Tool(Generic[P, R]):
                 key = f"{key}\x1fattempt{attempt}"
                 head_extra = f'{head_extra},"attempt":{attempt}'
         result_id = None
-        if ambient_causal_parents():
-            start = stamp(
-                ctx, EventType.TOOL_INVOCATION, key=None if key is None else f"{key}:invocation"
-            )
-            seq = start.seq
-            event_id = start.event_id
-            if key is not None:  # as below
-                result_id = event_id_in(ctx.event_id_prefix, f"{key}:result")
-            span_attributes = start.attributes()
-            links = start.links
-            invocation = start.ref
+        # stamp() and Stamp.attributes() inlined: the same sequence, id and attributes, in the
+        # same order (the causal parents bound with caused_by as stamp() takes them).
+        ambient = ambient_causal_parents()
+        shared = ambient_parents(ambient) if ambient else None
+        seq = ctx.clock.tick(shared.after if shared is not None else 0)
+        agent_id = ctx.agent_id
+        idempotency_key = f"seq:{seq}" if key is None else f"{key}:invocation"
+        event_id = event_id_in(ctx.event_id_prefix, idempotency_key)
+        if key is not None:
+            # The result's id too, now, while the hash's code is in the instruction cache
+            # (its key is known; without a key it names the result's sequence, not known yet).
+            result_id = event_id_in(ctx.event_id_prefix, f"{key}:result")
+        span_attributes: dict[str, AttributeValue] = {
+            attr.RUN_ID: ctx.run_id,
+            attr.AGENT_ID: agent_id,
+            attr.GEN_AI_AGENT_ID: agent_id,
+            attr.GEN_AI_AGENT_NAME: ctx.name,
+            attr.EVENT_ID: event_id,
+            attr.EVENT_TYPE: EventType.TOOL_INVOCATION,
+            attr.EVENT_SEQ: seq,
+        }
+        if key is not None:  # never "seq:{seq}", which the stamp leaves out
+            span_attributes[attr.EVENT_IDEMPOTENCY_KEY] = idempotency_key
+        if shared is not None:
+            span_attributes[attr.EVENT_CAUSAL_PARENT_IDS] = shared.ids
+            links = shared.links
         else:
-            # stamp() and Stamp.attributes() inlined for the common case, an invocation without
-            # causal parents: the same sequence, id and attributes, in the same order.
-            seq = ctx.clock.tick()
-            agent_id = ctx.agent_id
-            idempotency_key = f"seq:{seq}" if key is None else f"{key}:invocation"
-            event_id = event_id_in(ctx.event_id_prefix, idempotency_key)
-            if key is not None:
-                # The result's id too, now, while the hash's code is in the instruction cache
-                # (its key is known; without a key it names the result's sequence, not known yet).
-                result_id = event_id_in(ctx.event_id_prefix, f"{key}:result")
-            span_attributes = {
-                attr.RUN_ID: ctx.run_id,
-                attr.AGENT_ID: agent_id,
-                attr.GEN_AI_AGENT_ID: agent_id,
-                attr.GEN_AI_AGENT_NAME: ctx.name,
-                attr.EVENT_ID: event_id,
-                attr.EVENT_TYPE: EventType.TOOL_INVOCATION,
-                attr.EVENT_SEQ: seq,
-            }
-            if key is not None:  # never "seq:{seq}", which the stamp leaves out
-                span_attributes[attr.EVENT_IDEMPOTENCY_KEY] = idempotency_key
             links = ()
-            invocation = _new_ref((event_id, seq, agent_id, None))
+        invocation = _new_ref((event_id, seq, agent_id, None))
         span_attributes[attr.GEN_AI_OPERATION_NAME] = attr.OP_EXECUTE_TOOL
         call_id = invocation_id if invocation_id is not None else f"seq-{seq}"
         # The invocation id is escaped once and used in both payloads.
@@ -1163,35 +1157,28 @@ class _Finisher(NamedTuple):
         key = self.key
         invocation = self.invocation
         span = self.span
-        done: Stamp | None = None
-        if ambient_causal_parents():
-            done = stamp(
-                ctx,
-                EventType.TOOL_RESULT,
-                key=None if key is None else f"{key}:result",
-                parents=(invocation,),
-                link=False,
-                event_id=self.result_id,
-            )
-            seq = done.seq
-            event_id = done.event_id
-            idempotency_key = done.idempotency_key
+        # stamp(parents=(invocation,), link=False) and tel.outcome_record inlined: the same
+        # sequence, id and record (the parents: the invocation, then those bound with caused_by).
+        ambient = ambient_causal_parents()
+        if ambient:
+            shared = ambient_parents(ambient)
+            after = shared.after
+            seq = ctx.clock.tick(after if after > invocation.seq else invocation.seq)
+            tail = shared.ids_json_tail
+            if invocation.event_id in shared.ids:  # named twice: listed once, first
+                tail = "".join(f'","{i}' for i in shared.ids if i != invocation.event_id)
         else:
-            # stamp(parents=(invocation,), link=False) and tel.outcome_record inlined for the
-            # common case, no other causal parents: the same sequence, id and record.
             seq = ctx.clock.tick(invocation.seq)
-            idempotency_key = f"seq:{seq}" if key is None else f"{key}:result"
-            event_id = self.result_id or event_id_in(ctx.event_id_prefix, idempotency_key)
+            tail = ""
+        idempotency_key = f"seq:{seq}" if key is None else f"{key}:result"
+        event_id = self.result_id or event_id_in(ctx.event_id_prefix, idempotency_key)
         encoded, plain = jsonsafe.dumps_plain(result)
         payload = f'{self.payload_head},"result":{encoded}}}'  # tel.tool_payload_encoded
-        if done is not None:
-            record = tel.outcome_record(done, tel.Encoded(payload))
-        else:
-            record = (
-                f'{{"id":"{event_id}","type":"tool_result","seq":{seq},'
-                f'"key":{tel.json_ascii(idempotency_key)},'
-                f'"parents":["{invocation.event_id}"],"payload":{payload}}}'
-            )
+        record = (
+            f'{{"id":"{event_id}","type":"tool_result","seq":{seq},'
+            f'"key":{tel.json_ascii(idempotency_key)},'
+            f'"parents":["{invocation.event_id}{tail}"],"payload":{payload}}}'
+        )
         if tel.content.enabled:
             tel.finish_span_with(
                 span, {attr.OUTCOME: record, attr.GEN_AI_TOOL_CALL_RESULT: encoded}, "tool_result"

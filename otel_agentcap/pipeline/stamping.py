@@ -83,7 +83,13 @@ def stamp(
     ambient = ambient_causal_parents()
     parent_ids: tuple[str, ...] = ()
     links: tuple[Link, ...] = ()
-    if len(parents) == 1 and not ambient:  # e.g. a tool's result, caused by its invocation
+    if not parents and ambient:  # e.g. a memory write inside caused_by
+        shared = ambient_parents(ambient)
+        parent_ids = shared.ids
+        if link:
+            links = shared.links
+        seq = agent.clock.tick(shared.after)
+    elif len(parents) == 1 and not ambient:  # e.g. a tool's result, caused by its invocation
         parent = parents[0]
         parent_ids = (parent.event_id,)
         seq = agent.clock.tick(parent.seq)
@@ -121,6 +127,56 @@ def stamp(
             links,
         )
     )
+
+
+class AmbientParents(NamedTuple):
+    """What the causal parents bound with ``caused_by`` give every event stamped under them:
+    worked out once per tuple of parents (see :func:`ambient_parents`), not once per event."""
+
+    parents: tuple[EventRef, ...]
+    #: The highest sequence among them (0 for none).
+    after: int
+    #: Their distinct event ids, in order.
+    ids: tuple[str, ...]
+    #: The span links to the first ``MAX_CAUSAL_LINKS`` of them whose span is known. Every span
+    #: stamped under the same parents gets these same ``Link`` objects, as it would get equal
+    #: new ones: the SDK reads a link's context and attributes, and replaces its attributes with
+    #: a bounded copy of them (equal, as every span comes from one tracer provider).
+    links: tuple[Link, ...]
+    #: ``ids`` as they follow a first id in a JSON list (``","id2","id3`` for ``["id1","id2","id3"]``).
+    ids_json_tail: str
+
+
+def _ambient_parents_of(parents: tuple[EventRef, ...]) -> AmbientParents:
+    after = 0
+    ids: list[str] = []
+    linked: list[Link] = []
+    for parent in parents:
+        if parent.seq > after:
+            after = parent.seq
+        if parent.event_id not in ids:
+            ids.append(parent.event_id)
+            if parent.span is not None and len(linked) < MAX_CAUSAL_LINKS:
+                linked.append(_link(parent))
+    return AmbientParents(
+        parents, after, tuple(ids), tuple(linked), "".join(f'","{i}' for i in ids)
+    )
+
+
+_last_ambient = _ambient_parents_of(())
+
+
+def ambient_parents(parents: tuple[EventRef, ...]) -> AmbientParents:
+    """:class:`AmbientParents` of ``parents``, the tuple :func:`ambient_causal_parents` returned:
+    one tuple object for as long as its ``caused_by`` block lasts, so the last one's is kept and
+    found by identity (a tuple read and a global's assignment are atomic: threads under other
+    parents replace it, never corrupt it)."""
+    global _last_ambient
+    last = _last_ambient
+    if last.parents is parents:
+        return last
+    last = _last_ambient = _ambient_parents_of(parents)
+    return last
 
 
 def _link(parent: EventRef) -> Link:
