@@ -443,6 +443,10 @@ def test_dumps_str_keyed_writes_what_dumps_writes() -> None:
         {"inner": {0: "a", "0": "b"}},
         {"inner": {1: "a", 2: "b"}, "raw": b"x"},
         {"$agentcap.str": "x", "long": "y" * 200},
+        {"city": "Tromsø", "nul": "a\x00b", "lone": "\ud800"},
+        {"value": '"$agentcap.str"', "list": ["$agentcap.items"]},
+        {"fits": "z" * 89},  # exactly 100 characters
+        {"over": "z" * 90},
     ]
     for value in cases:
         assert jsonsafe.dumps_str_keyed(value, 100) == jsonsafe.dumps(value, 100)

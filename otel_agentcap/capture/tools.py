@@ -12,6 +12,7 @@ import inspect
 import itertools
 import json
 import logging
+import marshal
 import random
 import threading
 import time
@@ -46,7 +47,7 @@ from otel_agentcap.capture.ledger import (
     register_codec,
     tool_ledger,
 )
-from otel_agentcap.capture.values import frozen, private_copy, thawed
+from otel_agentcap.capture.values import private_copy, thawed
 from otel_agentcap.context import AgentContext, ambient_causal_parents, current_agent
 from otel_agentcap.errors import ToolOutcomeUnknown
 from otel_agentcap.forks import call_in_child_after_fork
@@ -58,7 +59,7 @@ from otel_agentcap.model import (
     from_fields,
     validate_id,
 )
-from otel_agentcap.pipeline.span_attributes import set_attributes_in_order
+from otel_agentcap.pipeline.span_attributes import add_attributes, set_attributes_in_order
 from otel_agentcap.pipeline.stamping import ambient_parents, stamp
 from otel_agentcap.runs import lifetimes
 
@@ -1016,7 +1017,9 @@ class Tool(Generic[P, R]):
             if len(arguments) <= jsonsafe.DEFAULT_MAX_PAYLOAD_CHARS
             else jsonsafe.truncate(arguments)
         )
-        span_attributes[attr.EVENT_PAYLOAD] = tel.tool_payload_encoded(head, "arguments", recorded)
+        span_attributes[attr.EVENT_PAYLOAD] = (
+            f'{head},"arguments":{recorded}}}'  # tool_payload_encoded
+        )
         if tel.content.enabled:
             span_attributes[attr.GEN_AI_TOOL_CALL_ARGUMENTS] = recorded
         span_attributes.update(self._span_attributes)
@@ -1179,16 +1182,27 @@ class _Finisher(NamedTuple):
             f'"key":{tel.json_ascii(idempotency_key)},'
             f'"parents":["{invocation.event_id}{tail}"],"payload":{payload}}}'
         )
-        if tel.content.enabled:
-            tel.finish_span_with(
-                span, {attr.OUTCOME: record, attr.GEN_AI_TOOL_CALL_RESULT: encoded}, "tool_result"
-            )
-        else:
-            tel.finish_span_with(span, {attr.OUTCOME: record}, "tool_result")
+        # tel.finish_span_with, inlined.
+        try:
+            if tel.content.enabled:
+                add_attributes(span, {attr.OUTCOME: record, attr.GEN_AI_TOOL_CALL_RESULT: encoded})
+            else:
+                add_attributes(span, {attr.OUTCOME: record})
+        except Exception:
+            _logger.exception("agentcap: could not record tool_result")
+        try:
+            span.end()
+        except Exception:
+            _logger.exception("agentcap: could not end span")
         entry = self.entry
         if entry is None:
             return
-        kept = frozen(result) if plain and type(result) in _FREEZABLE else None
+        kept = None
+        if plain and type(result) in _FREEZABLE:
+            try:  # values.frozen, inlined
+                kept = marshal.dumps(result)
+            except Exception:
+                kept = None
         if kept is not None:
             entry.frozen_result = kept
         else:
