@@ -319,6 +319,17 @@ def dumps_plain(value: Any, max_chars: int = DEFAULT_MAX_PAYLOAD_CHARS) -> tuple
         text = "".join(_c_encoder(value, 0))
     except (TypeError, ValueError, RecursionError):
         return _general(value, max_chars, False), False
+    if (
+        # _checked's answer when the text holds no object, or one, the value itself, a dict whose
+        # keys are all str (no key to scan), inlined: every tool call encodes its result here.
+        text.find("{", 1) < 0
+        and (text[:1] != "{" or (type(value) is dict and _STR_ONLY.issuperset(map(type, value))))
+        and text.isascii()
+        and len(text) <= max_chars
+        and "\\u0000" not in text
+        and '"$agentcap.' not in text
+    ):
+        return text, True
     return _checked(value, text, max_chars, False), True
 
 

@@ -422,6 +422,9 @@ def test_dumps_plain_writes_what_dumps_writes_and_says_whether_json_took_the_val
     class Name(str):
         pass
 
+    class Keys(dict[Any, Any]):
+        pass
+
     cases: list[tuple[Any, bool]] = [
         ({"a": [1, 2.5, None, True], "t": (1, "x")}, True),
         ([Name("n"), {1: "a", "1": "b"}], True),
@@ -430,6 +433,12 @@ def test_dumps_plain_writes_what_dumps_writes_and_says_whether_json_took_the_val
         ([float("nan")], False),
         ({1, 2}, False),
         ({"$agentcap.x": 1}, True),
+        ({1: "a", "1": "b"}, True),
+        (Keys({1: "a", "1": "b"}), True),
+        ({"city": "Tromsø", "nul": "a\x00", "lone": "\ud800"}, True),
+        (["$agentcap.items", '"$agentcap.str"'], True),
+        ({"fits": "z" * 89}, True),
+        ({"over": "z" * 90}, True),
     ]
     for value, plain in cases:
         assert jsonsafe.dumps_plain(value, 100) == (jsonsafe.dumps(value, 100), plain)

@@ -59,7 +59,7 @@ from otel_agentcap.model import (
     from_fields,
     validate_id,
 )
-from otel_agentcap.pipeline.span_attributes import add_attributes, set_attributes_in_order
+from otel_agentcap.pipeline.span_attributes import add_attributes
 from otel_agentcap.pipeline.stamping import ambient_parents, stamp
 from otel_agentcap.runs import lifetimes
 
@@ -1040,7 +1040,7 @@ class Tool(Generic[P, R]):
             context=parent,
         )
         try:
-            set_attributes_in_order(span, span_attributes)
+            add_attributes(span, span_attributes, in_order=True)  # set_attributes_in_order
         except Exception:
             _logger.exception("agentcap: could not record the call of %s", self.name)
         if entry is not None:
