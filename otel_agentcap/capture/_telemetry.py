@@ -152,11 +152,6 @@ def tool_payload(head: str, field: str, value: Any) -> str:
     return f'{head},"{field}":{jsonsafe.dumps(value)}}}'
 
 
-def tool_payload_encoded(head: str, field: str, encoded: str) -> str:
-    """:func:`tool_payload` with ``value`` already encoded by ``jsonsafe.dumps``."""
-    return f'{head},"{field}":{encoded}}}'
-
-
 def event_attributes(
     stamp: Stamp, payload: Any, extra: dict[str, AttributeValue] | None = None
 ) -> dict[str, AttributeValue]:
@@ -246,19 +241,6 @@ def finish_span(
     except Exception:
         _logger.exception("agentcap: could not record %s", stamp.event_type)
     end_span(span, error)
-
-
-def finish_span_with(span: Span, attributes: dict[str, AttributeValue], event_type: str) -> None:
-    """:func:`finish_span` given the closing attributes already built (the outcome record and any
-    content), for a closing event without links and a span ending without error. Never raises."""
-    try:
-        add_attributes(span, attributes)
-    except Exception:
-        _logger.exception("agentcap: could not record %s", event_type)
-    try:
-        span.end()
-    except Exception:
-        _logger.exception("agentcap: could not end span")
 
 
 def add_links(span: Span, links: Sequence[Link]) -> None:

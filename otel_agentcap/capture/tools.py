@@ -1018,7 +1018,7 @@ class Tool(Generic[P, R]):
             else jsonsafe.truncate(arguments)
         )
         span_attributes[attr.EVENT_PAYLOAD] = (
-            f'{head},"arguments":{recorded}}}'  # tool_payload_encoded
+            f'{head},"arguments":{recorded}}}'  # tel.tool_payload, the value encoded already
         )
         if tel.content.enabled:
             span_attributes[attr.GEN_AI_TOOL_CALL_ARGUMENTS] = recorded
@@ -1176,13 +1176,13 @@ class _Finisher(NamedTuple):
         idempotency_key = f"seq:{seq}" if key is None else f"{key}:result"
         event_id = self.result_id or event_id_in(ctx.event_id_prefix, idempotency_key)
         encoded, plain = jsonsafe.dumps_plain(result)
-        payload = f'{self.payload_head},"result":{encoded}}}'  # tel.tool_payload_encoded
+        payload = f'{self.payload_head},"result":{encoded}}}'  # tel.tool_payload, encoded
         record = (
             f'{{"id":"{event_id}","type":"tool_result","seq":{seq},'
             f'"key":{tel.json_ascii(idempotency_key)},'
             f'"parents":["{invocation.event_id}{tail}"],"payload":{payload}}}'
         )
-        # tel.finish_span_with, inlined.
+        # tel.finish_span without links or error, the closing attributes built already.
         try:
             if tel.content.enabled:
                 add_attributes(span, {attr.OUTCOME: record, attr.GEN_AI_TOOL_CALL_RESULT: encoded})
