@@ -1020,3 +1020,33 @@ def test_a_call_under_caused_by_records_what_stamp_gives_for_its_parents(
         )
         payload = record[record.index(',"payload":') + len(',"payload":') : -1]
         assert record == outcome_record(done, Encoded(payload))
+
+
+def test_calls_under_one_caused_by_each_get_links_of_their_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two calls under one caused_by block: each span's link to the parent is its own, bounded by
+    the provider's link limits for that span (with no link attribute allowed, each link counts
+    its one dropped attribute)."""
+    from opentelemetry import trace
+
+    @oa.tool
+    def echo(x: int) -> int:
+        return x
+
+    memory = oa.Memory("m")
+    with capture_events() as captured, oa.run(_run_id()), oa.agent("a"):
+        parent = memory.set("k", 1)
+        assert parent is not None
+        # The SDK provider's limits (a private attribute of opentelemetry-sdk 1.34 to 1.45).
+        limits = trace.get_tracer_provider()._span_limits  # type: ignore[attr-defined]
+        monkeypatch.setattr(limits, "max_link_attributes", 0)
+        with oa.caused_by(parent):
+            echo.invoke("c1", 1)
+            echo(2)
+    spans = [s for s in captured.spans if s.name == "execute_tool echo"]
+    assert len(spans) == 2
+    for span in spans:
+        (link,) = span.links
+        assert link.context == parent.span
+        assert (dict(link.attributes), link.dropped_attributes) == ({}, 1)

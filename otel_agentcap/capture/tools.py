@@ -60,7 +60,7 @@ from otel_agentcap.model import (
     validate_id,
 )
 from otel_agentcap.pipeline.span_attributes import add_attributes
-from otel_agentcap.pipeline.stamping import ambient_parents, stamp
+from otel_agentcap.pipeline.stamping import ambient_parents, new_links, stamp
 from otel_agentcap.runs import lifetimes
 
 P = ParamSpec("P")
@@ -1004,7 +1004,7 @@ class Tool(Generic[P, R]):
             span_attributes[attr.EVENT_IDEMPOTENCY_KEY] = idempotency_key
         if shared is not None:
             span_attributes[attr.EVENT_CAUSAL_PARENT_IDS] = shared.ids
-            links = shared.links
+            links = new_links(shared.linked) if shared.linked else ()
         else:
             links = ()
         invocation = _new_ref((event_id, seq, agent_id, None))

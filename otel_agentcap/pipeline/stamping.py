@@ -86,8 +86,8 @@ def stamp(
     if not parents and ambient:  # e.g. a memory write inside caused_by
         shared = ambient_parents(ambient)
         parent_ids = shared.ids
-        if link:
-            links = shared.links
+        if link and shared.linked:
+            links = new_links(shared.linked)
         seq = agent.clock.tick(shared.after)
     elif len(parents) == 1 and not ambient:  # e.g. a tool's result, caused by its invocation
         parent = parents[0]
@@ -138,11 +138,9 @@ class AmbientParents(NamedTuple):
     after: int
     #: Their distinct event ids, in order.
     ids: tuple[str, ...]
-    #: The span links to the first ``MAX_CAUSAL_LINKS`` of them whose span is known. Every span
-    #: stamped under the same parents gets these same ``Link`` objects, as it would get equal
-    #: new ones: the SDK reads a link's context and attributes, and replaces its attributes with
-    #: a bounded copy of them (equal, as every span comes from one tracer provider).
-    links: tuple[Link, ...]
+    #: The first ``MAX_CAUSAL_LINKS`` of them whose span is known (distinct), which a span
+    #: stamped under them links to: see :func:`new_links`.
+    linked: tuple[EventRef, ...]
     #: ``ids`` as they follow a first id in a JSON list (``","id2","id3`` for ``["id1","id2","id3"]``).
     ids_json_tail: str
 
@@ -150,14 +148,14 @@ class AmbientParents(NamedTuple):
 def _ambient_parents_of(parents: tuple[EventRef, ...]) -> AmbientParents:
     after = 0
     ids: list[str] = []
-    linked: list[Link] = []
+    linked: list[EventRef] = []
     for parent in parents:
         if parent.seq > after:
             after = parent.seq
         if parent.event_id not in ids:
             ids.append(parent.event_id)
             if parent.span is not None and len(linked) < MAX_CAUSAL_LINKS:
-                linked.append(_link(parent))
+                linked.append(parent)
     return AmbientParents(
         parents, after, tuple(ids), tuple(linked), "".join(f'","{i}' for i in ids)
     )
@@ -177,6 +175,15 @@ def ambient_parents(parents: tuple[EventRef, ...]) -> AmbientParents:
         return last
     last = _last_ambient = _ambient_parents_of(parents)
     return last
+
+
+def new_links(parents: tuple[EventRef, ...]) -> tuple[Link, ...]:
+    """New span links to the spans of ``parents`` (each with its span), one span's: a ``Link``
+    object is never given to two spans, as the SDK replaces its attributes with its own bounded
+    copy when a span starts with it (and counts what that copy dropped)."""
+    if len(parents) == 1:
+        return (_link(parents[0]),)
+    return tuple([_link(parent) for parent in parents])
 
 
 def _link(parent: EventRef) -> Link:
