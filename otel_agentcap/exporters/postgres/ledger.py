@@ -220,9 +220,11 @@ class PostgresToolLedger:
         #: any other claim of this process.
         self.owner = _owner_id()
         self._tokens = itertools.count(1)
-        # Running claims of this process: key -> attempt and token. Plain dict operations (atomic
-        # under the GIL); the renewing thread reads a snapshot.
+        # Running claims of this process: key -> attempt and token; the renewing thread reads a
+        # snapshot. Noting a claim and forgetting one take ``_running_lock``: forgetting is a
+        # check then a removal, which a claim of the same call noted in between must not lose.
         self._running: dict[tuple[str, str, str, str], _Held] = {}
+        self._running_lock = threading.Lock()
         # Calls waiting for a lock on their row (warned about once each), bounded.
         self._lock_waiting: dict[tuple[str, str, str, str], None] = {}
         self._pending: list[_Completion] = []
@@ -271,7 +273,7 @@ class PostgresToolLedger:
         state, attempt, ordinal, codec, result, error, result_event_id, result_event_seq = row
         if state == "claimed":
             self._count("claims")
-            self._running[_key(call)] = _Held(int(attempt), token)
+            self._note(key, _Held(int(attempt), token))
             self._start_thread()
         elif state == "running":
             self._count("waits")
@@ -598,9 +600,15 @@ class PostgresToolLedger:
         later claim of the same call noted since (a retry in this process that claimed the row
         again after this claim was given up, even with the same attempt) is kept: its outcome and
         renewals name its own token."""
-        held = self._running.get(key)
-        if held is not None and held.attempt == attempt and held.owner == owner:
-            self._running.pop(key, None)
+        with self._running_lock:
+            held = self._running.get(key)
+            if held is not None and held.attempt == attempt and held.owner == owner:
+                del self._running[key]
+
+    def _note(self, key: tuple[str, str, str, str], held: _Held) -> None:
+        """Note claim ``held`` of ``key`` as running (renewed until it is forgotten)."""
+        with self._running_lock:
+            self._running[key] = held
 
     def _start_thread(self) -> None:
         if self._thread is not None and self._thread.is_alive():
@@ -659,6 +667,7 @@ class PostgresToolLedger:
         self.owner = _owner_id()
         self._tokens = itertools.count(1)
         self._running = {}
+        self._running_lock = threading.Lock()
         self._pending = []
         self._pending_lock = threading.Lock()
         self._stats_lock = threading.Lock()
