@@ -24,7 +24,7 @@ from opentelemetry.sdk.trace.export import SpanExportResult
 from otlp_support import captured
 
 from otel_agentcap.ingest import OtlpIngestServer, spans_from_otlp
-from otel_agentcap.ingest.service import Outcome, RetryLater
+from otel_agentcap.ingest.service import IngestStats, Outcome, RetryLater
 from otel_agentcap.model import Batch
 from otel_agentcap.pipeline.mapping import batch_from_spans
 from otel_agentcap.tokens import ANONYMOUS
@@ -100,6 +100,18 @@ def _wait_for_count(dsn: str, expected: int, run_id: str, timeout: float = 15.0)
         time.sleep(0.1)
         count = _count(dsn, query, run_id)
     return count
+
+
+def _stats_after(server: OtlpIngestServer, events: int, timeout: float = 15.0) -> IngestStats:
+    """The server's counters once they count ``events`` inserted: a request's rows are visible
+    in the database (its commit) a moment before the server counts them (CI at PostgreSQL 15:
+    11 events in the log, 0 counted)."""
+    deadline = time.monotonic() + timeout
+    stats = server.stats()
+    while stats.events_inserted < events and time.monotonic() < deadline:
+        time.sleep(0.05)
+        stats = server.stats()
+    return stats
 
 
 def _rotel_env(
@@ -193,7 +205,7 @@ def test_spans_through_rotel_land_in_postgres(pg_dsn, rotel_to):
         finally:
             exporter.shutdown()
         assert _wait_for_count(pg_dsn, expected, "run-rotel") == expected
-        stats = server.stats()
+        stats = _stats_after(server, expected)
     assert stats.events_inserted == expected
     assert stats.conflicts == 0
     assert _count(pg_dsn, "SELECT count(*) FROM agentcap.conflicts") == 0
@@ -570,5 +582,5 @@ def test_rotel_sends_the_bearer_token_the_ingest_requires(pg_dsn, rotel_to):
         finally:
             exporter.shutdown()
         assert _wait_for_count(pg_dsn, expected, "run-rotel-token") == expected
-        stats = server.stats()
+        stats = _stats_after(server, expected)
     assert stats.unauthorized_requests == 0
