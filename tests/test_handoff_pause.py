@@ -19,9 +19,12 @@ from otel_agentcap.exporters.durable.queue import DiskQueue
 from otel_agentcap.exporters.durable.records import encode_span
 from otel_agentcap.exporters.faults import FaultLog
 from otel_agentcap.exporters.postgres import PostgresSpanExporter
+from otel_agentcap.exporters.postgres import exporter as exporter_module
 from otel_agentcap.exporters.postgres import parallel as parallel_module
-from otel_agentcap.exporters.postgres.one_pass import PAUSE_EVERY, prepare_spans
-from otel_agentcap.exporters.postgres.parallel import HANDOFF_PAUSE, WriterThreads
+from otel_agentcap.exporters.postgres.exporter import Part, map_part
+from otel_agentcap.exporters.postgres.one_pass import prepare_spans
+from otel_agentcap.exporters.postgres.parallel import HANDOFF_PAUSE, PAUSE_EVERY, WriterThreads
+from otel_agentcap.exporters.postgres.writer import RunStartCache
 from otel_agentcap.pipeline.span_attributes import attributes_of
 from otel_agentcap.testing import capture_events
 
@@ -49,6 +52,35 @@ def test_the_one_pass_calls_pause_after_every_slice_and_builds_the_same_rows():
     # The COPY data holds every field of every row.
     assert paused.data is not None and paused.data == plain.data
     assert paused.span_data == plain.span_data and paused.events == plain.events == len(spans)
+
+
+def test_the_general_mapping_calls_pause_after_every_slice_and_builds_the_same_rows(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A batch the one pass declines (here: the run's root span is in it) is mapped span by span
+    on the same thread: it pauses after every slice of spans too, and maps the same rows."""
+    memory = oa.Memory("pause")
+    run_id = f"pause-{uuid.uuid4().hex[:8]}"
+    with capture_events() as captured, oa.run(run_id), oa.agent("writer"):
+        for i in range(3 * PAUSE_EVERY + 5):
+            memory[f"k{i}"] = {"i": i}
+    spans = list(captured.spans)
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    assert prepare_spans(spans, staging=False, known_start=lambda run: start) is None
+    starts = RunStartCache()
+    starts.update({run_id: start})
+    calls: list[int] = []
+    # Counted from the general path alone: the one pass (which pauses itself on the spans it
+    # goes through before it finds the root span) declines at once.
+    monkeypatch.setattr(exporter_module, "prepare_spans", lambda *args, **kwargs: None)
+    paused = map_part(Part(0, spans), starts, lambda: calls.append(1))
+    plain = map_part(Part(0, spans), starts)
+    assert paused.error is None and paused.prepared is not None and plain.prepared is not None
+    assert len(calls) == len(spans) // PAUSE_EVERY
+    assert paused.data is not None and paused.data == plain.data
+    assert paused.span_data == plain.span_data
+    # Every write, and the agent's start and end.
+    assert len(paused.prepared.events) == 3 * PAUSE_EVERY + 5 + 2
 
 
 def test_writers_pause_the_caller_only_while_one_of_them_stores(monkeypatch):

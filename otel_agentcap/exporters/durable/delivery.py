@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from otel_agentcap.exporters.postgres.exporter import Part, PartOutcome, PostgresSpanExporter
-from otel_agentcap.exporters.postgres.one_pass import PAUSE_EVERY
+from otel_agentcap.exporters.postgres.parallel import PAUSE_EVERY
 
 from .frames import SEGMENT_HEADER, encode_frame
 from .queue import AdoptedSource, Chunk, DiskQueue, MemorySource, OwnSource, Source
@@ -210,7 +210,7 @@ class Delivery:
             pause = self._exporter.pause_for_writers
             countdown = PAUSE_EVERY
             for record in chunk.records:
-                if type(record) is bytes:
+                if type(record) is bytes:  # a span kept in memory costs nothing here
                     countdown -= 1
                     if not countdown:
                         countdown = PAUSE_EVERY

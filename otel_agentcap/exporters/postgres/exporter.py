@@ -41,7 +41,12 @@ from otel_agentcap.exporters.postgres.errors import (
     WriteFailed,
 )
 from otel_agentcap.exporters.postgres.one_pass import prepare_spans
-from otel_agentcap.exporters.postgres.parallel import DEFAULT_WRITERS, WriterThreads, partition_of
+from otel_agentcap.exporters.postgres.parallel import (
+    DEFAULT_WRITERS,
+    WriterThreads,
+    paced,
+    partition_of,
+)
 from otel_agentcap.exporters.postgres.recovery import PostgresSpawnRegistry, is_claimed
 from otel_agentcap.exporters.postgres.rows import (
     PreparedBatch,
@@ -260,14 +265,16 @@ class PartOutcome:
         self.events_expired += other.events_expired
 
 
-def _map(spans: Sequence[SpanLike], *, raw_payloads: bool) -> Batch:
+def _map(
+    spans: Sequence[SpanLike], *, raw_payloads: bool, pause: Callable[[], None] | None = None
+) -> Batch:
     """``batch_from_spans``, for spans the durable queue may have sent in two records (an
     agent's ``invoke_agent`` span, whose ``agent_start`` is queued when it starts): a span that
     has not ended (``end_time`` None, a start record) gives no envelope, which would be stored
     first and keep the span's end from the log; the own event of a span that says it was sent
     already (``own_event_queued``) is left out, except once when the record that sent it is in
-    this very batch."""
-    batch = batch_from_spans(spans, raw_payloads=raw_payloads)
+    this very batch. ``pause`` is called between slices of the mapping (``parallel.paced``)."""
+    batch = batch_from_spans(paced(spans, pause), raw_payloads=raw_payloads)
     if not any(
         getattr(span, "own_event_queued", False) or getattr(span, "end_time", 0) is None
         for span in spans
@@ -316,7 +323,7 @@ def map_part(
     The rows carry their run's start: their COPY data is built here when every run's start is
     known (a start never changes once stored); otherwise the writer builds it once it has read
     the starts, in its transaction. A part that cannot be mapped gets its ``error``. ``pause``
-    is called now and then during the one pass (``WriterThreads.pause``)."""
+    is called now and then while the spans are mapped (``WriterThreads.pause``)."""
     spans = part.spans
     direct = part.direct
     try:
@@ -331,7 +338,7 @@ def map_part(
         if one is not None:
             part.prepared, part.mapped, part.data, part.span_data, part.starts = one
             return part
-        part.batch = _map(spans, raw_payloads=True)
+        part.batch = _map(spans, raw_payloads=True, pause=pause)
         part.prepared = prepare(part.batch)
         part.starts = run_starts.known(r[0] for r in part.prepared.runs)
         if part.starts is not None:

@@ -54,6 +54,7 @@ from otel_agentcap.validation import (
     uuid_text,
 )
 
+from .parallel import paced
 from .rows import (
     _COPY_SIGNATURE,
     _EVENT_FIELDS,
@@ -106,10 +107,6 @@ class OnePass(NamedTuple):
     data: bytes | None
     span_data: bytes | None
     starts: dict[str, datetime] | None
-
-
-#: Spans mapped between two calls of ``prepare_spans``'s ``pause`` (about 1 ms of work).
-PAUSE_EVERY: Final = 32
 
 
 class _NotCommon(Exception):
@@ -321,13 +318,7 @@ def _prepare(
             )
         )
 
-    countdown = PAUSE_EVERY
-    for span in spans:
-        countdown -= 1
-        if not countdown:
-            countdown = PAUSE_EVERY
-            if pause is not None:
-                pause()
+    for span in paced(spans, pause):
         direct = type(span) is _SDK_SPAN
         if direct:
             sdk: Any = span
