@@ -329,7 +329,7 @@ def test_sync_run_timeout_raises_promptly_and_cancels_stuck_thread():
         assert len(errors) == 1 and errors[0].payload["timed_out"] is True
         release.set()
         assert finished.wait(5)
-    assert elapsed < 1.0
+    assert elapsed < 5.0  # the body waits 10 s unless the timeout returns first
     assert len(after_release) == 1 and isinstance(after_release[0], oa.AgentCancelled)
     assert "late" not in memory.snapshot()
     assert agent.state == {}
