@@ -23,7 +23,8 @@ from otel_agentcap.exporters.postgres import exporter as exporter_module
 from otel_agentcap.exporters.postgres import parallel as parallel_module
 from otel_agentcap.exporters.postgres.exporter import Part, map_part
 from otel_agentcap.exporters.postgres.one_pass import prepare_spans
-from otel_agentcap.exporters.postgres.parallel import HANDOFF_PAUSE, PAUSE_EVERY, WriterThreads
+from otel_agentcap.exporters.postgres.pacing import PAUSE_EVERY
+from otel_agentcap.exporters.postgres.parallel import HANDOFF_PAUSE, WriterThreads
 from otel_agentcap.exporters.postgres.writer import RunStartCache
 from otel_agentcap.pipeline.span_attributes import attributes_of
 from otel_agentcap.testing import capture_events

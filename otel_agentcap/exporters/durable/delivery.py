@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from otel_agentcap.exporters.postgres.exporter import Part, PartOutcome, PostgresSpanExporter
-from otel_agentcap.exporters.postgres.parallel import PAUSE_EVERY
+from otel_agentcap.exporters.postgres.pacing import PAUSE_EVERY
 
 from .frames import SEGMENT_HEADER, encode_frame
 from .queue import AdoptedSource, Chunk, DiskQueue, MemorySource, OwnSource, Source

@@ -41,12 +41,8 @@ from otel_agentcap.exporters.postgres.errors import (
     WriteFailed,
 )
 from otel_agentcap.exporters.postgres.one_pass import prepare_spans
-from otel_agentcap.exporters.postgres.parallel import (
-    DEFAULT_WRITERS,
-    WriterThreads,
-    paced,
-    partition_of,
-)
+from otel_agentcap.exporters.postgres.pacing import paced
+from otel_agentcap.exporters.postgres.parallel import DEFAULT_WRITERS, WriterThreads, partition_of
 from otel_agentcap.exporters.postgres.recovery import PostgresSpawnRegistry, is_claimed
 from otel_agentcap.exporters.postgres.rows import (
     PreparedBatch,

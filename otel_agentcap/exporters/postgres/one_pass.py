@@ -54,7 +54,7 @@ from otel_agentcap.validation import (
     uuid_text,
 )
 
-from .parallel import paced
+from .pacing import paced
 from .rows import (
     _COPY_SIGNATURE,
     _EVENT_FIELDS,

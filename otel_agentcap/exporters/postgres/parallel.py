@@ -16,7 +16,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, Final, TypeVar
 
@@ -29,24 +29,6 @@ _T = TypeVar("_T")
 DEFAULT_WRITERS: Final = 2
 #: How long :meth:`WriterThreads.pause` sleeps while a writer is storing.
 HANDOFF_PAUSE: Final = 0.0001
-#: Items a mapping thread handles between two calls of its pause (about 1 ms of work).
-PAUSE_EVERY: Final = 32
-
-
-def paced(items: Iterable[_T], pause: Callable[[], None] | None) -> Iterator[_T]:
-    """``items``, with ``pause`` called before every ``PAUSE_EVERY``-th of them (and never when
-    it is None): how a thread that maps spans for the writers gives them the GIL now and then
-    (see :meth:`WriterThreads.pause`)."""
-    if pause is None:
-        yield from items
-        return
-    countdown = PAUSE_EVERY
-    for item in items:
-        countdown -= 1
-        if not countdown:
-            countdown = PAUSE_EVERY
-            pause()
-        yield item
 
 
 def partition_of(run_id: object, agent_id: object, count: int) -> int:
