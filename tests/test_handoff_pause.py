@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from opentelemetry.sdk.trace import ReadableSpan
 
 import otel_agentcap as oa
 from otel_agentcap import attributes as attr
@@ -82,6 +83,47 @@ def test_the_general_mapping_calls_pause_after_every_slice_and_builds_the_same_r
     assert paused.span_data == plain.span_data
     # Every write, and the agent's start and end.
     assert len(paused.prepared.events) == 3 * PAUSE_EVERY + 5 + 2
+
+
+@pytest.mark.parametrize("last", ["run root", "model call"])
+def test_the_one_pass_declines_on_sight_before_it_maps_a_span(last: str) -> None:
+    """A batch the one pass declines because of a span's kind (a run's root span, a model call)
+    is declined before any span is mapped, wherever that span is: the general path maps the whole
+    batch again, so the mapping of the spans ahead of it would be thrown away."""
+    memory = oa.Memory("pause")
+    run_id = f"pause-{uuid.uuid4().hex[:8]}"
+    with capture_events() as captured, oa.run(run_id), oa.agent("writer"):
+        for i in range(3 * PAUSE_EVERY):
+            memory[f"k{i}"] = {"i": i}
+    spans: list[Any] = [s for s in captured.spans if s.name == "memory_write"]
+    if last == "run root":
+        spans += [s for s in captured.spans if attributes_of(s).get(attr.RUN_ROOT) is True]
+    else:
+        write = spans[-1]
+        model_call = {**attributes_of(write), attr.EVENT_TYPE: "model_call"}
+        model_call[attr.EVENT_ID] = str(uuid.uuid4())
+        spans.append(
+            ReadableSpan(
+                name="chat",
+                context=write.context,
+                attributes=model_call,
+                start_time=write.start_time,
+                end_time=write.end_time,
+                resource=write.resource,
+            )
+        )
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    calls: list[int] = []
+    declined = prepare_spans(
+        spans, staging=False, known_start=lambda run: start, pause=lambda: calls.append(1)
+    )
+    assert declined is None
+    assert calls == []  # no slice of spans was mapped
+    # Without that span the same spans take the one pass, slice by slice.
+    assert prepare_spans(
+        spans[:-1], staging=False, known_start=lambda run: start, pause=lambda: calls.append(1)
+    )
+    assert len(calls) == 3
 
 
 def test_writers_pause_the_caller_only_while_one_of_them_stores(monkeypatch):

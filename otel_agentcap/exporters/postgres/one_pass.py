@@ -139,6 +139,27 @@ def prepare_spans(
         return None
 
 
+def _decline_early(spans: Sequence[SpanLike]) -> None:
+    """Raise ``_NotCommon`` when a span of ``spans`` is of a kind the one pass declines on sight
+    (a model call, a run's root span), before any span is mapped: mapping the spans ahead of it
+    would be work thrown away, as the general path maps the whole batch again. A look at two
+    attributes per span, next to about 12 us of mapping each."""
+    plain = _PLAIN_TYPES
+    event_type_key = attr.EVENT_TYPE
+    try:
+        for span in spans:
+            try:
+                attributes = span._attributes._dict  # type: ignore[attr-defined]  # noqa: SLF001
+            except AttributeError:
+                attributes = attributes_of(span)
+            if attributes.get(event_type_key) in plain:
+                continue  # the common case: one look (other reasons wait for the pass itself)
+            if attr.EVENT_ID in attributes or attr.RUN_ROOT in attributes:
+                raise _NotCommon
+    except TypeError:  # an event type that is no str (a list, say): declined too
+        raise _NotCommon from None
+
+
 def _prepare(
     spans: Sequence[SpanLike],
     staging: bool,
@@ -146,6 +167,7 @@ def _prepare(
     max_payload_chars: int,
     pause: Callable[[], None] | None,
 ) -> OnePass:
+    _decline_early(spans)
     now = time.time_ns()
     validator = Validator(now)
     max_seq = validator.max_seq
