@@ -269,7 +269,7 @@ def _map(
     has not ended (``end_time`` None, a start record) gives no envelope, which would be stored
     first and keep the span's end from the log; the own event of a span that says it was sent
     already (``own_event_queued``) is left out, except once when the record that sent it is in
-    this very batch. ``pause`` is called between slices of the mapping (``parallel.paced``)."""
+    this very batch. ``pause`` is called between slices of the mapping (``pacing.paced``)."""
     batch = batch_from_spans(paced(spans, pause), raw_payloads=raw_payloads)
     if not any(
         getattr(span, "own_event_queued", False) or getattr(span, "end_time", 0) is None
