@@ -415,6 +415,17 @@ def test_keys_of_every_type_encode_as_the_general_path(value):
     assert jsonsafe.dumps(value, max_chars=10**9) == expected
 
 
+@settings(max_examples=400, deadline=None)
+@given(anything, st.integers(min_value=1, max_value=120))
+def test_the_fast_encoders_write_what_dumps_writes(value: Any, max_chars: int) -> None:
+    """dumps_plain and dumps_str_keyed answer early when no key needs a look; whatever the value
+    and limit, their text is dumps' text."""
+    expected = jsonsafe.dumps(value, max_chars)
+    assert jsonsafe.dumps_plain(value, max_chars)[0] == expected
+    keyed = {f"k{i}": item for i, item in enumerate(value if type(value) is list else [value])}
+    assert jsonsafe.dumps_str_keyed(keyed, max_chars) == jsonsafe.dumps(keyed, max_chars)
+
+
 def test_dumps_plain_writes_what_dumps_writes_and_says_whether_json_took_the_value() -> None:
     """dumps_plain gives dumps' text, and True exactly when json's own encoder took the value as
     it is (JSON's types or their subclasses, finite floats)."""
